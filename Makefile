@@ -1,0 +1,26 @@
+# make demo: validate vq against faiss (creates .venv on first use)
+# make test: lint + the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test bench lint clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[all]"
+	touch $@
+
+demo: $(VENV)/.installed
+	$(PY) -m vq.validate
+
+test: $(VENV)/.installed
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.installed
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info

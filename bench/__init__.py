@@ -1,0 +1,1 @@
+"""Reproducible comparisons against faiss (not installed; run ``python -m bench.<name>``)."""

@@ -1,0 +1,87 @@
+"""Shared benchmark plumbing: thread pinning, alternating timing, tables, CSV and the header."""
+
+from __future__ import annotations
+
+import csv
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def set_threads(n: int) -> None:
+    """Give torch, numba and faiss the same thread count."""
+    import faiss
+    import numba
+    import torch
+
+    torch.set_num_threads(n)
+    numba.set_num_threads(n)
+    faiss.omp_set_num_threads(n)
+
+
+def machine_header(threads: int) -> str:
+    import faiss
+    import numba
+    import numpy
+    import torch
+
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"machine: {cpu}, {os.cpu_count()} cores, {threads} threads per system; "
+        f"torch {torch.__version__}, numba {numba.__version__}, numpy {numpy.__version__}, "
+        f"faiss {faiss.__version__}"
+    )
+
+
+def alternate(
+    systems: dict[str, Callable[[], object]], rounds: int = 3, min_seconds: float = 0.1
+) -> dict[str, float]:
+    """Best seconds per call of each system, timed alternately (A B A B …).
+
+    Each sample repeats the call until it lasts at least ``min_seconds``; the best of ``rounds``
+    samples is kept, which is the least noisy estimate on a shared machine.
+    """
+    best = {name: float("inf") for name in systems}
+    for fn in systems.values():  # warm-up (numba compilation, caches)
+        fn()
+    for _ in range(rounds):
+        for name, fn in systems.items():
+            calls, start = 0, time.perf_counter()
+            while True:
+                fn()
+                calls += 1
+                elapsed = time.perf_counter() - start
+                if elapsed >= min_seconds:
+                    break
+            best[name] = min(best[name], elapsed / calls)
+    return best
+
+
+def markdown_table(rows: list[dict], columns: list[str]) -> str:
+    def fmt(v):
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_csv(name: str, rows: list[dict], columns: list[str]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path

@@ -1,0 +1,26 @@
+import numpy as np
+import pytest
+import torch
+
+from vq.datasets import anisotropic_vectors, clustered_vectors
+
+
+@pytest.fixture(scope="session")
+def blobs() -> np.ndarray:
+    """10k × 32 Gaussian blobs (shared, read-only)."""
+    x = clustered_vectors(10_000, 32, n_clusters=100, seed=1)
+    x.setflags(write=False)
+    return x
+
+
+@pytest.fixture(scope="session")
+def aniso() -> np.ndarray:
+    x = anisotropic_vectors(10_000, 32, decay=0.9, seed=2)
+    x.setflags(write=False)
+    return x
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    torch.set_num_threads(2)
+    yield

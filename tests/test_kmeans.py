@@ -1,0 +1,141 @@
+import numpy as np
+import pytest
+import torch
+
+import vq
+from vq.distances import nearest, nearest_static
+
+faiss = pytest.importorskip("faiss")
+
+
+def sq_error(x, centroids):
+    c = torch.as_tensor(np.asarray(centroids, dtype=np.float32))
+    return float(nearest(torch.as_tensor(np.asarray(x)), c).distances.double().sum())
+
+
+def test_assignment_equals_faiss_with_same_centroids(blobs):
+    km = faiss.Kmeans(32, 64, niter=10, seed=3)
+    km.train(blobs)
+    _, ref = km.index.search(blobs, 1)
+    ours = nearest(torch.from_numpy(blobs), torch.from_numpy(km.centroids))
+    assert torch.equal(ours.indices, torch.from_numpy(ref[:, 0]))
+
+
+def test_numba_and_torch_paths_agree(blobs):
+    x = torch.from_numpy(blobs)
+    c = x[:50].clone()
+    a, b = nearest(x, c), nearest_static(x, c)
+    assert torch.equal(a.indices, b.indices)
+    torch.testing.assert_close(a.distances, b.distances, rtol=1e-4, atol=1e-3)
+
+
+def test_ties_go_to_lowest_index():
+    x = torch.zeros(5, 4)
+    c = torch.zeros(3, 4)
+    assert nearest(x, c).indices.tolist() == [0] * 5
+
+
+@pytest.mark.parametrize("init", ["k-means++", "random"])
+def test_objective_within_one_percent_of_faiss(blobs, init):
+    ref = faiss.Kmeans(32, 64, niter=25, seed=1234, max_points_per_centroid=256)
+    ref.train(blobs)
+    ours = vq.kmeans(blobs, 64, niter=25, init=init, seed=1234)
+    assert ours.inertia == pytest.approx(sq_error(blobs, ours.centroids), rel=1e-6)
+    assert ours.inertia <= 1.01 * sq_error(blobs, ref.centroids)
+
+
+def test_result_types_and_shapes(blobs):
+    r = vq.kmeans(blobs, 16, niter=5)
+    assert isinstance(r.centroids, np.ndarray) and r.centroids.shape == (16, 32)
+    assert r.centroids.dtype == np.float32 and r.assignments.dtype == np.int64
+    assert r.assignments.shape == (10_000,) and r.objective.shape == (5,)
+    assert np.all(np.diff(r.objective) <= 1e-3 * r.objective[0])  # Lloyd never increases it
+    t = vq.kmeans(torch.from_numpy(blobs), 16, niter=5)
+    assert isinstance(t.centroids, torch.Tensor)
+    np.testing.assert_array_equal(t.centroids.numpy(), r.centroids)
+
+
+def test_deterministic_for_a_seed(blobs):
+    a = vq.kmeans(blobs, 32, niter=5, seed=7)
+    b = vq.kmeans(blobs, 32, niter=5, seed=7)
+    c = vq.kmeans(blobs, 32, niter=5, seed=8)
+    np.testing.assert_array_equal(a.centroids, b.centroids)
+    assert not np.array_equal(a.centroids, c.centroids)
+
+
+def test_subsampling_trains_on_k_times_max_points(blobs):
+    r = vq.kmeans(blobs, 10, niter=3, max_points_per_centroid=50)
+    # the objective is summed over the 500-vector sample, the inertia over all 10k vectors
+    assert r.objective[-1] < 0.1 * r.inertia
+    assert r.assignments.shape == (10_000,)
+
+
+def test_empty_clusters_are_split():
+    # 20 distinct points, each repeated: random init picks duplicates, leaving clusters empty
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((20, 8)).astype(np.float32)
+    x = np.repeat(base, 50, axis=0)
+    r = vq.kmeans(x, 20, niter=20, init="random", seed=0)
+    counts = np.bincount(r.assignments, minlength=20)
+    assert (counts > 0).all()
+    assert r.inertia < 1e-6 * len(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_low_and_high_precision_input(blobs, dtype):
+    x = torch.from_numpy(blobs).to(dtype)
+    r = vq.kmeans(x, 16, niter=5)
+    ref = vq.kmeans(blobs, 16, niter=5)
+    assert r.centroids.dtype == torch.float32
+    assert r.inertia == pytest.approx(ref.inertia, rel=0.02)
+
+
+def test_non_contiguous_input(blobs):
+    x = np.asfortranarray(blobs)
+    a = vq.kmeans(x, 8, niter=3)
+    b = vq.kmeans(np.ascontiguousarray(blobs), 8, niter=3)
+    np.testing.assert_allclose(a.centroids, b.centroids, rtol=1e-5, atol=1e-5)
+
+
+def test_lbg_power_of_two_and_not(blobs):
+    for k in (32, 48, 1):
+        r = vq.lbg(blobs, k, niter=8)
+        assert r.centroids.shape == (k, 32)
+        assert len(np.unique(r.assignments)) == k
+    r64 = vq.lbg(blobs, 64, niter=10)
+    km = vq.kmeans(blobs, 64, niter=25, init="random")
+    assert r64.inertia <= 1.05 * km.inertia
+    np.testing.assert_array_equal(r64.centroids, vq.lbg(blobs, 64, niter=10).centroids)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda x: vq.kmeans(x[:, :, None], 4), "expected a 2-D array"),
+        (lambda x: vq.kmeans(x[:0], 4), "empty training set"),
+        (lambda x: vq.kmeans(x[:3], 4), "at least k=4 training vectors, got 3"),
+        (lambda x: vq.kmeans(x, 0), "k must be a positive"),
+        (lambda x: vq.kmeans(x, 4, init="foo"), "init must be"),
+        (lambda x: vq.kmeans(x, 4, niter=-1), "niter must be >= 0"),
+        (lambda x: vq.lbg(x, 4, epsilon=0), "epsilon must be positive"),
+        (lambda x: vq.lbg(x[:2], 4), "at least k=4"),
+    ],
+)
+def test_bad_input_value_errors(blobs, call, match):
+    with pytest.raises(ValueError, match=match):
+        call(blobs)
+
+
+def test_nan_and_inf_are_rejected_with_count_and_row(blobs):
+    x = blobs.copy()
+    x[7, 3] = np.nan
+    x[9, 0] = np.inf
+    with pytest.raises(ValueError, match=r"2 NaN/Inf values, first in row 7"):
+        vq.kmeans(x, 4)
+
+
+def test_integer_input_is_a_type_error(blobs):
+    with pytest.raises(TypeError, match="expected floating-point vectors"):
+        vq.kmeans(blobs.astype(np.int32), 4)
+    with pytest.raises(TypeError, match="numpy array or torch tensor"):
+        vq.kmeans(blobs.tolist(), 4)

@@ -1,0 +1,31 @@
+"""vq: PyTorch-native vector quantization and ANN search.
+
+>>> import vq
+>>> pq = vq.ProductQuantizer(dim=128, M=16).fit(x)
+>>> codes = pq.encode(x)            # uint8 [n, 16]
+>>> x_hat = pq.decode(codes)        # float32 [n, 128]
+"""
+
+from vq.clustering import KMeansResult, kmeans, lbg
+from vq.quantizers import (
+    OPQ,
+    ProductQuantizer,
+    Quantizer,
+    QuantizerOutput,
+    ResidualVQ,
+    VectorQuantizer,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "OPQ",
+    "KMeansResult",
+    "ProductQuantizer",
+    "Quantizer",
+    "QuantizerOutput",
+    "ResidualVQ",
+    "VectorQuantizer",
+    "kmeans",
+    "lbg",
+]

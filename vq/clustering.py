@@ -1,0 +1,265 @@
+"""Codebook training: k-means (Lloyd, faiss-style) and Linde–Buzo–Gray splitting.
+
+One Lloyd loop serves both. Each iteration is one pass over the data (:func:`_accumulate`):
+chunked GEMM nearest-centroid search, then per-cluster sums, counts and errors with
+``index_add_``. Empty clusters are repaired as faiss does, by splitting a large cluster in two.
+All randomness comes from one ``torch.Generator`` seeded on CPU, so a seed fixes the result on
+every device.
+
+References:
+    S. Lloyd, "Least squares quantization in PCM", IEEE Trans. IT, 1982.
+    D. Arthur, S. Vassilvitskii, "k-means++: the advantages of careful seeding", SODA 2007.
+    Y. Linde, A. Buzo, R. Gray, "An algorithm for vector quantizer design", IEEE Trans. Comm., 1980.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from tqdm.auto import tqdm
+
+from vq._checks import as_vectors, check_training_size, like_input
+from vq.distances import iter_nearest, nearest
+
+# k-means++ seeds from at most this many points per centroid (a random subset): the D² sampling
+# is sequential over k, and Lloyd iterations on the full sample fix what the subset misses.
+_SEEDING_POINTS_PER_CENTROID = 16
+# relative size of the symmetric perturbation when a cluster is split (faiss uses 1/1024)
+_SPLIT_EPS = 1.0 / 1024.0
+
+
+@dataclass(frozen=True)
+class KMeansResult:
+    """What :func:`kmeans` and :func:`lbg` return (numpy for numpy input, torch otherwise).
+
+    Attributes:
+        centroids: float32 [k, d].
+        assignments: int64 [n], index of the nearest centroid of every input vector.
+        objective: float64 [iterations], sum of squared distances of the training sample to the
+            centroids at each assignment step (faiss's ``obj``).
+        inertia: sum of squared distances of all input vectors to the final centroids.
+    """
+
+    centroids: Any
+    assignments: Any
+    objective: Any
+    inertia: float
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(int(seed))
+
+
+def _sample_rows(x: torch.Tensor, count: int, gen: torch.Generator) -> torch.Tensor:
+    """``count`` distinct rows of ``x`` drawn at random (all rows, in order, if count >= n)."""
+    if count >= x.shape[0]:
+        return x
+    perm = torch.randperm(x.shape[0], generator=gen)[:count]
+    return x[perm.sort().values.to(x.device)]
+
+
+def _kmeans_plus_plus(x: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
+    """Greedy k-means++: at each step draw ``2 + log k`` candidates by D² sampling and keep the
+    one that lowers the potential most (as scikit-learn does); seeds from a random pool of at
+    most ``16 k`` training vectors."""
+    pool = _sample_rows(x, max(k * _SEEDING_POINTS_PER_CENTROID, 4096), gen).float()
+    n = pool.shape[0]
+    trials = 2 + int(math.log(k)) if k > 1 else 1
+    pool_norms = (pool * pool).sum(dim=1)
+    centroids = torch.empty(k, pool.shape[1], device=x.device)
+    first = int(torch.randint(n, (1,), generator=gen))
+    centroids[0] = pool[first]
+    d2 = (pool_norms - 2.0 * (pool @ centroids[0]) + pool_norms[first]).clamp_min(0.0)
+    uniforms = torch.rand(k, trials, generator=gen, dtype=torch.float64).to(x.device)
+    for i in range(1, k):
+        cdf = torch.cumsum(d2.double(), dim=0)
+        if float(cdf[-1]) <= 0.0:  # every point sits on a centroid: draw uniformly
+            cand = (uniforms[i] * n).long().clamp_max(n - 1)
+        else:
+            cand = torch.searchsorted(cdf, uniforms[i] * cdf[-1], right=True).clamp_max(n - 1)
+        c = pool[cand]  # [trials, d]
+        cand_d2 = (pool_norms[:, None] - 2.0 * (pool @ c.T) + pool_norms[cand]).clamp_min(0.0)
+        cand_d2 = torch.minimum(d2[:, None], cand_d2)
+        best = int(torch.argmin(cand_d2.double().sum(dim=0)))
+        centroids[i] = c[best]
+        d2 = cand_d2[:, best].contiguous()
+    return centroids
+
+
+def _accumulate(x: torch.Tensor, centroids: torch.Tensor):
+    """One pass: per-cluster sums [k, d], counts [k], squared errors [k] and the total error."""
+    k, d = centroids.shape
+    sums = torch.zeros(k, d, device=x.device)
+    counts = torch.zeros(k, device=x.device)
+    errors = torch.zeros(k, device=x.device, dtype=torch.float64)
+    for _, chunk, res in iter_nearest(x, centroids):
+        sums.index_add_(0, res.indices, chunk)
+        counts.index_add_(0, res.indices, torch.ones_like(res.distances))
+        errors.index_add_(0, res.indices, res.distances.double())
+    return sums, counts, errors, float(errors.sum())
+
+
+def _split_empty_clusters(
+    centroids: torch.Tensor, counts: torch.Tensor, gen: torch.Generator
+) -> int:
+    """faiss's repair: each empty cluster takes a copy of a cluster drawn with probability
+    proportional to (size - 1); the two copies are pushed apart by a relative ±1/1024."""
+    empty = torch.nonzero(counts == 0).flatten().tolist()
+    if not empty:
+        return 0
+    counts = counts.clone()
+    for ci in empty:
+        weights = (counts - 1.0).clamp_min(0.0).cpu()
+        cj = int(torch.multinomial(weights, 1, generator=gen))
+        centroids[ci] = centroids[cj] * (1.0 + _SPLIT_EPS)
+        centroids[cj] = centroids[cj] * (1.0 - _SPLIT_EPS)
+        counts[ci] = torch.floor(counts[cj] / 2)
+        counts[cj] -= counts[ci]
+    return len(empty)
+
+
+def _lloyd(
+    x: torch.Tensor,
+    centroids: torch.Tensor,
+    niter: int,
+    gen: torch.Generator,
+    progress: tqdm | None = None,
+) -> tuple[torch.Tensor, list[float]]:
+    objective = []
+    for _ in range(niter):
+        sums, counts, _, total = _accumulate(x, centroids)
+        objective.append(total)
+        centroids = torch.where(
+            counts[:, None] > 0, sums / counts.clamp_min(1.0)[:, None], centroids
+        )
+        _split_empty_clusters(centroids, counts, gen)
+        if progress is not None:
+            progress.update(1)
+            progress.set_postfix(k=centroids.shape[0], objective=f"{total:.6g}")
+    return centroids, objective
+
+
+def _finish(x_in, x, centroids, objective) -> KMeansResult:
+    assign = nearest(x, centroids)
+    return KMeansResult(
+        centroids=like_input(centroids, x_in),
+        assignments=like_input(assign.indices, x_in),
+        objective=like_input(torch.tensor(objective, dtype=torch.float64), x_in),
+        inertia=float(assign.distances.double().sum()),
+    )
+
+
+def _check_common(niter: int, max_points_per_centroid: int) -> None:
+    if niter < 0:
+        raise ValueError(f"niter must be >= 0, got {niter}")
+    if max_points_per_centroid <= 0:
+        raise ValueError(f"max_points_per_centroid must be positive, got {max_points_per_centroid}")
+
+
+def kmeans(
+    x: Any,
+    k: int,
+    *,
+    niter: int = 25,
+    init: Literal["k-means++", "random"] = "k-means++",
+    seed: int = 1234,
+    max_points_per_centroid: int = 256,
+    verbose: bool = False,
+) -> KMeansResult:
+    """k-means clustering with Lloyd iterations, as faiss.Kmeans does it.
+
+    Args:
+        x: float Tensor or ndarray [n, d] (float16/bfloat16 are accumulated in float32), on any
+            device; n >= k.
+        k: number of centroids.
+        niter: Lloyd iterations.
+        init: "k-means++" (D² sampling) or "random" (k distinct training vectors, like faiss).
+        seed: seeds every random choice; the same seed gives the same centroids.
+        max_points_per_centroid: train on a random subset of ``k * max_points_per_centroid``
+            vectors when there are more (faiss's subsampling); assignments still cover all of x.
+        verbose: show a progress bar with the objective.
+
+    Returns:
+        :class:`KMeansResult` (numpy for numpy input, tensors on x's device otherwise).
+
+    Raises:
+        ValueError: wrong shape, NaN/Inf, empty input, n < k, bad parameters.
+        TypeError: non-floating input.
+    """
+    x_in = x
+    x = as_vectors(x, None, "x", keep_half=True)
+    check_training_size(x.shape[0], k, "kmeans")
+    _check_common(niter, max_points_per_centroid)
+    if init not in ("k-means++", "random"):
+        raise ValueError(f"init must be 'k-means++' or 'random', got {init!r}")
+    gen = _generator(seed)
+    train = _sample_rows(x, k * max_points_per_centroid, gen)
+    if init == "random":
+        centroids = _sample_rows(train, k, gen).float().clone()
+    else:
+        centroids = _kmeans_plus_plus(train, k, gen)
+    with tqdm(total=niter, desc=f"k-means k={k}", disable=not verbose, leave=False) as bar:
+        centroids, objective = _lloyd(train, centroids, niter, gen, bar)
+    return _finish(x_in, x, centroids, objective)
+
+
+def lbg(
+    x: Any,
+    k: int,
+    *,
+    epsilon: float = 0.01,
+    niter: int = 10,
+    seed: int = 1234,
+    max_points_per_centroid: int = 256,
+    verbose: bool = False,
+) -> KMeansResult:
+    """Linde–Buzo–Gray codebook design by codeword splitting.
+
+    Starts from the mean of the data; each round splits codewords in two, ``c ± δ`` with
+    ``δ = epsilon · σ_cell · g`` (σ_cell the RMS spread of the cell, g a seeded Gaussian
+    direction), then runs ``niter`` Lloyd iterations. Every codeword splits while the codebook can
+    double; when k is not a power of two the last round splits only the ``k - size`` cells with the
+    highest distortion.
+
+    Args:
+        x: float Tensor or ndarray [n, d] (float16/bfloat16 accumulated in float32); n >= k.
+        k: number of codewords.
+        epsilon: relative size of the split perturbation (> 0).
+        niter: Lloyd iterations after each split.
+        seed: seeds the perturbations, the subsampling and empty-cluster repair.
+        max_points_per_centroid: subsampling as in :func:`kmeans`.
+        verbose: show a progress bar.
+
+    Returns:
+        :class:`KMeansResult`; ``objective`` runs over all Lloyd iterations of all rounds.
+    """
+    x_in = x
+    x = as_vectors(x, None, "x", keep_half=True)
+    check_training_size(x.shape[0], k, "lbg")
+    _check_common(niter, max_points_per_centroid)
+    if not epsilon > 0:
+        raise ValueError(f"epsilon must be positive, got {epsilon}")
+    gen = _generator(seed)
+    train = _sample_rows(x, k * max_points_per_centroid, gen)
+    centroids = train.float().mean(dim=0, keepdim=True)
+    objective: list[float] = []
+    rounds = max(0, (k - 1).bit_length())
+    with tqdm(total=rounds * niter, desc=f"LBG k={k}", disable=not verbose, leave=False) as bar:
+        while centroids.shape[0] < k:
+            size = centroids.shape[0]
+            _, counts, errors, _ = _accumulate(train, centroids)
+            n_split = min(size, k - size)
+            order = torch.argsort(errors, descending=True, stable=True)[:n_split].to(x.device)
+            spread = (errors[order] / (counts[order].double().clamp_min(1.0) * x.shape[1])).sqrt()
+            direction = torch.randn(n_split, x.shape[1], generator=gen).to(x.device)
+            delta = epsilon * spread.float()[:, None] * direction
+            parents = centroids[order]
+            centroids = centroids.clone()
+            centroids[order] = parents + delta
+            centroids = torch.cat([centroids, parents - delta])
+            centroids, obj = _lloyd(train, centroids, niter, gen, bar)
+            objective.extend(obj)
+    return _finish(x_in, x, centroids, objective)

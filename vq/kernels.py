@@ -1,0 +1,92 @@
+"""Numba kernels: the CPU fast path.
+
+They know nothing of quantizers or indexes: plain float32/int arrays in, results written into
+caller-provided outputs. Every kernel releases the GIL (``nogil=True``) and is cached on disk.
+
+Exact arg-min without branches
+------------------------------
+A branchy arg-min does not vectorise, and on PQ encoding it costs more than the distances
+themselves. Instead each candidate is turned into one int64 key whose order is the order of
+``(distance, index)``: the float32 bits of the distance, mapped to a monotone signed integer
+(``b ^ ((b >> 31) & 0x7FFFFFFF)`` flips negative floats), shifted left 32 bits, OR-ed with the
+index. A plain integer ``min`` over the keys (which LLVM vectorises) gives the smallest distance
+and, among exact ties, the lowest index — the same answer as ``numpy.argmin``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+_INDEX_MASK = np.int64(0xFFFFFFFF)
+_KEY_MAX = np.int64(0x7FFFFFFFFFFFFFFF)
+
+
+@njit(inline="always")
+def _key(bits, index):
+    b = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return (np.int64(b) << 32) | index
+
+
+@njit(parallel=True, fastmath=True, nogil=True, cache=True)
+def argmin_rows(dots, bias, out_index, out_value):
+    """Row-wise arg-min of ``dots + bias``, in place.
+
+    Args:
+        dots: float32 [n, k], overwritten with ``dots + bias``.
+        bias: float32 [k], added to every row (e.g. squared centroid norms).
+        out_index: int64 [n] receives the arg-min (lowest index among exact ties).
+        out_value: float32 [n] receives the minimum.
+    """
+    n, k = dots.shape
+    for i in prange(n):
+        row = dots[i]
+        for j in range(k):
+            row[j] += bias[j]
+        bits = row.view(np.int32)
+        best = _KEY_MAX
+        for j in range(k):
+            best = min(best, _key(bits[j], j))
+        j = best & _INDEX_MASK
+        out_index[i] = j
+        out_value[i] = row[j]
+
+
+_PQ_BLOCK = 32
+
+
+@njit(parallel=True, fastmath=True, nogil=True, cache=True)
+def pq_encode(x, codebooks_t, norms, codes, sq_err):
+    """Nearest sub-centroid for every (vector, sub-quantizer), fused with the distance computation.
+
+    Args:
+        x: float32 [n, M * dsub], C-contiguous.
+        codebooks_t: float32 [M, dsub, ksub], the codebooks transposed and multiplied by -2.
+        norms: float32 [M, ksub], squared norms of the sub-centroids.
+        codes: integer [n, M] receives the codes.
+        sq_err: float32 [n] receives the squared reconstruction error of each vector.
+    """
+    n = x.shape[0]
+    n_sub, dsub, ksub = codebooks_t.shape
+    n_blocks = (n + _PQ_BLOCK - 1) // _PQ_BLOCK
+    for block in prange(n_blocks):
+        dist = np.empty(ksub, np.float32)
+        bits = dist.view(np.int32)
+        for i in range(block * _PQ_BLOCK, min(n, block * _PQ_BLOCK + _PQ_BLOCK)):
+            err = np.float32(0.0)
+            for m in range(n_sub):
+                x_norm = np.float32(0.0)
+                for k in range(ksub):
+                    dist[k] = norms[m, k]
+                for j in range(dsub):
+                    xv = x[i, m * dsub + j]
+                    x_norm += xv * xv
+                    for k in range(ksub):
+                        dist[k] += xv * codebooks_t[m, j, k]
+                best = _KEY_MAX
+                for k in range(ksub):
+                    best = min(best, _key(bits[k], k))
+                k = best & _INDEX_MASK
+                codes[i, m] = k
+                err += max(dist[k] + x_norm, np.float32(0.0))
+            sq_err[i] = err

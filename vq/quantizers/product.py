@@ -1,0 +1,149 @@
+"""Product quantization: M independent sub-quantizers on M slices of the vector.
+
+Reference: H. Jégou, M. Douze, C. Schmid, "Product quantization for nearest neighbor search",
+IEEE TPAMI 2011.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vq import kernels
+from vq._checks import is_eager
+from vq.clustering import _generator, _kmeans_plus_plus, _sample_rows, _split_empty_clusters
+from vq.quantizers.base import Metric, Quantizer
+
+
+class ProductQuantizer(Quantizer):
+    """M sub-quantizers of ``dim / M`` dimensions with ``2**nbits`` centroids each.
+
+    Args:
+        dim: vector dimension d, a multiple of M.
+        M: number of sub-quantizers (bytes per vector when nbits=8).
+        nbits: bits per sub-code, 1–16.
+        niter: Lloyd iterations (all M sub-quantizers advance together, one pass per iteration).
+        init: "k-means++" or "random" seeding of each sub-codebook.
+        seed: seeds sampling and seeding.
+        max_points_per_centroid: train on at most ``2**nbits * max_points_per_centroid`` vectors.
+
+    Buffers:
+        codebooks: float32 [M, 2**nbits, d / M].
+
+    Codes are ``[..., M]``; ``distance_tables`` is ``[nq, M, 2**nbits]`` and summing
+    ``table[m, code_m]`` gives ``||q - x̂||²`` (l2) or ``⟨q, x̂⟩`` (ip) exactly.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        M: int,
+        nbits: int = 8,
+        *,
+        niter: int = 25,
+        init: str = "k-means++",
+        seed: int = 1234,
+        max_points_per_centroid: int = 256,
+    ):
+        if M <= 0 or dim % M != 0:
+            raise ValueError(
+                f"dim={dim} must be a positive multiple of M={M} (sub-vector size dim/M)"
+            )
+        if not 1 <= nbits <= 16:
+            raise ValueError(f"nbits must be between 1 and 16, got {nbits}")
+        if init not in ("k-means++", "random"):
+            raise ValueError(f"init must be 'k-means++' or 'random', got {init!r}")
+        super().__init__(dim, 1 << nbits, (M,))
+        self.M, self.nbits, self.dsub = M, nbits, dim // M
+        self.niter, self.init, self.seed = niter, init, seed
+        self.max_points_per_centroid = max_points_per_centroid
+        self.register_buffer("codebooks", torch.zeros(M, 1 << nbits, dim // M))
+        self.register_buffer("_offsets", torch.arange(M) * (1 << nbits), persistent=False)
+
+    @property
+    def ksub(self) -> int:
+        return self.codebook_size
+
+    # -- training ---------------------------------------------------------------------------
+    def _fit(self, x: torch.Tensor) -> None:
+        gen = _generator(self.seed)
+        train = _sample_rows(x, self.ksub * self.max_points_per_centroid, gen).float()
+        subs = train.reshape(-1, self.M, self.dsub)
+        init = torch.empty_like(self.codebooks, dtype=torch.float32)
+        for m in range(self.M):
+            if self.init == "random":
+                init[m] = _sample_rows(subs[:, m], self.ksub, gen)
+            else:
+                init[m] = _kmeans_plus_plus(subs[:, m], self.ksub, gen)
+        self.codebooks.copy_(init)
+        self._mark_trained()
+        self.lloyd(train, self.niter, gen)
+
+    def lloyd(self, x: torch.Tensor, niter: int, gen: torch.Generator | None = None) -> list[float]:
+        """Run ``niter`` Lloyd iterations from the current codebooks (warm start, used by OPQ).
+
+        Args:
+            x: float32 Tensor[n, dim] on the module's device.
+
+        Returns:
+            The total squared error at each assignment step.
+        """
+        gen = gen if gen is not None else _generator(self.seed)
+        M, ksub, dsub = self.codebooks.shape
+        subs = x.reshape(-1, M, dsub)
+        rows = subs.reshape(-1, dsub)
+        objective = []
+        for _ in range(niter):
+            codes, err = self._assign(x)
+            objective.append(float(err.double().sum()))
+            flat = (codes.long() + self._offsets).reshape(-1)
+            sums = torch.zeros(M * ksub, dsub, device=x.device).index_add_(0, flat, rows)
+            counts = torch.zeros(M * ksub, device=x.device).index_add_(
+                0, flat, torch.ones_like(flat, dtype=torch.float32)
+            )
+            new = torch.where(counts[:, None] > 0, sums / counts.clamp_min(1.0)[:, None], 0.0)
+            new = new.reshape(M, ksub, dsub)
+            counts = counts.reshape(M, ksub)
+            new = torch.where(counts[..., None] > 0, new, self.codebooks.float())
+            for m in range(M):
+                _split_empty_clusters(new[m], counts[m], gen)
+            self.codebooks.copy_(new)
+        return objective
+
+    # -- coding -----------------------------------------------------------------------------
+    def _assign(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codes int [n, M] and squared errors float32 [n]."""
+        cb = self.codebooks.float()
+        if x.device.type == "cpu" and is_eager() and not x.requires_grad:
+            x = x.contiguous()
+            codes = torch.empty(x.shape[0], self.M, dtype=torch.int32)
+            err = torch.empty(x.shape[0], dtype=torch.float32)
+            cbt = (-2.0 * cb).transpose(1, 2).contiguous()
+            norms = (cb * cb).sum(-1)
+            kernels.pq_encode(x.numpy(), cbt.numpy(), norms.numpy(), codes.numpy(), err.numpy())
+            return codes, err
+        subs = x.reshape(-1, self.M, self.dsub).transpose(0, 1)  # [M, n, dsub]
+        norms = (cb * cb).sum(-1)  # [M, ksub]
+        dist = torch.baddbmm(norms[:, None, :], subs, cb.transpose(1, 2), alpha=-2.0)
+        val, idx = dist.min(dim=-1)  # [M, n]
+        err = (val + (subs * subs).sum(-1)).clamp_min(0.0).sum(0)
+        return idx.T, err
+
+    def _encode(self, x: torch.Tensor) -> torch.Tensor:
+        if not is_eager() or x.device.type == "cpu":
+            return self._assign(x)[0]
+        rows = max(1, (1 << 26) // (self.M * self.ksub))
+        return torch.cat([self._assign(x[s : s + rows])[0] for s in range(0, x.shape[0], rows)])
+
+    def _decode(self, codes: torch.Tensor) -> torch.Tensor:
+        flat = (codes + self._offsets).reshape(-1)
+        sub = self.codebooks.float().reshape(-1, self.dsub).index_select(0, flat)
+        return sub.reshape(-1, self.dim)
+
+    def _tables(self, queries: torch.Tensor, metric: Metric) -> torch.Tensor:
+        cb = self.codebooks.float()
+        subs = queries.reshape(-1, self.M, self.dsub).transpose(0, 1)  # [M, nq, dsub]
+        dots = torch.bmm(subs, cb.transpose(1, 2))  # [M, nq, ksub]
+        if metric == "ip":
+            return dots.transpose(0, 1).contiguous()
+        sq = (subs * subs).sum(-1, keepdim=True) - 2.0 * dots + (cb * cb).sum(-1)[:, None, :]
+        return sq.clamp_min(0.0).transpose(0, 1).contiguous()
