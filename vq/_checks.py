@@ -83,7 +83,9 @@ def as_vectors(
 
 def check_finite(t: torch.Tensor, name: str) -> None:
     """Raise ValueError naming the count of NaN/Inf values and the first row holding one."""
-    bad = ~torch.isfinite(t)
+    if t.numel() == 0 or bool(torch.isfinite(t.sum())):
+        return  # one fast pass: a NaN/Inf anywhere makes the sum non-finite
+    bad = ~torch.isfinite(t)  # (a finite sum may also overflow: then this finds nothing)
     if bool(bad.any()):
         rows = bad.reshape(-1, t.shape[-1]).any(dim=1)
         first = int(torch.argmax(rows.to(torch.uint8)))
@@ -126,7 +128,8 @@ def code_dtype(codebook_size: int) -> torch.dtype:
 
 
 def as_codes(codes: Any, n_tables: int | None, codebook_size: int, name: str = "codes"):
-    """Validate integer codes ``[..., n_tables]`` (``[...]`` when n_tables is None)."""
+    """Validate integer codes ``[..., n_tables]`` (``[...]`` when n_tables is None); the integer
+    dtype is kept (uint8 codes are not widened)."""
     t = as_tensor(codes, name)
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise TypeError(f"{name}: expected integer codes, got {str(t.dtype).replace('torch.', '')}")
@@ -139,4 +142,4 @@ def as_codes(codes: Any, n_tables: int | None, codebook_size: int, name: str = "
             raise ValueError(
                 f"{name}: codes must lie in [0, {codebook_size}), got values in [{lo}, {hi}]"
             )
-    return t.long()
+    return t

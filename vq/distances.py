@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from vq import kernels
+from vq import _cpu, kernels
 from vq._checks import is_eager
 
 
@@ -28,10 +28,6 @@ def chunk_rows(k: int, device: torch.device) -> int:
     """Rows per chunk so that a chunk's [rows, k] distance block stays cache/memory friendly."""
     budget = (1 << 20) if device.type == "cpu" else (1 << 26)
     return max(256, min(1 << 16, budget // max(k, 1)))
-
-
-def _cpu_fast_path(x: torch.Tensor) -> bool:
-    return x.device.type == "cpu" and is_eager() and not x.requires_grad
 
 
 def iter_nearest(
@@ -50,19 +46,19 @@ def iter_nearest(
     n, k = x.shape[0], centroids.shape[0]
     rows = rows or chunk_rows(k, x.device)
     norms = (centroids * centroids).sum(dim=1)
-    fast = _cpu_fast_path(x)
+    fast = _cpu.fast_path(x)
     if fast:
         neg2_t = (-2.0 * centroids).T.contiguous()
         norms_np = norms.numpy()
-        buf = torch.empty(min(rows, n), k)
+        buf = _cpu.empty((min(rows, n), k))
     for start in range(0, n, rows):
         chunk = x[start : start + rows].float()
         chunk_norms = (chunk * chunk).sum(dim=1)
         if fast:
             m = chunk.shape[0]
             dots = torch.mm(chunk, neg2_t, out=buf[:m])
-            idx = torch.empty(m, dtype=torch.int64)
-            val = torch.empty(m, dtype=torch.float32)
+            idx = _cpu.empty((m,), torch.int64)
+            val = _cpu.empty((m,))
             kernels.argmin_rows(dots.numpy(), norms_np, idx.numpy(), val.numpy())
         else:
             val, idx = torch.addmm(norms, chunk, centroids.T, alpha=-2.0).min(dim=1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from vq import kernels
+from vq import _cpu, kernels
 from vq._checks import is_eager
 from vq.clustering import _generator, _kmeans_plus_plus, _sample_rows, _split_empty_clusters
 from vq.quantizers.base import Metric, Quantizer
@@ -110,16 +110,21 @@ class ProductQuantizer(Quantizer):
         return objective
 
     # -- coding -----------------------------------------------------------------------------
-    def _assign(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Codes int [n, M] and squared errors float32 [n]."""
+    def _assign(
+        self, x: torch.Tensor, with_errors: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codes [n, M] (``code_dtype`` on the CPU fast path, int64 otherwise) and the squared
+        reconstruction errors float32 [n] (empty when ``with_errors`` is False on CPU)."""
         cb = self.codebooks.float()
-        if x.device.type == "cpu" and is_eager() and not x.requires_grad:
+        if _cpu.fast_path(x):
             x = x.contiguous()
-            codes = torch.empty(x.shape[0], self.M, dtype=torch.int32)
-            err = torch.empty(x.shape[0], dtype=torch.float32)
+            codes = _cpu.empty((x.shape[0], self.M), self.code_dtype)
+            err = _cpu.empty((x.shape[0] if with_errors else 0,))
             cbt = (-2.0 * cb).transpose(1, 2).contiguous()
             norms = (cb * cb).sum(-1)
-            kernels.pq_encode(x.numpy(), cbt.numpy(), norms.numpy(), codes.numpy(), err.numpy())
+            kernels.pq_encode(
+                x.numpy(), cbt.numpy(), norms.numpy(), codes.numpy(), err.numpy(), self.dsub
+            )
             return codes, err
         subs = x.reshape(-1, self.M, self.dsub).transpose(0, 1)  # [M, n, dsub]
         norms = (cb * cb).sum(-1)  # [M, ksub]
@@ -130,12 +135,18 @@ class ProductQuantizer(Quantizer):
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         if not is_eager() or x.device.type == "cpu":
-            return self._assign(x)[0]
+            return self._assign(x, with_errors=False)[0]
         rows = max(1, (1 << 26) // (self.M * self.ksub))
         return torch.cat([self._assign(x[s : s + rows])[0] for s in range(0, x.shape[0], rows)])
 
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
-        flat = (codes + self._offsets).reshape(-1)
+        if _cpu.fast_path(codes):
+            out = _cpu.empty((codes.shape[0], self.dim))
+            kernels.pq_decode(
+                codes.contiguous().numpy(), self.codebooks.float().contiguous().numpy(), out.numpy()
+            )
+            return out
+        flat = (codes.long() + self._offsets).reshape(-1)
         sub = self.codebooks.float().reshape(-1, self.dsub).index_select(0, flat)
         return sub.reshape(-1, self.dim)
 

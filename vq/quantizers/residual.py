@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from vq import _cpu, kernels
 from vq._checks import is_eager
 from vq.clustering import kmeans
 from vq.distances import nearest
@@ -91,7 +92,7 @@ class ResidualVQ(Quantizer):
                 max_points_per_centroid=self.max_points_per_centroid,
             )
             self.codebooks[m].copy_(result.centroids)
-            rows = max(1, (1 << 24) // (residuals.shape[1] * self.codebook_size))
+            rows = max(1, (1 << 20) // (residuals.shape[1] * self.codebook_size))
             steps = [
                 self._beam_step(codes[s : s + rows], residuals[s : s + rows], m, self.beam_size)
                 for s in range(0, n, rows)
@@ -132,9 +133,8 @@ class ResidualVQ(Quantizer):
         cb = self.codebooks[m].float()
         k = cb.shape[0]
         r2 = (residuals * residuals).sum(-1, keepdim=True)
-        dist = torch.baddbmm(
-            r2 + (cb * cb).sum(-1), residuals, cb.T.expand(n, d, k), alpha=-2.0
-        )  # [n, B, K]
+        dist = torch.addmm((cb * cb).sum(-1), residuals.reshape(n * b, d), cb.T, alpha=-2.0)
+        dist = dist.reshape(n, b, k) + r2  # [n, B, K]
         keep = min(beam, b * k)
         err, flat = torch.topk(dist.reshape(n, b * k), keep, dim=1, largest=False, sorted=True)
         parent, code = flat // k, flat % k
@@ -149,7 +149,7 @@ class ResidualVQ(Quantizer):
             return self._encode_greedy(x)
         if not is_eager():
             return self._encode_beam(x)
-        rows = max(1, (1 << 24) // (self.beam_size * self.codebook_size))
+        rows = max(1, (1 << 20) // (self.beam_size * self.codebook_size))
         return torch.cat([self._encode_beam(x[s : s + rows]) for s in range(0, x.shape[0], rows)])
 
     def _encode_greedy(self, x: torch.Tensor) -> torch.Tensor:
@@ -170,7 +170,13 @@ class ResidualVQ(Quantizer):
         return codes[:, 0]
 
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
-        flat = (codes + self._offsets).reshape(-1)
+        if _cpu.fast_path(codes):
+            out = _cpu.empty((codes.shape[0], self.dim))
+            kernels.additive_decode(
+                codes.contiguous().numpy(), self.codebooks.float().contiguous().numpy(), out.numpy()
+            )
+            return out
+        flat = (codes.long() + self._offsets).reshape(-1)
         words = self.codebooks.float().reshape(-1, self.dim).index_select(0, flat)
         return words.reshape(-1, self.num_quantizers, self.dim).sum(dim=1)
 

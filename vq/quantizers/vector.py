@@ -53,7 +53,7 @@ class VectorQuantizer(Quantizer):
         return nearest(x, self.codebook.float()).indices
 
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
-        return self.codebook.float().index_select(0, codes.reshape(-1))
+        return self.codebook.float().index_select(0, codes.reshape(-1).long())
 
     def _tables(self, queries: torch.Tensor, metric: Metric) -> torch.Tensor:
         c = self.codebook.float()
