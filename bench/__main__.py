@@ -1,0 +1,8 @@
+"""Run every benchmark at its default size: ``python -m bench`` (or ``make bench``)."""
+
+from bench import encode, kmeans
+
+if __name__ == "__main__":
+    for module in (kmeans, encode):
+        module.main([])
+        print()

@@ -1,0 +1,44 @@
+import numpy as np
+import pytest
+
+import vq
+from vq import faiss_interop as fi
+
+faiss = pytest.importorskip("faiss")
+
+
+def test_pq_round_trip(blobs):
+    fpq = faiss.ProductQuantizer(32, 4, 8)
+    fpq.train(blobs)
+    pq = fi.pq_from_faiss(fpq)
+    assert pq.is_trained and (pq.dim, pq.M, pq.nbits) == (32, 4, 8)
+    back = fi.pq_to_faiss(pq)  # keep a reference: faiss vectors die with their owner
+    np.testing.assert_array_equal(
+        faiss.vector_to_array(back.centroids), faiss.vector_to_array(fpq.centroids)
+    )
+    np.testing.assert_array_equal(pq.encode(blobs[:500]), fpq.compute_codes(blobs[:500]))
+
+
+def test_rvq_round_trip_and_beam(blobs):
+    frq = faiss.ResidualQuantizer(32, 2, 8)
+    frq.max_beam_size = 3
+    frq.train(blobs)
+    rq = fi.rvq_from_faiss(frq)
+    assert rq.beam_size == 3 and rq.codebook_size == 256
+    back = fi.rvq_to_faiss(rq)
+    np.testing.assert_array_equal(back.compute_codes(blobs[:500]), rq.encode(blobs[:500]))
+    with pytest.raises(ValueError, match="power-of-two codebook size"):
+        fi.rvq_to_faiss(vq.ResidualVQ(32, 2, 100, niter=1).fit(blobs))
+
+
+def test_opq_round_trip(aniso):
+    matrix = faiss.OPQMatrix(32, 4)
+    matrix.niter = 5
+    matrix.train(aniso)
+    fpq = faiss.ProductQuantizer(32, 4, 8)
+    fpq.train(matrix.apply(aniso))
+    opq = fi.opq_from_faiss(matrix, fpq)
+    ref = fpq.compute_codes(matrix.apply(aniso[:500]))
+    np.testing.assert_array_equal(opq.encode(aniso[:500]), ref)
+    m2, p2 = fi.opq_to_faiss(opq)
+    np.testing.assert_array_equal(p2.compute_codes(m2.apply(aniso[:500])), ref)

@@ -1,0 +1,99 @@
+"""Move trained codebooks between vq quantizers and faiss (``pip install vq[faiss]``).
+
+Same codebooks give the same codes on both sides (ties aside), which is how vq is validated:
+
+    >>> fpq = faiss.ProductQuantizer(128, 16, 8); fpq.train(x)
+    >>> pq = vq.faiss_interop.pq_from_faiss(fpq)          # vq.ProductQuantizer
+    >>> fpq2 = vq.faiss_interop.pq_to_faiss(pq)            # faiss.ProductQuantizer
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vq.quantizers import OPQ, ProductQuantizer, ResidualVQ, VectorQuantizer
+
+
+def _faiss():
+    try:
+        import faiss
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError("faiss is not installed: pip install 'vq[faiss]'") from err
+    return faiss
+
+
+def _trained(module, **buffers):
+    module.load_state_dict({"trained": torch.tensor(True), **buffers}, strict=False)
+    module._mark_trained()
+    return module
+
+
+def _array(vector) -> np.ndarray:
+    return _faiss().vector_to_array(vector)
+
+
+def pq_from_faiss(fpq) -> ProductQuantizer:
+    """A trained :class:`vq.ProductQuantizer` holding a ``faiss.ProductQuantizer``'s centroids."""
+    cb = _array(fpq.centroids).reshape(fpq.M, fpq.ksub, fpq.dsub)
+    return _trained(ProductQuantizer(fpq.d, fpq.M, fpq.nbits), codebooks=torch.from_numpy(cb))
+
+
+def pq_to_faiss(pq: ProductQuantizer):
+    """A ``faiss.ProductQuantizer`` holding ``pq``'s codebooks."""
+    faiss = _faiss()
+    fpq = faiss.ProductQuantizer(pq.dim, pq.M, pq.nbits)
+    faiss.copy_array_to_vector(pq.codebooks.float().cpu().numpy().ravel(), fpq.centroids)
+    return fpq
+
+
+def rvq_from_faiss(frq, beam_size: int | None = None) -> ResidualVQ:
+    """A trained :class:`vq.ResidualVQ` from a ``faiss.ResidualQuantizer`` with equal nbits per
+    stage; ``beam_size`` defaults to faiss's ``max_beam_size``."""
+    nbits = [int(b) for b in _faiss().vector_to_array(frq.nbits)]
+    if len(set(nbits)) != 1:
+        raise ValueError(f"vq.ResidualVQ needs the same nbits in every stage, got {nbits}")
+    k = 1 << nbits[0]
+    cb = _array(frq.codebooks).reshape(frq.M, k, frq.d)
+    beam = frq.max_beam_size if beam_size is None else beam_size
+    return _trained(ResidualVQ(frq.d, frq.M, k, beam), codebooks=torch.from_numpy(cb))
+
+
+def rvq_to_faiss(rq: ResidualVQ):
+    """A ``faiss.ResidualQuantizer`` holding ``rq``'s codebooks (codebook size a power of two)."""
+    faiss = _faiss()
+    nbits = rq.codebook_size.bit_length() - 1
+    if 1 << nbits != rq.codebook_size:
+        raise ValueError(f"faiss needs a power-of-two codebook size, got {rq.codebook_size}")
+    frq = faiss.ResidualQuantizer(rq.dim, rq.num_quantizers, nbits)
+    frq.max_beam_size = rq.beam_size
+    faiss.copy_array_to_vector(rq.codebooks.float().cpu().numpy().ravel(), frq.codebooks)
+    frq.is_trained = True
+    return frq
+
+
+def opq_from_faiss(opq_matrix, fpq) -> OPQ:
+    """A trained :class:`vq.OPQ` from a ``faiss.OPQMatrix`` and the ``ProductQuantizer`` trained
+    on its output."""
+    rotation = _array(opq_matrix.A).reshape(opq_matrix.d_out, opq_matrix.d_in)
+    opq = OPQ(opq_matrix.d_in, fpq.M, fpq.nbits, dim_out=opq_matrix.d_out)
+    _trained(opq, rotation=torch.from_numpy(rotation))
+    opq.pq = pq_from_faiss(fpq)
+    return opq
+
+
+def opq_to_faiss(opq: OPQ):
+    """``(faiss.OPQMatrix, faiss.ProductQuantizer)`` equivalent to ``opq``."""
+    faiss = _faiss()
+    matrix = faiss.OPQMatrix(opq.dim, opq.M, opq.dim_out)
+    faiss.copy_array_to_vector(opq.rotation.float().cpu().numpy().ravel(), matrix.A)
+    matrix.is_trained = True
+    matrix.is_orthonormal = True
+    return matrix, pq_to_faiss(opq.pq)
+
+
+def kmeans_index_from_centroids(centroids) -> VectorQuantizer:
+    """A trained :class:`vq.VectorQuantizer` from ``faiss.Kmeans(...).centroids`` (or any
+    [k, d] array)."""
+    c = torch.as_tensor(np.ascontiguousarray(centroids, dtype=np.float32))
+    return _trained(VectorQuantizer(c.shape[1], c.shape[0]), codebook=c)

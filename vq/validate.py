@@ -1,0 +1,225 @@
+"""The main job: validate vq against faiss on generated vectors.
+
+    python -m vq.validate [--n 50000] [--dim 64] [--threads 2]
+
+What "validated against faiss" means here (see the project's MISSION):
+1. same codebooks ⇒ same codes: faiss-trained codebooks copied into vq (and vq's into faiss)
+   give identical codes, ties aside, and equal reconstructions;
+2. trained independently ⇒ same quality: k-means objective and PQ/OPQ reconstruction error
+   within 1% of faiss, RVQ within 2%;
+3. speed side by side, same data and thread count, reported as a ratio (indicative here; the
+   careful alternating measurements live in ``bench/``).
+
+Prints one table and exits non-zero if any check fails. The NSynth pipeline replaces the
+generated vectors when the NSynth loader lands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Check:
+    name: str
+    ours: float
+    faiss: float
+    target: str
+    passed: bool | None  # None: reported, not judged (timings)
+
+
+def _timed(fn, repeats: int = 3):
+    """Result of ``fn`` and its best wall time over ``repeats`` calls."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - start)
+    return out, best
+
+
+def _mse(x, x_hat) -> float:
+    return float(((np.asarray(x, np.float64) - np.asarray(x_hat, np.float64)) ** 2).sum(1).mean())
+
+
+def _same_codes(ours, ref, err_ours, err_ref) -> tuple[float, bool]:
+    """Fraction of identical codes; differences must be exact ties in reconstruction error."""
+    ours, ref = np.asarray(ours), np.asarray(ref)
+    differ = (ours != ref).any(axis=-1) if ours.ndim > 1 else ours != ref
+    ties = np.allclose(err_ours[differ], err_ref[differ], rtol=1e-5, atol=1e-6)
+    return 1.0 - float(differ.mean()), bool(ties and differ.mean() < 1e-3)
+
+
+def _errors(x, x_hat):
+    return ((np.asarray(x, np.float64) - np.asarray(x_hat, np.float64)) ** 2).sum(1)
+
+
+def run(n: int, dim: int, threads: int, seed: int = 0) -> list[Check]:
+    import faiss
+    import numba
+
+    import vq
+    from vq import faiss_interop as fi
+    from vq.datasets import anisotropic_vectors, clustered_vectors
+
+    torch.set_num_threads(threads)
+    numba.set_num_threads(threads)
+    faiss.omp_set_num_threads(threads)
+    x = clustered_vectors(n, dim, n_clusters=512, seed=seed)
+    xa = anisotropic_vectors(n, dim, seed=seed + 1)
+    M = dim // 8
+    checks: list[Check] = []
+
+    # warm up (numba compiles or loads its cache on first use) so that timings compare work
+    vq.kmeans(x[:2000], 16, niter=1)
+    vq.ProductQuantizer(dim, M, nbits=4, niter=1).fit(x[:2000]).encode(x[:10])
+
+    # k-means
+    k = 256
+    km = faiss.Kmeans(dim, k, niter=20, seed=1234)
+    _, t_faiss = _timed(lambda: km.train(x))
+    ours, t_ours = _timed(lambda: vq.kmeans(x, k, niter=20))
+    ref_inertia = float(faiss_inertia(km, x))
+    checks.append(
+        Check(
+            "k-means objective (k=256)",
+            ours.inertia,
+            ref_inertia,
+            "<= 1.01x",
+            ours.inertia <= 1.01 * ref_inertia,
+        )
+    )
+    checks.append(Check("k-means time (s)", t_ours, t_faiss, "(info)", None))
+    _, ref_assign = km.index.search(x, 1)
+    vqz = fi.kmeans_index_from_centroids(km.centroids)
+    same = float((vqz.encode(x) == ref_assign[:, 0]).mean())
+    checks.append(Check("k-means assignment, faiss centroids", same, 1.0, "== 1", same == 1.0))
+
+    # PQ: same codebooks, both directions
+    fpq = faiss.ProductQuantizer(dim, M, 8)
+    fpq.train(x)
+    pq = fi.pq_from_faiss(fpq)
+    (codes, t_ours), (ref, t_faiss) = (
+        _timed(lambda: pq.encode(x)),
+        _timed(lambda: fpq.compute_codes(x)),
+    )
+    frac, ok = _same_codes(codes, ref, _errors(x, pq.decode(codes)), _errors(x, fpq.decode(ref)))
+    checks.append(Check(f"PQ{M} codes, faiss codebooks", frac, 1.0, "== 1 (ties aside)", ok))
+    dec = float(np.abs(pq.decode(ref) - fpq.decode(ref)).max())
+    checks.append(Check(f"PQ{M} decode, max abs difference", dec, 0.0, "<= 1e-5", dec <= 1e-5))
+    checks.append(Check(f"PQ{M} encode time (s)", t_ours, t_faiss, "(info)", None))
+    ours_pq = vq.ProductQuantizer(dim, M).fit(x)
+    back = fi.pq_to_faiss(ours_pq)
+    c1, c2 = ours_pq.encode(x), back.compute_codes(x)
+    frac, ok = _same_codes(c1, c2, _errors(x, ours_pq.decode(c1)), _errors(x, back.decode(c2)))
+    checks.append(Check(f"PQ{M} codes, vq codebooks in faiss", frac, 1.0, "== 1 (ties aside)", ok))
+    mse_ours, mse_ref = _mse(x, ours_pq.decode(c1)), _mse(x, fpq.decode(ref))
+    checks.append(
+        Check(
+            f"PQ{M} MSE, trained independently",
+            mse_ours,
+            mse_ref,
+            "<= 1.01x",
+            mse_ours <= 1.01 * mse_ref,
+        )
+    )
+
+    # OPQ
+    opq_f = faiss.OPQMatrix(dim, M)
+    opq_f.train(xa)
+    ya = opq_f.apply(xa)
+    pq_f = faiss.ProductQuantizer(dim, M, 8)
+    pq_f.train(ya)
+    mse_ref = _mse(xa, opq_f.reverse_transform(pq_f.decode(pq_f.compute_codes(ya))))
+    opq = vq.OPQ(dim, M).fit(xa)
+    mse_ours = _mse(xa, opq.decode(opq.encode(xa)))
+    checks.append(
+        Check(
+            f"OPQ{M} MSE, trained independently",
+            mse_ours,
+            mse_ref,
+            "<= 1.01x",
+            mse_ours <= 1.01 * mse_ref,
+        )
+    )
+    r = opq.rotation.double()
+    orth = float((r @ r.T - torch.eye(dim, dtype=torch.float64)).abs().max())
+    checks.append(Check("OPQ rotation, max abs of RRᵀ - I", orth, 0.0, "<= 1e-4", orth <= 1e-4))
+
+    # RVQ: greedy parity with faiss codebooks, then quality at beam 1 and 4
+    for beam in (1, 4):
+        frq = faiss.ResidualQuantizer(dim, 4, 8)
+        frq.max_beam_size = beam
+        frq.train(x[:20_000])
+        ref = frq.compute_codes(x)
+        if beam == 1:
+            rq_f = fi.rvq_from_faiss(frq)
+            codes = rq_f.encode(x)
+            frac, ok = _same_codes(
+                codes, ref, _errors(x, rq_f.decode(codes)), _errors(x, frq.decode(ref))
+            )
+            checks.append(
+                Check("RVQ 4x8 greedy codes, faiss codebooks", frac, 1.0, "== 1 (ties aside)", ok)
+            )
+        rq = vq.ResidualVQ(dim, 4, 256, beam_size=beam).fit(x[:20_000])
+        mse_ours, mse_ref = _mse(x, rq.decode(rq.encode(x))), _mse(x, frq.decode(ref))
+        checks.append(
+            Check(
+                f"RVQ 4x8 beam {beam} MSE, trained independently",
+                mse_ours,
+                mse_ref,
+                "<= 1.02x",
+                mse_ours <= 1.02 * mse_ref,
+            )
+        )
+    return checks
+
+
+def faiss_inertia(km, x) -> float:
+    d, _ = km.index.search(x, 1)
+    return float(d.astype(np.float64).sum())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--n", type=int, default=50_000, help="vectors per data set")
+    p.add_argument("--dim", type=int, default=64, help="dimension (a multiple of 8)")
+    p.add_argument("--threads", type=int, default=2, help="threads for vq and faiss alike")
+    args = p.parse_args(argv)
+    if args.dim % 8 or args.dim <= 0:
+        p.error(f"--dim must be a positive multiple of 8, got {args.dim}")
+    if args.n < 20_000:
+        p.error(f"--n must be at least 20000 (PQ and RVQ training sizes), got {args.n}")
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        print(
+            "error: faiss is not installed; pip install 'vq[faiss]' (make demo does)",
+            file=sys.stderr,
+        )
+        return 2
+    print(
+        f"# vq validated against faiss: {args.n} x {args.dim} blobs and anisotropic vectors, "
+        f"{args.threads} threads\n"
+    )
+    checks = run(args.n, args.dim, args.threads)
+    print("| check | vq | faiss | vq / faiss | target | result |")
+    print("|---|---|---|---|---|---|")
+    for c in checks:
+        ratio = f"{c.ours / c.faiss:.3f}" if c.faiss else ""
+        result = "-" if c.passed is None else "ok" if c.passed else "FAIL"
+        print(f"| {c.name} | {c.ours:.6g} | {c.faiss:.6g} | {ratio} | {c.target} | {result} |")
+    judged = [c for c in checks if c.passed is not None]
+    failed = [c.name for c in judged if not c.passed]
+    print(f"\n{len(judged) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
