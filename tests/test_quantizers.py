@@ -309,3 +309,33 @@ def test_fit_errors(blobs):
 def test_untrained_quantizer_says_fit_first(blobs):
     with pytest.raises(RuntimeError, match="call fit"):
         vq.ProductQuantizer(32, 8).encode(blobs[:2])
+
+
+# --- the device-agnostic torch path (what CUDA tensors and exported graphs run) ------------------
+def test_torch_path_matches_numba_path(blobs, quantizers):
+    from vq._cpu import torch_only
+
+    x = blobs[:3000]
+    fast = [np.asarray(q.encode(x)) for q in quantizers]
+    fast_dec = [np.asarray(q.decode(c)) for q, c in zip(quantizers, fast, strict=True)]
+    with torch_only():
+        slow = [np.asarray(q.encode(x)) for q in quantizers]
+        slow_dec = [np.asarray(q.decode(c)) for q, c in zip(quantizers, fast, strict=True)]
+    for q, a, b, da, db in zip(quantizers, fast, slow, fast_dec, slow_dec, strict=True):
+        same = (a == b).reshape(len(x), -1).all(1).mean()
+        assert same > 0.999, type(q).__name__
+        np.testing.assert_allclose(da, db, rtol=1e-5, atol=1e-5)
+
+
+def test_training_on_the_torch_path(blobs):
+    from vq._cpu import torch_only
+
+    with torch_only():
+        km = vq.kmeans(blobs, 32, niter=10)
+        pq = vq.ProductQuantizer(32, 8, niter=10).fit(blobs)
+    ref_km = vq.kmeans(blobs, 32, niter=10)
+    ref_pq = vq.ProductQuantizer(32, 8, niter=10).fit(blobs)
+    assert km.inertia == pytest.approx(ref_km.inertia, rel=1e-3)
+    assert mse(blobs, pq.decode(pq.encode(blobs))) == pytest.approx(
+        mse(blobs, ref_pq.decode(ref_pq.encode(blobs))), rel=1e-3
+    )

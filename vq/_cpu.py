@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 import torch
 
@@ -16,9 +19,24 @@ _NUMPY_DTYPES = {
 }
 
 
+_disabled = False
+
+
 def fast_path(x: torch.Tensor) -> bool:
-    """Whether the numba kernels may serve ``x``: eager mode, CPU, no autograd."""
-    return x.device.type == "cpu" and is_eager() and not x.requires_grad
+    """Whether the numba kernels may serve ``x``: eager mode, CPU, no autograd, not disabled."""
+    return x.device.type == "cpu" and is_eager() and not x.requires_grad and not _disabled
+
+
+@contextmanager
+def torch_only() -> Iterator[None]:
+    """Run everything inside on the device-agnostic torch path (the one CUDA tensors and
+    exported graphs take), bypassing the numba kernels: for tests and comparisons."""
+    global _disabled
+    previous, _disabled = _disabled, True
+    try:
+        yield
+    finally:
+        _disabled = previous
 
 
 def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -26,7 +26,7 @@ from vq.distances import iter_nearest, nearest
 
 # k-means++ seeds from at most this many points per centroid (a random subset): the D² sampling
 # is sequential over k, and Lloyd iterations on the full sample fix what the subset misses.
-_SEEDING_POINTS_PER_CENTROID = 16
+_SEEDING_POINTS_PER_CENTROID = 8
 # relative size of the symmetric perturbation when a cluster is split (faiss uses 1/1024)
 _SPLIT_EPS = 1.0 / 1024.0
 
@@ -64,7 +64,7 @@ def _sample_rows(x: torch.Tensor, count: int, gen: torch.Generator) -> torch.Ten
 def _kmeans_plus_plus(x: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
     """Greedy k-means++: at each step draw ``2 + log k`` candidates by D² sampling and keep the
     one that lowers the potential most (as scikit-learn does); seeds from a random pool of at
-    most ``16 k`` training vectors."""
+    most ``8 k`` training vectors."""
     pool = _sample_rows(x, max(k * _SEEDING_POINTS_PER_CENTROID, 4096), gen).float()
     n = pool.shape[0]
     trials = 2 + int(math.log(k)) if k > 1 else 1
@@ -89,15 +89,21 @@ def _kmeans_plus_plus(x: torch.Tensor, k: int, gen: torch.Generator) -> torch.Te
     return centroids
 
 
-def _accumulate(x: torch.Tensor, centroids: torch.Tensor):
-    """One pass: per-cluster sums [k, d], counts [k], squared errors [k] and the total error."""
+def _accumulate(x: torch.Tensor, centroids: torch.Tensor, x_norms: torch.Tensor | None = None):
+    """One pass: per-cluster sums [k, d], counts [k], squared errors [k] (float64) and the total
+    error. float32 data is assigned in one call and accumulated with one ``index_add_``;
+    float16/bfloat16 data is converted chunk by chunk."""
     k, d = centroids.shape
     sums = torch.zeros(k, d, device=x.device)
     counts = torch.zeros(k, device=x.device)
     errors = torch.zeros(k, device=x.device, dtype=torch.float64)
-    for _, chunk, res in iter_nearest(x, centroids):
+    if x.dtype == torch.float32:
+        parts = [(x, nearest(x, centroids, x_norms=x_norms))]
+    else:
+        parts = ((chunk, res) for _, chunk, res in iter_nearest(x, centroids))
+    for chunk, res in parts:
         sums.index_add_(0, res.indices, chunk)
-        counts.index_add_(0, res.indices, torch.ones_like(res.distances))
+        counts += torch.bincount(res.indices, minlength=k).to(counts.dtype)
         errors.index_add_(0, res.indices, res.distances.double())
     return sums, counts, errors, float(errors.sum())
 
@@ -129,8 +135,9 @@ def _lloyd(
     progress: tqdm | None = None,
 ) -> tuple[torch.Tensor, list[float]]:
     objective = []
+    x_norms = (x * x).sum(dim=1) if x.dtype == torch.float32 else None
     for _ in range(niter):
-        sums, counts, _, total = _accumulate(x, centroids)
+        sums, counts, _, total = _accumulate(x, centroids, x_norms)
         objective.append(total)
         centroids = torch.where(
             counts[:, None] > 0, sums / counts.clamp_min(1.0)[:, None], centroids

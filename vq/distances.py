@@ -65,13 +65,20 @@ def iter_nearest(
         yield start, chunk, Nearest((val + chunk_norms).clamp_min(0.0), idx)
 
 
-def nearest(x: torch.Tensor, centroids: torch.Tensor, rows: int | None = None) -> Nearest:
+def nearest(
+    x: torch.Tensor,
+    centroids: torch.Tensor,
+    rows: int | None = None,
+    x_norms: torch.Tensor | None = None,
+) -> Nearest:
     """Closest centroid (squared L2) for every row of ``x``.
 
     Args:
         x: Tensor[n, d], floating point, on ``centroids``' device.
         centroids: float32 Tensor[k, d].
         rows: rows per chunk (memory bound); default chosen from k and the device.
+        x_norms: optional precomputed ``||x||²`` float32 [n] (saves a pass over x when the
+            same vectors are assigned repeatedly, as in Lloyd iterations).
 
     Returns:
         :class:`Nearest` with float32 ``distances`` [n] and int64 ``indices`` [n]; ties go to the
@@ -79,13 +86,31 @@ def nearest(x: torch.Tensor, centroids: torch.Tensor, rows: int | None = None) -
     """
     if not is_eager():
         return nearest_static(x.float(), centroids)
-    n = x.shape[0]
-    dist = torch.empty(n, dtype=torch.float32, device=x.device)
-    idx = torch.empty(n, dtype=torch.long, device=x.device)
-    for start, _, res in iter_nearest(x, centroids, rows):
-        dist[start : start + res.indices.shape[0]] = res.distances
-        idx[start : start + res.indices.shape[0]] = res.indices
-    return Nearest(dist, idx)
+    n, k = x.shape[0], centroids.shape[0]
+    if not (_cpu.fast_path(x) and x.dtype == torch.float32):
+        dist = torch.empty(n, dtype=torch.float32, device=x.device)
+        idx = torch.empty(n, dtype=torch.long, device=x.device)
+        for start, _, res in iter_nearest(x, centroids, rows):
+            dist[start : start + res.indices.shape[0]] = res.distances
+            idx[start : start + res.indices.shape[0]] = res.indices
+        return Nearest(dist, idx)
+    # CPU fast path: one GEMM per chunk into a reused buffer, numba arg-min writing in place
+    rows = rows or chunk_rows(k, x.device)
+    neg2_t = (-2.0 * centroids).T.contiguous()
+    norms = (centroids * centroids).sum(dim=1).numpy()
+    buf = _cpu.empty((min(rows, n), k))
+    idx, val = _cpu.empty((n,), torch.int64), _cpu.empty((n,))
+    idx_np, val_np = idx.numpy(), val.numpy()
+    for start in range(0, n, rows):
+        chunk = x[start : start + rows]
+        m = chunk.shape[0]
+        dots = torch.mm(chunk, neg2_t, out=buf[:m])
+        kernels.argmin_rows(
+            dots.numpy(), norms, idx_np[start : start + m], val_np[start : start + m]
+        )
+    if x_norms is None:
+        x_norms = (x * x).sum(dim=1)
+    return Nearest(val.add_(x_norms).clamp_min_(0.0), idx)
 
 
 def nearest_static(x: torch.Tensor, centroids: torch.Tensor) -> Nearest:

@@ -11,6 +11,7 @@ import torch
 from vq import _cpu, kernels
 from vq._checks import is_eager
 from vq.clustering import _generator, _kmeans_plus_plus, _sample_rows, _split_empty_clusters
+from vq.distances import chunk_rows
 from vq.quantizers.base import Metric, Quantizer
 
 
@@ -126,6 +127,15 @@ class ProductQuantizer(Quantizer):
                 x.numpy(), cbt.numpy(), norms.numpy(), codes.numpy(), err.numpy(), self.dsub
             )
             return codes, err
+        if not is_eager():  # one static-shape graph
+            return self._assign_torch(x, cb)
+        rows = max(1, chunk_rows(self.M * self.ksub, x.device))
+        parts = [self._assign_torch(x[s : s + rows], cb) for s in range(0, x.shape[0], rows)]
+        if not parts:
+            return x.new_zeros(0, self.M, dtype=torch.long), x.new_zeros(0)
+        return torch.cat([c for c, _ in parts]), torch.cat([e for _, e in parts])
+
+    def _assign_torch(self, x: torch.Tensor, cb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         subs = x.reshape(-1, self.M, self.dsub).transpose(0, 1)  # [M, n, dsub]
         norms = (cb * cb).sum(-1)  # [M, ksub]
         dist = torch.baddbmm(norms[:, None, :], subs, cb.transpose(1, 2), alpha=-2.0)
@@ -134,10 +144,7 @@ class ProductQuantizer(Quantizer):
         return idx.T, err
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
-        if not is_eager() or x.device.type == "cpu":
-            return self._assign(x, with_errors=False)[0]
-        rows = max(1, (1 << 26) // (self.M * self.ksub))
-        return torch.cat([self._assign(x[s : s + rows])[0] for s in range(0, x.shape[0], rows)])
+        return self._assign(x, with_errors=False)[0]
 
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
         if _cpu.fast_path(codes):

@@ -16,7 +16,7 @@ import torch
 
 from vq import _cpu, kernels
 from vq._checks import is_eager
-from vq.clustering import kmeans
+from vq.clustering import _generator, _sample_rows, kmeans
 from vq.distances import nearest
 from vq.quantizers.base import Metric, Quantizer
 
@@ -99,7 +99,8 @@ class ResidualVQ(Quantizer):
             ]
             codes = torch.cat([c for c, _, _ in steps])
             residuals = torch.cat([r for _, r, _ in steps])
-        train = x[: self.codebook_size * self.max_points_per_centroid]
+        gen = _generator(self.seed)
+        train = _sample_rows(x, self.codebook_size * self.max_points_per_centroid, gen)
         for _ in range(self.refine_iters):
             self._refine(train, self._encode(train))
 
