@@ -18,9 +18,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from vq import _cpu, kernels
 from vq._checks import as_vectors, check_training_size, like_input
 from vq.distances import iter_nearest, nearest
 
@@ -64,8 +66,9 @@ def _sample_rows(x: torch.Tensor, count: int, gen: torch.Generator) -> torch.Ten
 def _kmeans_plus_plus(x: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
     """Greedy k-means++: at each step draw ``2 + log k`` candidates by D² sampling and keep the
     one that lowers the potential most (as scikit-learn does); seeds from a random pool of at
-    most ``8 k`` training vectors."""
-    pool = _sample_rows(x, max(k * _SEEDING_POINTS_PER_CENTROID, 4096), gen).float()
+    most ``8 k`` training vectors. On CPU the sampling and the choice run in numba; the inner
+    products of pool and candidates are one small GEMM per step everywhere."""
+    pool = _sample_rows(x, max(k * _SEEDING_POINTS_PER_CENTROID, 4096), gen).float().contiguous()
     n = pool.shape[0]
     trials = 2 + int(math.log(k)) if k > 1 else 1
     pool_norms = (pool * pool).sum(dim=1)
@@ -73,7 +76,19 @@ def _kmeans_plus_plus(x: torch.Tensor, k: int, gen: torch.Generator) -> torch.Te
     first = int(torch.randint(n, (1,), generator=gen))
     centroids[0] = pool[first]
     d2 = (pool_norms - 2.0 * (pool @ centroids[0]) + pool_norms[first]).clamp_min(0.0)
-    uniforms = torch.rand(k, trials, generator=gen, dtype=torch.float64).to(x.device)
+    uniforms = torch.rand(k, trials, generator=gen, dtype=torch.float64).sort(dim=1).values
+    if _cpu.fast_path(pool):
+        # numpy's skinny [n, d] x [d, trials] product is about twice as fast as torch's here
+        pool_np, d2_np, norms_np = pool.numpy(), d2.numpy(), pool_norms.numpy()
+        centroids_np, uniforms_np = centroids.numpy(), uniforms.numpy()
+        cand = np.empty(trials, dtype=np.int64)
+        for i in range(1, k):
+            kernels.kmeanspp_sample(d2_np, uniforms_np[i], cand)
+            c = pool_np[cand]
+            best = kernels.kmeanspp_pick(pool_np @ c.T, norms_np, norms_np[cand], d2_np)
+            centroids_np[i] = c[best]
+        return centroids
+    uniforms = uniforms.to(x.device)
     for i in range(1, k):
         cdf = torch.cumsum(d2.double(), dim=0)
         if float(cdf[-1]) <= 0.0:  # every point sits on a centroid: draw uniformly

@@ -128,3 +128,60 @@ def additive_decode(codes, codebooks, out):
             c = codes[i, q]
             for j in range(d):
                 out[i, j] += codebooks[q, c, j]
+
+
+@njit(nogil=True, cache=True)
+def kmeanspp_sample(d2, uniforms, out):
+    """D² sampling: for each u in ``uniforms`` (sorted ascending, in [0, 1)) the first index
+    whose running sum of ``d2`` exceeds ``u · Σ d2`` (uniform over all points when Σ d2 = 0).
+
+    Args:
+        d2: float32 [n], squared distance of each point to its nearest chosen centroid.
+        uniforms: float64 [t], sorted ascending.
+        out: int64 [t] receives the sampled indices.
+    """
+    n = d2.shape[0]
+    total = 0.0
+    for i in range(n):
+        total += d2[i]
+    if total <= 0.0:
+        for j in range(uniforms.shape[0]):
+            out[j] = min(n - 1, int(uniforms[j] * n))
+        return
+    j, running = 0, 0.0
+    for i in range(n):
+        running += d2[i]
+        while j < uniforms.shape[0] and uniforms[j] * total < running:
+            out[j] = i
+            j += 1
+    while j < uniforms.shape[0]:
+        out[j] = n - 1
+        j += 1
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def kmeanspp_pick(dots, pool_norms, cand_norms, d2):
+    """Greedy k-means++ step: the candidate whose addition lowers the potential most; ``d2`` is
+    updated in place with it.
+
+    Args:
+        dots: float32 [n, t], inner products of the pool with the t candidates.
+        pool_norms: float32 [n]; cand_norms: float32 [t]; d2: float32 [n] (updated).
+
+    Returns:
+        The index (in [0, t)) of the chosen candidate.
+    """
+    n, t = dots.shape
+    potential = np.zeros(t, np.float64)
+    for i in range(n):
+        for j in range(t):
+            v = max(pool_norms[i] + cand_norms[j] - 2.0 * dots[i, j], np.float32(0.0))
+            potential[j] += min(v, d2[i])
+    best = 0
+    for j in range(1, t):
+        if potential[j] < potential[best]:
+            best = j
+    for i in range(n):
+        v = max(pool_norms[i] + cand_norms[best] - 2.0 * dots[i, best], np.float32(0.0))
+        d2[i] = min(v, d2[i])
+    return best
