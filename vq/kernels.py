@@ -15,8 +15,10 @@ and, among exact ties, the lowest index — the same answer as ``numpy.argmin``.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
-from numba import literally, njit, prange
+from numba import njit, prange
 
 _INDEX_MASK = np.int64(0xFFFFFFFF)
 _KEY_MAX = np.int64(0x7FFFFFFFFFFFFFFF)
@@ -55,64 +57,76 @@ def argmin_rows(dots, bias, out_index, out_value):
 _PQ_BLOCK = 32
 
 
-@njit(parallel=True, fastmath=True, nogil=True, cache=True)
-def pq_encode(x, codebooks_t, norms, codes, sq_err, dsub):
-    """Nearest sub-centroid for every (vector, sub-quantizer), fused with the distance computation.
+@functools.cache
+def pq_encoder(dsub: int):
+    """The PQ encoding kernel specialised for sub-vectors of ``dsub`` dimensions.
 
-    ``dsub`` is dispatched as a compile-time literal (one cached specialisation per sub-vector
-    size), so the inner loop unrolls and each distance stays in a register until it is stored.
+    ``dsub`` is a compile-time constant of the returned kernel (a closure; numba keys its disk
+    cache on the closure's values), so the inner loop unrolls and each distance stays in a
+    register until it is stored. Compiled once per process and size, then loaded from cache.
 
-    Args:
+    The kernel ``pq_encode(x, codebooks_t, norms, codes, sq_err)`` takes:
         x: float32 [n, M * dsub], C-contiguous.
         codebooks_t: float32 [M, dsub, ksub], the codebooks transposed and multiplied by -2.
         norms: float32 [M, ksub], squared norms of the sub-centroids.
         codes: integer [n, M] (uint8/int16/int32) receives the codes.
         sq_err: float32 [n] receives each vector's squared reconstruction error; pass an empty
             array to skip that work.
-        dsub: sub-vector size (an int; becomes a literal).
     """
-    literally(dsub)
-    n = x.shape[0]
-    n_sub, _, ksub = codebooks_t.shape
-    want_err = sq_err.shape[0] == n
-    n_blocks = (n + _PQ_BLOCK - 1) // _PQ_BLOCK
-    for block in prange(n_blocks):
-        dist = np.empty(ksub, np.float32)
-        bits = dist.view(np.int32)
-        xs = np.empty(dsub, np.float32)
-        for i in range(block * _PQ_BLOCK, min(n, block * _PQ_BLOCK + _PQ_BLOCK)):
-            err = np.float32(0.0)
-            for m in range(n_sub):
-                x_norm = np.float32(0.0)
-                for j in range(dsub):
-                    xs[j] = x[i, m * dsub + j]
-                    x_norm += xs[j] * xs[j]
-                for k in range(ksub):
-                    acc = norms[m, k]
+    dsub = int(dsub)
+
+    @njit(parallel=True, fastmath=True, nogil=True, cache=True)
+    def pq_encode(x, codebooks_t, norms, codes, sq_err):
+        n = x.shape[0]
+        n_sub, _, ksub = codebooks_t.shape
+        want_err = sq_err.shape[0] == n
+        n_blocks = (n + _PQ_BLOCK - 1) // _PQ_BLOCK
+        for block in prange(n_blocks):
+            dist = np.empty(ksub, np.float32)
+            bits = dist.view(np.int32)
+            xs = np.empty(dsub, np.float32)
+            for i in range(block * _PQ_BLOCK, min(n, block * _PQ_BLOCK + _PQ_BLOCK)):
+                err = np.float32(0.0)
+                for m in range(n_sub):
+                    x_norm = np.float32(0.0)
                     for j in range(dsub):
-                        acc += xs[j] * codebooks_t[m, j, k]
-                    dist[k] = acc
-                best = _KEY_MAX
-                for k in range(ksub):
-                    best = min(best, _key(bits[k], k))
-                k = best & _INDEX_MASK
-                codes[i, m] = k
-                err += max(dist[k] + x_norm, np.float32(0.0))
-            if want_err:
-                sq_err[i] = err
+                        xs[j] = x[i, m * dsub + j]
+                        x_norm += xs[j] * xs[j]
+                    for k in range(ksub):
+                        acc = norms[m, k]
+                        for j in range(dsub):
+                            acc += xs[j] * codebooks_t[m, j, k]
+                        dist[k] = acc
+                    best = _KEY_MAX
+                    for k in range(ksub):
+                        best = min(best, _key(bits[k], k))
+                    k = best & _INDEX_MASK
+                    codes[i, m] = k
+                    err += max(dist[k] + x_norm, np.float32(0.0))
+                if want_err:
+                    sq_err[i] = err
+
+    return pq_encode
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def pq_decode(codes, codebooks, out):
-    """Concatenate sub-centroids: codes [n, M] (any integer dtype), codebooks float32
-    [M, ksub, dsub] → out float32 [n, M * dsub]."""
-    n, n_sub = codes.shape
-    dsub = codebooks.shape[2]
-    for i in prange(n):
-        for m in range(n_sub):
-            c = codes[i, m]
-            for j in range(dsub):
-                out[i, m * dsub + j] = codebooks[m, c, j]
+@functools.cache
+def pq_decoder(dsub: int):
+    """The PQ decoding kernel for sub-vectors of ``dsub`` dimensions (a compile-time constant,
+    as in :func:`pq_encoder`): ``pq_decode(codes, codebooks, out)`` concatenates sub-centroids,
+    codes [n, M] (any integer dtype), codebooks float32 [M, ksub, dsub] → out float32
+    [n, M * dsub]."""
+    dsub = int(dsub)
+
+    @njit(parallel=True, nogil=True, cache=True)
+    def pq_decode(codes, codebooks, out):
+        n, n_sub = codes.shape
+        for i in prange(n):
+            for m in range(n_sub):
+                c = codes[i, m]
+                for j in range(dsub):
+                    out[i, m * dsub + j] = codebooks[m, c, j]
+
+    return pq_decode
 
 
 @njit(parallel=True, nogil=True, cache=True)

@@ -123,8 +123,8 @@ class ProductQuantizer(Quantizer):
             err = _cpu.empty((x.shape[0] if with_errors else 0,))
             cbt = (-2.0 * cb).transpose(1, 2).contiguous()
             norms = (cb * cb).sum(-1)
-            kernels.pq_encode(
-                x.numpy(), cbt.numpy(), norms.numpy(), codes.numpy(), err.numpy(), self.dsub
+            kernels.pq_encoder(self.dsub)(
+                x.numpy(), cbt.numpy(), norms.numpy(), codes.numpy(), err.numpy()
             )
             return codes, err
         if not is_eager():  # one static-shape graph
@@ -149,7 +149,7 @@ class ProductQuantizer(Quantizer):
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
         if _cpu.fast_path(codes):
             out = _cpu.empty((codes.shape[0], self.dim))
-            kernels.pq_decode(
+            kernels.pq_decoder(self.dsub)(
                 codes.contiguous().numpy(), self.codebooks.float().contiguous().numpy(), out.numpy()
             )
             return out
