@@ -6,7 +6,8 @@ import csv
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -85,3 +86,29 @@ def write_csv(name: str, rows: list[dict], columns: list[str]) -> Path:
         writer.writeheader()
         writer.writerows(rows)
     return path
+
+
+def report(name: str, title: str, threads: int, rows: list[dict], columns: list[str]) -> None:
+    """Print the title, the machine header and the table; write ``results/<name>.csv``."""
+    print(title)
+    print(machine_header(threads) + "\n")
+    print(markdown_table(rows, columns))
+    write_csv(name, rows, columns)
+
+
+@contextmanager
+def figure(name: str, size: tuple[float, float] = (6, 4)) -> Iterator:
+    """A matplotlib Axes (headless backend), saved to ``results/<name>.png`` on exit."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=size)
+    try:
+        yield ax
+        fig.tight_layout()
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        fig.savefig(RESULTS / f"{name}.png", dpi=120)
+    finally:
+        plt.close(fig)

@@ -13,7 +13,7 @@ import argparse
 import numpy as np
 import torch
 
-from bench.common import RESULTS, alternate, machine_header, markdown_table, set_threads, write_csv
+from bench.common import alternate, figure, report, set_threads
 
 
 def _load(module, **buffers):
@@ -124,28 +124,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
 
     cols = ["operation", "vq vectors/s", "faiss vectors/s", "vq / faiss", "identical codes"]
-    print(f"## encode/decode throughput: n={n}, d={d} (same codebooks on both sides)")
-    print(machine_header(args.threads) + "\n")
-    print(markdown_table(rows, cols))
-    write_csv("encode", rows, cols)
-    _plot(rows)
+    title = f"## encode/decode throughput: n={n}, d={d} (same codebooks on both sides)"
+    report("encode", title, args.threads, rows, cols)
+    with figure("encode", (7, 4)) as ax:
+        ax.barh([r["operation"] for r in rows], [r["vq / faiss"] for r in rows])
+        ax.axvline(1.0, color="k", lw=1)
+        ax.set_xlabel("throughput vq / faiss (higher is better)")
     return rows
-
-
-def _plot(rows: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    names = [r["operation"] for r in rows]
-    ax.barh(names, [r["vq / faiss"] for r in rows])
-    ax.axvline(1.0, color="k", lw=1)
-    ax.set_xlabel("throughput vq / faiss (higher is better)")
-    fig.tight_layout()
-    fig.savefig(RESULTS / "encode.png", dpi=120)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

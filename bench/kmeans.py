@@ -12,7 +12,7 @@ import argparse
 
 import numpy as np
 
-from bench.common import RESULTS, alternate, machine_header, markdown_table, set_threads, write_csv
+from bench.common import alternate, figure, report, set_threads
 
 
 def inertia(x: np.ndarray, centroids: np.ndarray) -> float:
@@ -90,31 +90,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
             }
         )
     cols = ["system", "seconds", "time / faiss", "objective", "objective / faiss"]
-    print(f"## k-means: n={args.n}, d={args.dim}, k={k}, {niter} iterations")
-    print(machine_header(args.threads))
-    print("(lbg: niter/2 Lloyd iterations after each of log2(k) splits)\n")
-    print(markdown_table(rows, cols))
-    write_csv("kmeans", rows, cols)
-    _plot(rows)
+    title = (
+        f"## k-means: n={args.n}, d={args.dim}, k={k}, {niter} iterations\n"
+        "(lbg: niter/2 Lloyd iterations after each of log2(k) splits)"
+    )
+    report("kmeans", title, args.threads, rows, cols)
+    with figure("kmeans") as ax:
+        for r in rows:
+            ax.scatter(r["seconds"], r["objective / faiss"], label=r["system"])
+        ax.set_xlabel("seconds (lower is better)")
+        ax.set_ylabel("objective / faiss (lower is better)")
+        ax.set_title("k-means")
+        ax.legend()
     return rows
-
-
-def _plot(rows: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for r in rows:
-        ax.scatter(r["seconds"], r["objective / faiss"], label=r["system"])
-    ax.set_xlabel("seconds (lower is better)")
-    ax.set_ylabel("objective / faiss (lower is better)")
-    ax.set_title("k-means")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / "kmeans.png", dpi=120)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

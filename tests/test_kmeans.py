@@ -139,3 +139,29 @@ def test_integer_input_is_a_type_error(blobs):
         vq.kmeans(blobs.astype(np.int32), 4)
     with pytest.raises(TypeError, match="numpy array or torch tensor"):
         vq.kmeans(blobs.tolist(), 4)
+
+
+def test_bounded_lloyd_gives_plain_lloyd_iterations(blobs, monkeypatch):
+    import vq.clustering
+
+    bounded = vq.kmeans(blobs, 64, niter=15, init="random", seed=4)
+    monkeypatch.setattr(vq.clustering, "_BOUNDED", False)
+    plain = vq.kmeans(blobs, 64, niter=15, init="random", seed=4)
+    np.testing.assert_array_equal(bounded.assignments, plain.assignments)
+    np.testing.assert_allclose(bounded.centroids, plain.centroids, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(bounded.objective, plain.objective, rtol=1e-6)
+
+
+def test_second_nearest_distance(blobs):
+    x = torch.from_numpy(blobs[:500])
+    c = x[:40].clone()
+    full = ((x[:, None, :] - c[None]) ** 2).sum(-1)
+    expected = full.sort(dim=1).values[:, 1]
+    res = nearest(x, c, second=True)
+    torch.testing.assert_close(res.second, expected, rtol=1e-4, atol=1e-3)
+    from vq._cpu import torch_only
+
+    with torch_only():
+        torch.testing.assert_close(
+            nearest(x, c, second=True).second, expected, rtol=1e-4, atol=1e-3
+        )

@@ -18,10 +18,12 @@ from vq._checks import is_eager
 
 
 class Nearest(NamedTuple):
-    """Result of :func:`nearest`: squared L2 distance and index of the closest centroid."""
+    """Result of :func:`nearest`: squared L2 distance and index of the closest centroid, and
+    (when asked for) the squared distance to the second closest."""
 
     distances: torch.Tensor  # float32 [n]
     indices: torch.Tensor  # int64 [n]
+    second: torch.Tensor | None = None  # float32 [n]
 
 
 def chunk_rows(k: int, device: torch.device) -> int:
@@ -30,8 +32,22 @@ def chunk_rows(k: int, device: torch.device) -> int:
     return max(256, min(1 << 16, budget // max(k, 1)))
 
 
+def _torch_min(dist: torch.Tensor, second: bool):
+    """Minimum, arg-min and (optionally) second minimum along dim 1 of [n, k] distances."""
+    if not second:
+        val, idx = dist.min(dim=1)
+        return val, idx, None
+    if dist.shape[1] == 1:
+        val, idx = dist.min(dim=1)
+        return val, idx, torch.full_like(val, float("inf"))
+    vals, idxs = torch.topk(dist, 2, dim=1, largest=False, sorted=True)
+    # topk does not promise the lowest index among ties: take the arg-min from min()
+    val, idx = dist.min(dim=1)
+    return val, idx, vals[:, 1]
+
+
 def iter_nearest(
-    x: torch.Tensor, centroids: torch.Tensor, rows: int | None = None
+    x: torch.Tensor, centroids: torch.Tensor, rows: int | None = None, second: bool = False
 ) -> Iterator[tuple[int, torch.Tensor, Nearest]]:
     """Yield ``(start, chunk, Nearest)`` over row chunks of ``x``.
 
@@ -39,6 +55,7 @@ def iter_nearest(
         x: Tensor[n, d] of any floating dtype (float16/bfloat16 chunks are computed in float32).
         centroids: float32 Tensor[k, d] on ``x``'s device.
         rows: rows per chunk (default from :func:`chunk_rows`).
+        second: also return the squared distance to the second closest centroid.
 
     Yields:
         ``start`` (first row of the chunk), the chunk as float32, and its nearest centroids.
@@ -57,12 +74,15 @@ def iter_nearest(
         if fast:
             m = chunk.shape[0]
             dots = torch.mm(chunk, neg2_t, out=buf[:m])
-            idx = _cpu.empty((m,), torch.int64)
-            val = _cpu.empty((m,))
-            kernels.argmin_rows(dots.numpy(), norms_np, idx.numpy(), val.numpy())
+            idx, val = _cpu.empty((m,), torch.int64), _cpu.empty((m,))
+            snd = _cpu.empty((m if second else 0,))
+            kernels.argmin_rows(dots.numpy(), norms_np, idx.numpy(), val.numpy(), snd.numpy())
         else:
-            val, idx = torch.addmm(norms, chunk, centroids.T, alpha=-2.0).min(dim=1)
-        yield start, chunk, Nearest((val + chunk_norms).clamp_min(0.0), idx)
+            dist = torch.addmm(norms, chunk, centroids.T, alpha=-2.0)
+            val, idx, snd = _torch_min(dist, second)
+        if second:
+            snd = (snd + chunk_norms).clamp_min(0.0)
+        yield start, chunk, Nearest((val + chunk_norms).clamp_min(0.0), idx, snd)
 
 
 def nearest(
@@ -70,6 +90,7 @@ def nearest(
     centroids: torch.Tensor,
     rows: int | None = None,
     x_norms: torch.Tensor | None = None,
+    second: bool = False,
 ) -> Nearest:
     """Closest centroid (squared L2) for every row of ``x``.
 
@@ -79,10 +100,12 @@ def nearest(
         rows: rows per chunk (memory bound); default chosen from k and the device.
         x_norms: optional precomputed ``||x||²`` float32 [n] (saves a pass over x when the
             same vectors are assigned repeatedly, as in Lloyd iterations).
+        second: also return the squared distance to the second closest centroid (k-means uses
+            it to bound which points may change cluster).
 
     Returns:
-        :class:`Nearest` with float32 ``distances`` [n] and int64 ``indices`` [n]; ties go to the
-        lowest index.
+        :class:`Nearest` with float32 ``distances`` [n], int64 ``indices`` [n] (ties go to the
+        lowest index) and, if asked, float32 ``second`` [n].
     """
     if not is_eager():
         return nearest_static(x.float(), centroids)
@@ -90,27 +113,36 @@ def nearest(
     if not (_cpu.fast_path(x) and x.dtype == torch.float32):
         dist = torch.empty(n, dtype=torch.float32, device=x.device)
         idx = torch.empty(n, dtype=torch.long, device=x.device)
-        for start, _, res in iter_nearest(x, centroids, rows):
-            dist[start : start + res.indices.shape[0]] = res.distances
-            idx[start : start + res.indices.shape[0]] = res.indices
-        return Nearest(dist, idx)
+        snd = torch.empty(n, dtype=torch.float32, device=x.device) if second else None
+        for start, _, res in iter_nearest(x, centroids, rows, second):
+            stop = start + res.indices.shape[0]
+            dist[start:stop], idx[start:stop] = res.distances, res.indices
+            if second:
+                snd[start:stop] = res.second
+        return Nearest(dist, idx, snd)
     # CPU fast path: one GEMM per chunk into a reused buffer, numba arg-min writing in place
     rows = rows or chunk_rows(k, x.device)
     neg2_t = (-2.0 * centroids).T.contiguous()
     norms = (centroids * centroids).sum(dim=1).numpy()
     buf = _cpu.empty((min(rows, n), k))
     idx, val = _cpu.empty((n,), torch.int64), _cpu.empty((n,))
-    idx_np, val_np = idx.numpy(), val.numpy()
+    snd = _cpu.empty((n if second else 0,))
+    idx_np, val_np, snd_np = idx.numpy(), val.numpy(), snd.numpy()
     for start in range(0, n, rows):
         chunk = x[start : start + rows]
-        m = chunk.shape[0]
-        dots = torch.mm(chunk, neg2_t, out=buf[:m])
+        stop = start + chunk.shape[0]
+        dots = torch.mm(chunk, neg2_t, out=buf[: chunk.shape[0]])
         kernels.argmin_rows(
-            dots.numpy(), norms, idx_np[start : start + m], val_np[start : start + m]
+            dots.numpy(),
+            norms,
+            idx_np[start:stop],
+            val_np[start:stop],
+            snd_np[start:stop] if second else snd_np,
         )
     if x_norms is None:
         x_norms = (x * x).sum(dim=1)
-    return Nearest(val.add_(x_norms).clamp_min_(0.0), idx)
+    second_dist = snd.add_(x_norms).clamp_min_(0.0) if second else None
+    return Nearest(val.add_(x_norms).clamp_min_(0.0), idx, second_dist)
 
 
 def nearest_static(x: torch.Tensor, centroids: torch.Tensor) -> Nearest:

@@ -31,7 +31,7 @@ def _key(bits, index):
 
 
 @njit(parallel=True, fastmath=True, nogil=True, cache=True)
-def argmin_rows(dots, bias, out_index, out_value):
+def argmin_rows(dots, bias, out_index, out_value, out_second):
     """Row-wise arg-min of ``dots + bias``, in place.
 
     Args:
@@ -39,8 +39,11 @@ def argmin_rows(dots, bias, out_index, out_value):
         bias: float32 [k], added to every row (e.g. squared centroid norms).
         out_index: int64 [n] receives the arg-min (lowest index among exact ties).
         out_value: float32 [n] receives the minimum.
+        out_second: float32 [n] receives the second smallest value (+inf when k = 1); pass an
+            empty array to skip that work.
     """
     n, k = dots.shape
+    want_second = out_second.shape[0] == n
     for i in prange(n):
         row = dots[i]
         for j in range(k):
@@ -52,6 +55,12 @@ def argmin_rows(dots, bias, out_index, out_value):
         j = best & _INDEX_MASK
         out_index[i] = j
         out_value[i] = row[j]
+        if want_second:
+            row[j] = np.inf
+            second = _KEY_MAX
+            for jj in range(k):
+                second = min(second, _key(bits[jj], jj))
+            out_second[i] = row[second & _INDEX_MASK]
 
 
 _PQ_BLOCK = 32
