@@ -34,6 +34,8 @@ _SPLIT_EPS = 1.0 / 1024.0
 # Lloyd on float32 data skips points whose cluster provably cannot change (Hamerly's bounds);
 # the slack keeps float rounding of the bounds on the safe side
 _BOUNDED = True
+_BOUNDED_MIN_K = 64
+_FULL_PASS_FRACTION = 0.5
 _BOUND_SLACK = 1e-6
 
 
@@ -154,8 +156,9 @@ def _lloyd(
     progress: tqdm | None = None,
 ) -> tuple[torch.Tensor, list[float]]:
     """``niter`` Lloyd iterations; returns the centroids and the objective of every assignment
-    step. float32 data takes :func:`_lloyd_bounded`, which gives the same iterations."""
-    if x.dtype == torch.float32 and _BOUNDED:
+    step. float32 data with enough centroids for the bounds to pay (each search costs k·d per
+    point, the bounds about d) takes :func:`_lloyd_bounded`, which gives the same iterations."""
+    if x.dtype == torch.float32 and _BOUNDED and centroids.shape[0] >= _BOUNDED_MIN_K:
         return _lloyd_bounded(x, centroids, niter, gen, progress)
     objective = []
     for _ in range(niter):
@@ -209,11 +212,17 @@ def _lloyd_bounded(
     for it in range(niter):
         if it > 0:
             rows = torch.nonzero(upper * (1.0 + _BOUND_SLACK) >= lower).flatten()
-            if rows.numel():
+            if rows.numel() > _FULL_PASS_FRACTION * x.shape[0]:
+                rows = None  # most points may move (e.g. right after splits): search them all
+                res = nearest(x, centroids, x_norms=x_norms, second=True)
+                assign = res.indices
+                upper = res.distances.double().sqrt()
+                lower = res.second.double().sqrt()
+            elif rows.numel():
                 diff = x[rows] - centroids[assign[rows]]
                 upper[rows] = (diff * diff).sum(dim=1).double().sqrt()
                 rows = rows[upper[rows] * (1.0 + _BOUND_SLACK) >= lower[rows]]
-            if rows.numel():
+            if rows is not None and rows.numel():
                 r = nearest(x[rows], centroids, x_norms=x_norms[rows], second=True)
                 assign[rows] = r.indices
                 upper[rows] = r.distances.double().sqrt()
