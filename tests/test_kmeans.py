@@ -165,3 +165,8 @@ def test_second_nearest_distance(blobs):
         torch.testing.assert_close(
             nearest(x, c, second=True).second, expected, rtol=1e-4, atol=1e-3
         )
+
+
+def test_verbose_shows_progress(blobs, capsys):
+    vq.kmeans(blobs, 8, niter=3, verbose=True)
+    assert "k-means k=8" in capsys.readouterr().err

@@ -1,0 +1,21 @@
+import pytest
+
+pytest.importorskip("faiss")
+
+
+def test_main_job_passes_on_small_data(capsys):
+    from vq import validate
+
+    assert validate.main(["--n", "20000", "--dim", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "| PQ2 codes, faiss codebooks |" in out
+    assert "FAIL" not in out
+    assert out.rstrip().endswith("11 passed, 0 failed")
+
+
+def test_main_job_rejects_bad_arguments(capsys):
+    from vq import validate
+
+    with pytest.raises(SystemExit):
+        validate.main(["--dim", "12"])
+    assert "--dim must be a positive multiple of 8" in capsys.readouterr().err
