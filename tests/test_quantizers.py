@@ -339,3 +339,19 @@ def test_training_on_the_torch_path(blobs):
     assert mse(blobs, pq.decode(pq.encode(blobs))) == pytest.approx(
         mse(blobs, ref_pq.decode(ref_pq.encode(blobs))), rel=1e-3
     )
+
+
+def test_empty_batches_and_single_vectors(blobs, quantizers):
+    from vq._cpu import torch_only
+
+    empty = np.zeros((0, 32), np.float32)
+    for quantizer in quantizers:
+        for ctx in (torch_only, None):
+            with ctx() if ctx else np.errstate():
+                codes = quantizer.encode(empty)
+                assert codes.shape == (0, *quantizer.code_shape)
+                assert quantizer.decode(codes).shape == (0, 32)
+        one = quantizer.encode(blobs[5])
+        assert one.shape == quantizer.code_shape
+        np.testing.assert_array_equal(one, quantizer.encode(blobs[5:6])[0])
+        assert quantizer.decode(one).shape == (32,)

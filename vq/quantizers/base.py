@@ -101,7 +101,7 @@ class Quantizer(nn.Module):
         lead = t.shape[:-1]
         with torch.no_grad():
             codes = self._encode(t.reshape(-1, self.dim).to(self.device))
-        codes = codes.to(self.code_dtype).reshape(*lead, *self.code_shape)
+        codes = codes.to(self.code_dtype).reshape(tuple(lead) + self.code_shape)
         return like_input(codes, x)
 
     def decode(self, codes: Any) -> Any:
@@ -144,7 +144,7 @@ class Quantizer(nn.Module):
         lead = x.shape[:-1]
         return QuantizerOutput(
             quantized.reshape(x.shape),
-            codes.to(self.code_dtype).reshape(*lead, *self.code_shape),
+            codes.to(self.code_dtype).reshape(tuple(lead) + self.code_shape),
             loss,
         )
 

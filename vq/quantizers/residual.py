@@ -79,6 +79,9 @@ class ResidualVQ(Quantizer):
 
     # -- training ---------------------------------------------------------------------------
     def _fit(self, x: torch.Tensor) -> None:
+        # every stage's k-means would subsample to this many vectors anyway
+        gen = _generator(self.seed)
+        x = _sample_rows(x, self.codebook_size * self.max_points_per_centroid, gen)
         n = x.shape[0]
         codes = torch.zeros(n, 1, 0, dtype=torch.long, device=x.device)
         residuals = x[:, None, :].clone()  # [n, beam, d]
@@ -99,10 +102,8 @@ class ResidualVQ(Quantizer):
             ]
             codes = torch.cat([c for c, _, _ in steps])
             residuals = torch.cat([r for _, r, _ in steps])
-        gen = _generator(self.seed)
-        train = _sample_rows(x, self.codebook_size * self.max_points_per_centroid, gen)
         for _ in range(self.refine_iters):
-            self._refine(train, self._encode(train))
+            self._refine(x, self._encode(x))
 
     def _refine(self, x: torch.Tensor, codes: torch.Tensor) -> None:
         """Re-fit each stage's codewords to the mean of ``x`` minus the other stages
@@ -148,7 +149,7 @@ class ResidualVQ(Quantizer):
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         if self.beam_size == 1:
             return self._encode_greedy(x)
-        if not is_eager():
+        if not is_eager() or x.shape[0] == 0:
             return self._encode_beam(x)
         rows = max(1, (1 << 20) // (self.beam_size * self.codebook_size))
         return torch.cat([self._encode_beam(x[s : s + rows]) for s in range(0, x.shape[0], rows)])
