@@ -199,6 +199,10 @@ def test_code_dtypes_widen_with_codebook_size(blobs):
     assert (
         vq.ProductQuantizer(32, 16, nbits=4, niter=1).fit(blobs).encode(blobs[:3]).dtype == np.uint8
     )
+    one_bit = vq.ProductQuantizer(32, 32, nbits=1, niter=3).fit(blobs)
+    codes = one_bit.encode(blobs[:100])
+    assert codes.dtype == np.uint8 and set(np.unique(codes)) <= {0, 1}
+    assert mse(blobs[:100], one_bit.decode(codes)) < mse(blobs[:100], np.zeros_like(blobs[:100]))
 
 
 def test_numba_and_torch_pq_paths_agree(blobs, quantizers):
