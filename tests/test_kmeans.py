@@ -170,3 +170,18 @@ def test_second_nearest_distance(blobs):
 def test_verbose_shows_progress(blobs, capsys):
     vq.kmeans(blobs, 8, niter=3, verbose=True)
     assert "k-means k=8" in capsys.readouterr().err
+
+
+def test_fewer_distinct_vectors_than_k_warns():
+    x = np.repeat(np.eye(3, 4, dtype=np.float32), 20, axis=0)
+    with pytest.warns(RuntimeWarning, match="7 of 10 clusters are empty"):
+        r = vq.kmeans(x, 10, niter=5)
+    assert r.inertia < 1e-3  # split copies keep their ±1/1024 perturbation
+
+
+def test_autograd_input_is_detached(blobs):
+    x = torch.from_numpy(blobs[:2000]).clone().requires_grad_()
+    r = vq.kmeans(x, 8, niter=2)
+    assert not r.centroids.requires_grad
+    ref = vq.kmeans(blobs[:2000], 8, niter=2)
+    np.testing.assert_array_equal(r.centroids.numpy(), ref.centroids)

@@ -59,7 +59,8 @@ def as_vectors(
             chunk); otherwise every floating dtype becomes float32.
 
     Returns:
-        A tensor on ``x``'s device (numpy input shares memory when no conversion is needed).
+        A tensor on ``x``'s device, detached from autograd (numpy input shares memory when no
+        conversion is needed).
     """
     t = as_tensor(x, name)
     if t.dtype == torch.bool or not (t.is_floating_point()):
@@ -74,6 +75,7 @@ def as_vectors(
         raise ValueError(f"{name}: expected vectors [..., dim], got a scalar")
     if dim is not None and t.shape[-1] != dim:
         raise ValueError(f"{name}: expected vectors of dim {dim}, got {t.shape[-1]}")
+    t = t.detach()
     if not (keep_half and t.dtype in _FLOAT_DTYPES):
         t = t.float()
     if is_eager():

@@ -15,6 +15,7 @@ References:
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -248,6 +249,15 @@ def _lloyd_bounded(
 
 def _finish(x_in, x, centroids, objective) -> KMeansResult:
     assign = nearest(x, centroids)
+    k = centroids.shape[0]
+    used = int((torch.bincount(assign.indices, minlength=k) > 0).sum())
+    if used < k:
+        warnings.warn(
+            f"{k - used} of {k} clusters are empty after training: the data probably has fewer "
+            "than k distinct vectors",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return KMeansResult(
         centroids=like_input(centroids, x_in),
         assignments=like_input(assign.indices, x_in),
