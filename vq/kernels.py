@@ -208,3 +208,94 @@ def kmeanspp_pick(dots, pool_norms, cand_norms, d2):
         v = max(pool_norms[i] + cand_norms[best] - 2.0 * dots[i, best], np.float32(0.0))
         d2[i] = min(v, d2[i])
     return best
+
+
+_ADC_QUERY_BLOCK = 8
+_ADC_CODE_BLOCK = 2048
+
+
+@njit(inline="always")
+def _heap_replace_top(dist, idx, d, i):
+    """Replace the root of a max-heap (``dist``/``idx``, size k) by (d, i) and sift it down."""
+    k = dist.shape[0]
+    pos = 0
+    while True:
+        child = 2 * pos + 1
+        if child >= k:
+            break
+        if child + 1 < k and dist[child + 1] > dist[child]:
+            child += 1
+        if dist[child] <= d:
+            break
+        dist[pos] = dist[child]
+        idx[pos] = idx[child]
+        pos = child
+    dist[pos] = d
+    idx[pos] = i
+
+
+@njit(inline="always")
+def _heap_sorted(dist, idx, out_dist, out_idx):
+    """Write a max-heap's content in ascending order of distance (ties: lower index first)."""
+    k = dist.shape[0]
+    order = np.argsort(dist, kind="mergesort")
+    for j in range(k):
+        out_dist[j] = dist[order[j]]
+        out_idx[j] = idx[order[j]]
+    # equal distances: order by index, as a stable full sort of (distance, index) would
+    j = 0
+    while j < k:
+        e = j + 1
+        while e < k and out_dist[e] == out_dist[j]:
+            e += 1
+        if e - j > 1:
+            out_idx[j:e] = np.sort(out_idx[j:e])
+        j = e
+
+
+@functools.cache
+def adc_scanner(n_tables: int):
+    """ADC scan fused with top-k selection, specialised for ``n_tables`` look-up tables (M).
+
+    The returned kernel ``adc_scan(tables, codes, out_dist, out_idx)`` takes:
+        tables: float32 [nq, M, ksub], per-query look-up tables (smaller is better).
+        codes: uint8/int16/int32 [n, M], the database codes.
+        out_dist: float32 [nq, k] receives the k smallest ``Σ_m tables[q, m, codes[i, m]]`` in
+            ascending order (+inf where fewer than k vectors exist).
+        out_idx: int64 [nq, k] receives their row numbers in ``codes`` (-1 for padding).
+
+    Queries are processed in blocks of 8 over code blocks of 2048 vectors, so each block of
+    codes is read from memory once per 8 queries while their tables stay in cache; threads split
+    the query blocks.
+    """
+    n_tables = int(n_tables)
+
+    @njit(parallel=True, nogil=True, cache=True)
+    def adc_scan(tables, codes, out_dist, out_idx):
+        nq = tables.shape[0]
+        n = codes.shape[0]
+        k = out_dist.shape[1]
+        n_qblocks = (nq + _ADC_QUERY_BLOCK - 1) // _ADC_QUERY_BLOCK
+        for qb in prange(n_qblocks):
+            q0 = qb * _ADC_QUERY_BLOCK
+            q1 = min(nq, q0 + _ADC_QUERY_BLOCK)
+            heap_d = np.full((q1 - q0, k), np.inf, dtype=np.float32)
+            heap_i = np.full((q1 - q0, k), -1, dtype=np.int64)
+            for c0 in range(0, n, _ADC_CODE_BLOCK):
+                c1 = min(n, c0 + _ADC_CODE_BLOCK)
+                for q in range(q0, q1):
+                    t = tables[q]
+                    hd = heap_d[q - q0]
+                    hi = heap_i[q - q0]
+                    threshold = hd[0]
+                    for i in range(c0, c1):
+                        d = np.float32(0.0)
+                        for m in range(n_tables):
+                            d += t[m, codes[i, m]]
+                        if d < threshold:
+                            _heap_replace_top(hd, hi, d, i)
+                            threshold = hd[0]
+            for q in range(q0, q1):
+                _heap_sorted(heap_d[q - q0], heap_i[q - q0], out_dist[q], out_idx[q])
+
+    return adc_scan

@@ -1,0 +1,33 @@
+import numpy as np
+import pytest
+
+from vq import kernels
+
+
+@pytest.mark.parametrize(
+    "n_tables, ksub, n, k", [(4, 256, 3000, 10), (8, 16, 50, 64), (3, 7, 0, 5)]
+)
+def test_adc_scan_matches_brute_force(n_tables, ksub, n, k):
+    rng = np.random.default_rng(n_tables)
+    tables = rng.random((21, n_tables, ksub)).astype(np.float32)
+    codes = rng.integers(0, ksub, (n, n_tables)).astype(np.uint8)
+    tables[3] = 0.0  # one query where every vector ties: lowest row numbers must win
+    dist = np.empty((21, k), np.float32)
+    idx = np.empty((21, k), np.int64)
+    kernels.adc_scanner(n_tables)(tables, codes, dist, idx)
+    full = tables[:, np.arange(n_tables)[None, :], codes].sum(-1) if n else np.zeros((21, 0))
+    for q in range(21):
+        order = np.lexsort((np.arange(n), full[q]))[:k]
+        m = len(order)
+        np.testing.assert_array_equal(idx[q, :m], order)
+        np.testing.assert_allclose(dist[q, :m], full[q, order], rtol=1e-6)
+        assert (idx[q, m:] == -1).all() and np.isinf(dist[q, m:]).all()
+
+
+def test_kmeanspp_sample_follows_the_cumulative_sum():
+    d2 = np.array([0.0, 1.0, 0.0, 3.0], np.float32)
+    out = np.empty(4, np.int64)
+    kernels.kmeanspp_sample(d2, np.array([0.0, 0.2, 0.25, 0.99]), out)
+    assert out.tolist() == [1, 1, 3, 3]
+    kernels.kmeanspp_sample(np.zeros(4, np.float32), np.array([0.0, 0.5]), out[:2])
+    assert out[:2].tolist() == [0, 2]
