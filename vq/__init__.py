@@ -7,6 +7,7 @@
 """
 
 from vq.clustering import KMeansResult, kmeans, lbg
+from vq.index import FlatIndex, PQIndex
 from vq.quantizers import (
     OPQ,
     ProductQuantizer,
@@ -20,6 +21,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "OPQ",
+    "FlatIndex",
+    "PQIndex",
     "KMeansResult",
     "ProductQuantizer",
     "Quantizer",

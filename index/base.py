@@ -1,0 +1,177 @@
+"""What every index shares: ids, input checks, result padding, numpy/torch in and out.
+
+Indexes are ``torch.nn.Module``s: quantizers are submodules, stored data (codes, vectors, ids)
+are buffers that grow with ``add``, so ``state_dict()``/``load_state_dict`` and ``.to(device)``
+work as for any module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from vq._checks import as_tensor, as_vectors, like_input
+
+METRICS = ("l2", "ip")
+
+
+class Index(nn.Module):
+    """Base class. Subclasses implement ``_add_encoded`` (store vectors), ``_keep`` (drop rows),
+    ``_search_rows`` (top-k row numbers) and, if they learn anything, ``_train``.
+
+    Args:
+        dim: vector dimension.
+        metric: "l2" (squared Euclidean distances, smaller is better) or "ip" (inner products,
+            larger is better), as in faiss.
+        k: number of neighbours ``forward`` returns.
+    """
+
+    def __init__(self, dim: int, metric: str = "l2", k: int = 10):
+        super().__init__()
+        if dim <= 0:
+            raise ValueError(f"dim must be positive, got {dim}")
+        if metric not in METRICS:
+            raise ValueError(f"metric must be 'l2' or 'ip', got {metric!r}")
+        if k <= 0:
+            raise ValueError(f"k must be positive, got {k}")
+        self.dim, self.metric, self.k = int(dim), metric, int(k)
+        self.register_buffer("ids", torch.zeros(0, dtype=torch.int64))
+
+    # -- subclass hooks -------------------------------------------------------------------
+    def _train(self, x: torch.Tensor) -> None:
+        pass
+
+    def _add_encoded(self, x: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _keep(self, rows: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _search_rows(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Distances [nq, k] (ascending for l2, descending for ip) and row numbers [nq, k]
+        (-1 where fewer than k vectors are stored)."""
+        raise NotImplementedError
+
+    # -- public API -----------------------------------------------------------------------
+    @property
+    def is_trained(self) -> bool:
+        return True
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.ids.device
+
+    def train(self, x: Any = True) -> Index:  # noqa: D401 - faiss's verb, not nn.Module.train
+        """Learn the index's parameters from ``x`` (float [n, dim]); returns self.
+
+        (Called with a bool — as ``nn.Module.train(mode)`` is — it sets the training mode.)
+        """
+        if isinstance(x, bool):
+            return super().train(x)
+        t = as_vectors(x, self.dim, "x")
+        with torch.no_grad():
+            self._train(t.to(self.device))
+        return self
+
+    def add(self, x: Any) -> None:
+        """Add vectors [n, dim] with ids ``ntotal, ntotal + 1, …`` (faiss's sequential ids)."""
+        t = as_vectors(x, self.dim, "x")
+        ids = torch.arange(self.ntotal, self.ntotal + t.shape[0], device=self.device)
+        self._add(t, ids)
+
+    def add_with_ids(self, x: Any, ids: Any) -> None:
+        """Add vectors [n, dim] with caller-chosen int64 ids [n]."""
+        t = as_vectors(x, self.dim, "x")
+        i = as_tensor(ids, "ids")
+        if i.is_floating_point() or i.is_complex() or i.dtype == torch.bool:
+            raise TypeError(f"ids: expected integers, got {str(i.dtype).replace('torch.', '')}")
+        if i.shape != (t.shape[0],):
+            raise ValueError(
+                f"ids: expected shape ({t.shape[0]},) to match x, got {tuple(i.shape)}"
+            )
+        self._add(t, i.to(self.device, torch.int64))
+
+    def _add(self, x: torch.Tensor, ids: torch.Tensor) -> None:
+        self._require_trained("add")
+        with torch.no_grad():
+            self._add_encoded(x.to(self.device))
+        self.ids = torch.cat([self.ids, ids])
+
+    def remove_ids(self, ids: Any) -> int:
+        """Remove every stored vector whose id is in ``ids``; returns how many were removed."""
+        i = as_tensor(np.asarray(ids) if isinstance(ids, list | tuple) else ids, "ids")
+        if i.is_floating_point() or i.dtype == torch.bool:
+            raise TypeError(f"ids: expected integers, got {str(i.dtype).replace('torch.', '')}")
+        keep = ~torch.isin(self.ids, i.reshape(-1).to(self.device, torch.int64))
+        removed = self.ntotal - int(keep.sum())
+        if removed:
+            rows = torch.nonzero(keep).flatten()
+            self._keep(rows)
+            self.ids = self.ids[rows]
+        return removed
+
+    def search(self, queries: Any, k: int | None = None) -> tuple[Any, Any]:
+        """The ``k`` nearest stored vectors of each query.
+
+        Args:
+            queries: float [nq, dim], numpy or torch (any device).
+            k: neighbours per query (default ``self.k``).
+
+        Returns:
+            ``(D, I)``: float32 [nq, k] distances (squared L2 ascending, or inner products
+            descending) and int64 [nq, k] ids; missing results are id -1 with distance +inf
+            (-inf for "ip"). numpy for numpy queries, tensors on the queries' device otherwise.
+        """
+        k = self.k if k is None else k
+        if not isinstance(k, int | np.integer) or k <= 0:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        self._require_trained("search")
+        q = as_vectors(queries, self.dim, "queries").to(self.device)
+        with torch.no_grad():
+            if self.ntotal == 0:
+                dist = torch.empty(q.shape[0], 0, device=self.device)
+                rows = torch.empty(q.shape[0], 0, dtype=torch.int64, device=self.device)
+            else:
+                dist, rows = self._search_rows(q, min(int(k), self.ntotal))
+            dist, ids = self._finish(dist, rows, int(k))
+        return like_input(dist, queries), like_input(ids, queries)
+
+    def forward(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``search(queries, self.k)`` for torch queries."""
+        return self.search(queries, self.k)
+
+    # -- helpers --------------------------------------------------------------------------
+    def _finish(self, dist: torch.Tensor, rows: torch.Tensor, k: int):
+        missing = rows < 0
+        ids = torch.where(missing, -1, self.ids[rows.clamp_min(0)])
+        fill = float("inf") if self.metric == "l2" else float("-inf")
+        dist = torch.where(missing, fill, dist)
+        pad = k - rows.shape[1]
+        if pad > 0:
+            nq = rows.shape[0]
+            dist = torch.cat([dist, torch.full((nq, pad), fill, device=dist.device)], dim=1)
+            ids = torch.cat([ids, torch.full((nq, pad), -1, device=ids.device)], dim=1)
+        return dist.float(), ids.long()
+
+    def _require_trained(self, what: str) -> None:
+        if not self.is_trained:
+            raise RuntimeError(
+                f"{type(self).__name__}.{what}: the index is not trained; call train(x)"
+            )
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # stored data grows with add(): take the incoming sizes before copying
+        for name, buf in list(self._buffers.items()):
+            incoming = state_dict.get(prefix + name)
+            if buf is not None and incoming is not None and incoming.shape != buf.shape:
+                self._buffers[name] = torch.empty(
+                    incoming.shape, dtype=buf.dtype, device=buf.device
+                )
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
