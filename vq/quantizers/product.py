@@ -10,7 +10,7 @@ import torch
 
 from vq import _cpu, kernels
 from vq._checks import is_eager
-from vq.clustering import _generator, _kmeans_plus_plus, _sample_rows, _split_empty_clusters
+from vq.clustering import _generator, _kmeans_plus_plus, _sample_rows, _update
 from vq.distances import chunk_rows
 from vq.quantizers.base import Metric, Quantizer
 
@@ -90,23 +90,17 @@ class ProductQuantizer(Quantizer):
         """
         gen = gen if gen is not None else _generator(self.seed)
         M, ksub, dsub = self.codebooks.shape
-        subs = x.reshape(-1, M, dsub)
-        rows = subs.reshape(-1, dsub)
+        rows = x.reshape(-1, dsub)  # sub-vectors, in the order of the flattened codes
         objective = []
         for _ in range(niter):
             codes, err = self._assign(x)
             objective.append(float(err.double().sum()))
             flat = (codes.long() + self._offsets).reshape(-1)
             sums = torch.zeros(M * ksub, dsub, device=x.device).index_add_(0, flat, rows)
-            counts = torch.zeros(M * ksub, device=x.device).index_add_(
-                0, flat, torch.ones_like(flat, dtype=torch.float32)
-            )
-            new = torch.where(counts[:, None] > 0, sums / counts.clamp_min(1.0)[:, None], 0.0)
-            new = new.reshape(M, ksub, dsub)
-            counts = counts.reshape(M, ksub)
-            new = torch.where(counts[..., None] > 0, new, self.codebooks.float())
-            for m in range(M):
-                _split_empty_clusters(new[m], counts[m], gen)
+            counts = torch.bincount(flat, minlength=M * ksub).to(torch.float32)
+            old = self.codebooks.float()
+            sums, counts = sums.reshape(M, ksub, dsub), counts.reshape(M, ksub)
+            new = torch.stack([_update(old[m], sums[m], counts[m], gen) for m in range(M)])
             self.codebooks.copy_(new)
         return objective
 
