@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from vq._checks import as_tensor, as_vectors, like_input
 
@@ -19,17 +20,22 @@ METRICS = ("l2", "ip")
 
 
 class Index(nn.Module):
-    """Base class. Subclasses implement ``_add_encoded`` (store vectors), ``_keep`` (drop rows),
-    ``_search_rows`` (top-k row numbers) and, if they learn anything, ``_train``.
+    """Base class. Subclasses implement ``_encode_batch`` (what to store per vector), ``_store``
+    (append it), ``_keep`` (drop rows), ``_search_rows`` (top-k row numbers) and, if they learn
+    anything, ``_train``.
 
     Args:
         dim: vector dimension.
         metric: "l2" (squared Euclidean distances, smaller is better) or "ip" (inner products,
             larger is better), as in faiss.
         k: number of neighbours ``forward`` returns.
+        verbose: progress bars for train and add.
     """
 
-    def __init__(self, dim: int, metric: str = "l2", k: int = 10):
+    #: vectors encoded per step of ``add`` (bounds the temporary memory of encoding)
+    add_batch_size = 1 << 16
+
+    def __init__(self, dim: int, metric: str = "l2", k: int = 10, verbose: bool = False):
         super().__init__()
         if dim <= 0:
             raise ValueError(f"dim must be positive, got {dim}")
@@ -38,21 +44,27 @@ class Index(nn.Module):
         if k <= 0:
             raise ValueError(f"k must be positive, got {k}")
         self.dim, self.metric, self.k = int(dim), metric, int(k)
+        self.verbose = verbose
         self.register_buffer("ids", torch.zeros(0, dtype=torch.int64))
 
     # -- subclass hooks -------------------------------------------------------------------
     def _train(self, x: torch.Tensor) -> None:
         pass
 
-    def _add_encoded(self, x: torch.Tensor) -> None:
+    def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What to store for the float32 vectors ``x`` [b, dim]: named tensors with b rows."""
+        raise NotImplementedError
+
+    def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
+        """Append encoded rows (all of an ``add`` call) and their ids."""
         raise NotImplementedError
 
     def _keep(self, rows: torch.Tensor) -> None:
         raise NotImplementedError
 
-    def _search_rows(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _search_rows(self, q: torch.Tensor, k: int, **params) -> tuple[torch.Tensor, torch.Tensor]:
         """Distances [nq, k] (ascending for l2, descending for ip) and row numbers [nq, k]
-        (-1 where fewer than k vectors are stored)."""
+        (-1 where fewer than k results exist); ``params`` are the per-call search options."""
         raise NotImplementedError
 
     # -- public API -----------------------------------------------------------------------
@@ -100,9 +112,25 @@ class Index(nn.Module):
 
     def _add(self, x: torch.Tensor, ids: torch.Tensor) -> None:
         self._require_trained("add")
-        with torch.no_grad():
-            self._add_encoded(x.to(self.device))
-        self.ids = torch.cat([self.ids, ids])
+        step = self.add_batch_size
+        parts: dict[str, list[torch.Tensor]] = {}
+        with (
+            torch.no_grad(),
+            tqdm(
+                total=x.shape[0],
+                desc=f"{type(self).__name__}.add",
+                disable=not self.verbose,
+                leave=False,
+                unit="vec",
+            ) as bar,
+        ):
+            for s in range(0, x.shape[0], step):
+                for name, t in self._encode_batch(x[s : s + step].to(self.device)).items():
+                    parts.setdefault(name, []).append(t)
+                bar.update(min(step, x.shape[0] - s))
+            if x.shape[0] == 0:
+                return
+            self._store({name: torch.cat(ts) for name, ts in parts.items()}, ids)
 
     def remove_ids(self, ids: Any) -> int:
         """Remove every stored vector whose id is in ``ids``; returns how many were removed."""
@@ -117,12 +145,14 @@ class Index(nn.Module):
             self.ids = self.ids[rows]
         return removed
 
-    def search(self, queries: Any, k: int | None = None) -> tuple[Any, Any]:
+    def search(self, queries: Any, k: int | None = None, **params) -> tuple[Any, Any]:
         """The ``k`` nearest stored vectors of each query.
 
         Args:
             queries: float [nq, dim], numpy or torch (any device).
             k: neighbours per query (default ``self.k``).
+            params: per-call search options of the index type (``nprobe`` for IVF indexes,
+                ``k_factor`` for re-ranking), overriding its attributes for this call.
 
         Returns:
             ``(D, I)``: float32 [nq, k] distances (squared L2 ascending, or inner products
@@ -139,7 +169,7 @@ class Index(nn.Module):
                 dist = torch.empty(q.shape[0], 0, device=self.device)
                 rows = torch.empty(q.shape[0], 0, dtype=torch.int64, device=self.device)
             else:
-                dist, rows = self._search_rows(q, min(int(k), self.ntotal))
+                dist, rows = self._search_rows(q, min(int(k), self.ntotal), **params)
             dist, ids = self._finish(dist, rows, int(k))
         return like_input(dist, queries), like_input(ids, queries)
 

@@ -19,12 +19,16 @@ class FlatIndex(Index):
         vectors: float32 [ntotal, dim]; ids: int64 [ntotal].
     """
 
-    def __init__(self, dim: int, metric: str = "l2", k: int = 10):
-        super().__init__(dim, metric, k)
+    def __init__(self, dim: int, metric: str = "l2", k: int = 10, verbose: bool = False):
+        super().__init__(dim, metric, k, verbose)
         self.register_buffer("vectors", torch.zeros(0, dim))
 
-    def _add_encoded(self, x: torch.Tensor) -> None:
-        self.vectors = torch.cat([self.vectors, x.float()])
+    def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"vectors": x.float()}
+
+    def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
+        self.vectors = torch.cat([self.vectors, encoded["vectors"]])
+        self.ids = torch.cat([self.ids, ids])
 
     def _keep(self, rows: torch.Tensor) -> None:
         self.vectors = self.vectors[rows]

@@ -20,6 +20,7 @@ class PQIndex(Index):
         nbits: bits per sub-code.
         metric: "l2" or "ip".
         k: neighbours ``forward`` returns.
+        verbose: progress bars for train and add.
         **pq_options: passed to :class:`vq.ProductQuantizer` (niter, seed, …).
 
     Submodules and buffers:
@@ -28,9 +29,16 @@ class PQIndex(Index):
     """
 
     def __init__(
-        self, dim: int, M: int, nbits: int = 8, metric: str = "l2", k: int = 10, **pq_options
+        self,
+        dim: int,
+        M: int,
+        nbits: int = 8,
+        metric: str = "l2",
+        k: int = 10,
+        verbose: bool = False,
+        **pq_options,
     ):
-        super().__init__(dim, metric, k)
+        super().__init__(dim, metric, k, verbose)
         self.pq = ProductQuantizer(dim, M, nbits, **pq_options)
         self.register_buffer("codes", torch.zeros(0, M, dtype=self.pq.code_dtype))
 
@@ -41,8 +49,12 @@ class PQIndex(Index):
     def _train(self, x: torch.Tensor) -> None:
         self.pq.fit(x)
 
-    def _add_encoded(self, x: torch.Tensor) -> None:
-        self.codes = torch.cat([self.codes, self.pq.encode(x)])
+    def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"codes": self.pq.encode(x)}
+
+    def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
+        self.codes = torch.cat([self.codes, encoded["codes"]])
+        self.ids = torch.cat([self.ids, ids])
 
     def _keep(self, rows: torch.Tensor) -> None:
         self.codes = self.codes[rows]
@@ -54,9 +66,10 @@ class PQIndex(Index):
         if _cpu.fast_path(q):
             dist = _cpu.empty((q.shape[0], k))
             rows = _cpu.empty((q.shape[0], k), torch.int64)
-            kernels.adc_scanner(self.pq.M)(
-                tables.contiguous().numpy(), self.codes.numpy(), dist.numpy(), rows.numpy()
-            )
+            codes = self.codes.contiguous().numpy()
+            scan = kernels.adc_scanner(self.pq.M, kernels.words_layout(codes, self.pq.ksub))
+            flat = tables.reshape(q.shape[0], -1).contiguous().numpy()
+            scan(flat, codes, dist.numpy(), rows.numpy())
         else:
             dist, rows = self._scan_torch(tables, k)
         return (-dist if self.metric == "ip" else dist), rows

@@ -5,22 +5,25 @@ from vq import kernels
 
 
 @pytest.mark.parametrize(
-    "n_tables, ksub, n, k", [(4, 256, 3000, 10), (8, 16, 50, 64), (3, 7, 0, 5)]
+    "n_tables, ksub, n, k",
+    [(4, 256, 3000, 10), (8, 256, 5000, 3), (8, 16, 50, 64), (3, 7, 0, 5), (2, 300, 999, 7)],
 )
 def test_adc_scan_matches_brute_force(n_tables, ksub, n, k):
     rng = np.random.default_rng(n_tables)
     tables = rng.random((21, n_tables, ksub)).astype(np.float32)
-    codes = rng.integers(0, ksub, (n, n_tables)).astype(np.uint8)
+    codes = rng.integers(0, ksub, (n, n_tables)).astype(np.uint8 if ksub <= 256 else np.int16)
     tables[3] = 0.0  # one query where every vector ties: lowest row numbers must win
     dist = np.empty((21, k), np.float32)
     idx = np.empty((21, k), np.int64)
-    kernels.adc_scanner(n_tables)(tables, codes, dist, idx)
+    words = kernels.words_layout(codes, ksub)
+    assert words == (ksub == 256 and n_tables % 4 == 0)  # both readers are exercised
+    kernels.adc_scanner(n_tables, words)(tables.reshape(21, -1), codes, dist, idx)
     full = tables[:, np.arange(n_tables)[None, :], codes].sum(-1) if n else np.zeros((21, 0))
     for q in range(21):
         order = np.lexsort((np.arange(n), full[q]))[:k]
         m = len(order)
         np.testing.assert_array_equal(idx[q, :m], order)
-        np.testing.assert_allclose(dist[q, :m], full[q, order], rtol=1e-6)
+        np.testing.assert_allclose(dist[q, :m], full[q, order], rtol=1e-5)
         assert (idx[q, m:] == -1).all() and np.isinf(dist[q, m:]).all()
 
 

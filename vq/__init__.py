@@ -7,7 +7,7 @@
 """
 
 from vq.clustering import KMeansResult, kmeans, lbg
-from vq.index import FlatIndex, PQIndex
+from vq.index import IVFPQ, FlatIndex, IVFFlat, PQIndex
 from vq.quantizers import (
     OPQ,
     ProductQuantizer,
@@ -20,8 +20,10 @@ from vq.quantizers import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "IVFPQ",
     "OPQ",
     "FlatIndex",
+    "IVFFlat",
     "PQIndex",
     "KMeansResult",
     "ProductQuantizer",

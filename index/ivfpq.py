@@ -1,0 +1,190 @@
+"""IVFADC: inverted lists of PQ codes of the residuals to the coarse centroids (faiss
+``IndexIVFPQ``), searched with look-up tables.
+
+For L2 and ``by_residual`` the tables use faiss's decomposition, with x the query, c the coarse
+centroid and r the PQ reconstruction of the residual:
+
+    ||x - c - r||² = ||x - c||²  +  (||r||² + 2⟨c, r⟩)  -  2⟨x, r⟩
+                     coarse         precomputed per list    per query
+
+so a probe costs one table addition (M × ksub) instead of a new table from the residual.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vq import kernels
+from vq.index.ivf import IVFIndex
+from vq.quantizers import ProductQuantizer
+
+
+class IVFPQ(IVFIndex):
+    """IVF with product-quantized residuals.
+
+    Args:
+        dim: vector dimension (a multiple of M).
+        nlist: inverted lists.
+        M: sub-quantizers (bytes per vector with nbits=8).
+        nbits: bits per sub-code.
+        by_residual: encode ``x - c`` (the residual to the list's centroid) rather than x.
+        metric, k, nprobe, coarse_niter, seed, verbose: as :class:`vq.index.IVFIndex`.
+        **pq_options: passed to :class:`vq.ProductQuantizer` (niter, init,
+            max_points_per_centroid).
+
+    Submodules and buffers (beyond :class:`IVFIndex`'s):
+        pq: the :class:`vq.ProductQuantizer`; codes: [ntotal, M] (uint8 for nbits <= 8), in
+        list order; precomputed_table: float32 [nlist, M, 2**nbits] (not saved; rebuilt from
+        the codebooks when they change).
+    """
+
+    _row_buffers = ("codes",)
+    #: above this size the per-list term is not precomputed (faiss's limit, 2 GiB)
+    precomputed_table_max_bytes = 1 << 31
+
+    def __init__(
+        self,
+        dim: int,
+        nlist: int,
+        M: int,
+        nbits: int = 8,
+        by_residual: bool = True,
+        metric: str = "l2",
+        k: int = 10,
+        nprobe: int = 1,
+        *,
+        coarse_niter: int = 10,
+        seed: int = 1234,
+        verbose: bool = False,
+        **pq_options,
+    ):
+        super().__init__(
+            dim, nlist, metric, k, nprobe, coarse_niter=coarse_niter, seed=seed, verbose=verbose
+        )
+        self.by_residual = bool(by_residual)
+        self.pq = ProductQuantizer(dim, M, nbits, seed=seed, **pq_options)
+        self.register_buffer("codes", torch.zeros(0, M, dtype=self.pq.code_dtype))
+        self.register_buffer("precomputed_table", torch.zeros(0, M, self.pq.ksub), persistent=False)
+        self._table_key: tuple | None = None
+
+    @property
+    def is_trained(self) -> bool:
+        return self.quantizer.is_trained and self.pq.is_trained
+
+    @property
+    def M(self) -> int:
+        return self.pq.M
+
+    @property
+    def nbits(self) -> int:
+        return self.pq.nbits
+
+    # -- training and adding --------------------------------------------------------------
+    def _train(self, x: torch.Tensor) -> None:
+        self._train_coarse(x)
+        self.pq.fit(self._residuals(x, self._assign(x)) if self.by_residual else x)
+
+    def _residuals(self, x: torch.Tensor, lists: torch.Tensor) -> torch.Tensor:
+        return x - self.quantizer.codebook.float().index_select(0, lists)
+
+    def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        lists = self._assign(x)
+        target = self._residuals(x, lists) if self.by_residual else x
+        return {"lists": lists, "codes": self.pq._encode(target)}
+
+    # -- look-up tables -------------------------------------------------------------------
+    def _uses_precomputed(self) -> bool:
+        size = self.nlist * self.pq.M * self.pq.ksub * 4
+        return self.metric == "l2" and self.by_residual and size <= self.precomputed_table_max_bytes
+
+    def _list_tables(self) -> torch.Tensor:
+        """The precomputed ``||r||² + 2⟨c, r⟩`` [nlist, M, ksub], rebuilt whenever the coarse
+        centroids or the PQ codebooks changed (or moved)."""
+        c, cb = self.quantizer.codebook, self.pq.codebooks
+        key = (id(c), c._version, id(cb), cb._version, c.device)
+        if self._table_key != key or self.precomputed_table.shape[0] != self.nlist:
+            cbf = cb.float()
+            subs = c.float().reshape(self.nlist, self.pq.M, self.pq.dsub).transpose(0, 1)
+            dots = torch.bmm(subs, cbf.transpose(1, 2))  # [M, nlist, ksub]
+            table = (2.0 * dots + (cbf * cbf).sum(-1)[:, None, :]).transpose(0, 1)
+            self.precomputed_table = table.contiguous()
+            self._table_key = key
+        return self.precomputed_table
+
+    def _tables(self, q: torch.Tensor, coarse: torch.Tensor, lists: torch.Tensor):
+        """Look-up tables for the probes of queries ``q`` [b, dim], smaller is nearer:
+        ``(tables [b, T, M, ksub], list_tables [nlist or 0, M, ksub], base [b, nprobe])`` with
+        T = 1 (one table per query) or nprobe (one per probe); see ``kernels.ivfpq_scanner``."""
+        M, ksub = self.pq.M, self.pq.ksub
+        none = q.new_zeros(0, M, ksub)
+        if not self.by_residual:
+            t = self.pq._tables(q, self.metric)
+            t = -t if self.metric == "ip" else t
+            return t[:, None], none, torch.zeros_like(coarse)
+        if self.metric == "ip":  # ⟨x, c + r⟩ = ⟨x, c⟩ + ⟨x, r⟩; coarse is already -⟨x, c⟩
+            return -self.pq._tables(q, "ip")[:, None], none, coarse
+        if self._uses_precomputed():
+            return -2.0 * self.pq._tables(q, "ip")[:, None], self._list_tables(), coarse
+        residuals = q[:, None, :] - self.quantizer.codebook.float()[lists]  # [b, nprobe, dim]
+        t = self.pq._tables(residuals.reshape(-1, self.dim), "l2")
+        return t.reshape(q.shape[0], lists.shape[1], M, ksub), none, torch.zeros_like(coarse)
+
+    def _query_step(self, nprobe: int) -> int:
+        """Queries per step of the torch path, so that per-probe tables stay under ~256 MiB."""
+        return max(1, (1 << 26) // (nprobe * self.pq.M * self.pq.ksub))
+
+    # -- scans ----------------------------------------------------------------------------
+    def _scan_numba(self, q, coarse, lists, out_dist, out_rows) -> None:
+        # the kernel builds each query's tables itself (see kernels.ivfpq_scanner)
+        cb = self.pq.codebooks.float()
+        codes = self.codes.contiguous().numpy()
+        empty = torch.zeros(0, self.pq.M * self.pq.ksub)
+        list_tables, base, alpha = empty, coarse, -1.0
+        if not self.by_residual:
+            kind = kernels.IP_TABLE if self.metric == "ip" else kernels.L2_TABLE
+            base = torch.zeros_like(coarse)
+        elif self.metric == "ip":
+            kind = kernels.IP_TABLE
+        elif self._uses_precomputed():
+            kind, alpha = kernels.IP_TABLE, -2.0
+            list_tables = self._list_tables().reshape(self.nlist, -1)
+        else:
+            kind, base = kernels.RESIDUAL_L2_TABLE, torch.zeros_like(coarse)
+        kernels.ivfpq_scanner(self.pq.M, kernels.words_layout(codes, self.pq.ksub))(
+            q.contiguous().numpy(),
+            cb.transpose(1, 2).contiguous().numpy(),
+            (cb * cb).sum(-1).numpy(),
+            self.quantizer.codebook.float().contiguous().numpy(),
+            list_tables.contiguous().numpy(),
+            kind,
+            alpha,
+            base.contiguous().numpy(),
+            lists.contiguous().numpy(),
+            codes,
+            self.offsets.numpy(),
+            out_dist.numpy(),
+            out_rows.numpy(),
+        )
+
+    def _scan_torch(self, q, coarse, lists, k):
+        M, ksub = self.pq.M, self.pq.ksub
+        padded = self._padded_lists()
+        nprobe, capacity = lists.shape[1], padded.shape[1]
+        step = max(1, min(self._query_step(nprobe), (1 << 24) // (nprobe * capacity * M)))
+        offsets = torch.arange(M, device=q.device) * ksub
+        out = []
+        for s in range(0, q.shape[0], step):
+            e = s + step
+            tables, list_tables, base = self._tables(q[s:e], coarse[s:e], lists[s:e])
+            tables = tables.expand(-1, nprobe, -1, -1)
+            if list_tables.shape[0]:
+                tables = tables + list_tables[lists[s:e]]
+            rows = padded[lists[s:e]]  # [b, nprobe, capacity]
+            flat = self.codes[rows.clamp_min(0)].long() + offsets  # [b, nprobe, capacity, M]
+            b = rows.shape[0]
+            looked_up = torch.gather(
+                tables.reshape(b * nprobe, M * ksub), 1, flat.reshape(b * nprobe, capacity * M)
+            )
+            scores = looked_up.reshape(b, nprobe, capacity, M).sum(-1) + base[:, :, None]
+            out.append(self._top_candidates(scores.flatten(1), rows.flatten(1), k))
+        return torch.cat([d for d, _ in out]), torch.cat([r for _, r in out])

@@ -1,0 +1,43 @@
+"""Numba kernels: the CPU fast path.
+
+They know nothing of quantizers or indexes: plain float32/int arrays in, results written into
+caller-provided outputs. Every kernel releases the GIL (``nogil=True``) and is cached on disk.
+
+- :mod:`vq.kernels.coding`: exact arg-min, PQ encode/decode, additive decode, k-means++ steps.
+- :mod:`vq.kernels.scan`: look-up-table (ADC) and flat scans fused with top-k selection, over
+  a flat code array or CSR inverted lists.
+"""
+
+from vq.kernels.coding import (
+    additive_decode,
+    argmin_rows,
+    kmeanspp_pick,
+    kmeanspp_sample,
+    pq_decoder,
+    pq_encoder,
+)
+from vq.kernels.scan import (
+    IP_TABLE,
+    L2_TABLE,
+    RESIDUAL_L2_TABLE,
+    adc_scanner,
+    ivf_flat_scan,
+    ivfpq_scanner,
+    words_layout,
+)
+
+__all__ = [
+    "IP_TABLE",
+    "L2_TABLE",
+    "RESIDUAL_L2_TABLE",
+    "adc_scanner",
+    "additive_decode",
+    "argmin_rows",
+    "ivf_flat_scan",
+    "ivfpq_scanner",
+    "kmeanspp_pick",
+    "kmeanspp_sample",
+    "pq_decoder",
+    "pq_encoder",
+    "words_layout",
+]
