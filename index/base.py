@@ -35,7 +35,15 @@ class Index(nn.Module):
     #: vectors encoded per step of ``add`` (bounds the temporary memory of encoding)
     add_batch_size = 1 << 16
 
-    def __init__(self, dim: int, metric: str = "l2", k: int = 10, verbose: bool = False):
+    def __init__(
+        self,
+        dim: int,
+        metric: str = "l2",
+        k: int = 10,
+        verbose: bool = False,
+        *,
+        store_ids: bool = True,
+    ):
         super().__init__()
         if dim <= 0:
             raise ValueError(f"dim must be positive, got {dim}")
@@ -45,7 +53,10 @@ class Index(nn.Module):
             raise ValueError(f"k must be positive, got {k}")
         self.dim, self.metric, self.k = int(dim), metric, int(k)
         self.verbose = verbose
-        self.register_buffer("ids", torch.zeros(0, dtype=torch.int64))
+        if store_ids:  # wrappers that delegate storage (PreTransform) have none of their own
+            # int64 [ntotal]; empty while the ids are the row numbers 0 … ntotal - 1 (what
+            # add() gives), so sequential ids cost no memory, as in faiss's flat indexes
+            self.register_buffer("ids", torch.zeros(0, dtype=torch.int64))
 
     # -- subclass hooks -------------------------------------------------------------------
     def _train(self, x: torch.Tensor) -> None:
@@ -76,9 +87,41 @@ class Index(nn.Module):
     def ntotal(self) -> int:
         return int(self.ids.shape[0])
 
+    def stored_ids(self) -> torch.Tensor:
+        """int64 [ntotal]: the id of every stored row, in storage order."""
+        if self.ids.shape[0] != self.ntotal:  # sequential ids, kept implicit
+            return torch.arange(self.ntotal, device=self.ids.device)
+        return self.ids
+
+    def _append_ids(self, ids: torch.Tensor) -> None:
+        """Record the ids of rows about to be appended (call before the storage grows)."""
+        n0 = self.ntotal
+        if self.ids.shape[0] == 0 and torch.equal(
+            ids, torch.arange(n0, n0 + ids.shape[0], device=ids.device)
+        ):
+            return
+        self.ids = torch.cat([self.stored_ids(), ids.to(self.ids.device)])
+
     @property
     def device(self) -> torch.device:
-        return self.ids.device
+        return next(self.buffers()).device
+
+    def config(self) -> dict:
+        """The constructor arguments, JSON-serialisable (saved with the index)."""
+        return {"dim": self.dim, "metric": self.metric, "k": self.k}
+
+    def save(self, path) -> None:
+        """Write the index to ``path`` (safetensors + JSON metadata; see :func:`vq.load_index`)."""
+        from vq.index.io import save_index
+
+        save_index(self, path)
+
+    def to_faiss(self):
+        """The equivalent faiss index (``pip install 'vq[faiss]'``); see
+        :func:`vq.index.to_faiss`."""
+        from vq.index.faiss_interop import to_faiss
+
+        return to_faiss(self)
 
     def train(self, x: Any = True) -> Index:  # noqa: D401 - faiss's verb, not nn.Module.train
         """Learn the index's parameters from ``x`` (float [n, dim]); returns self.
@@ -137,12 +180,16 @@ class Index(nn.Module):
         i = as_tensor(np.asarray(ids) if isinstance(ids, list | tuple) else ids, "ids")
         if i.is_floating_point() or i.dtype == torch.bool:
             raise TypeError(f"ids: expected integers, got {str(i.dtype).replace('torch.', '')}")
-        keep = ~torch.isin(self.ids, i.reshape(-1).to(self.device, torch.int64))
+        return self._remove(i.reshape(-1).to(self.device, torch.int64))
+
+    def _remove(self, ids: torch.Tensor) -> int:
+        stored = self.stored_ids()
+        keep = ~torch.isin(stored, ids)
         removed = self.ntotal - int(keep.sum())
         if removed:
             rows = torch.nonzero(keep).flatten()
             self._keep(rows)
-            self.ids = self.ids[rows]
+            self.ids = stored[rows]
         return removed
 
     def search(self, queries: Any, k: int | None = None, **params) -> tuple[Any, Any]:
@@ -165,12 +212,7 @@ class Index(nn.Module):
         self._require_trained("search")
         q = as_vectors(queries, self.dim, "queries").to(self.device)
         with torch.no_grad():
-            if self.ntotal == 0:
-                dist = torch.empty(q.shape[0], 0, device=self.device)
-                rows = torch.empty(q.shape[0], 0, dtype=torch.int64, device=self.device)
-            else:
-                dist, rows = self._search_rows(q, min(int(k), self.ntotal), **params)
-            dist, ids = self._finish(dist, rows, int(k))
+            dist, ids = self._search_ids(q, int(k), **params)
         return like_input(dist, queries), like_input(ids, queries)
 
     def forward(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,9 +220,23 @@ class Index(nn.Module):
         return self.search(queries, self.k)
 
     # -- helpers --------------------------------------------------------------------------
+    def _search_ids(self, q: torch.Tensor, k: int, **params) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 distances and int64 ids [nq, k] of checked float32 queries on the device."""
+        if self.ntotal == 0:
+            dist = torch.empty(q.shape[0], 0, device=self.device)
+            rows = torch.empty(q.shape[0], 0, dtype=torch.int64, device=self.device)
+        else:
+            dist, rows = self._search_rows(q, min(k, self.ntotal), **params)
+        return self._finish(dist, rows, k)
+
+    def _renumber(self, mapping: torch.Tensor) -> None:
+        """Replace every stored id i by ``mapping[i]`` (used by re-ranking wrappers)."""
+        self.ids = mapping[self.stored_ids()]
+
     def _finish(self, dist: torch.Tensor, rows: torch.Tensor, k: int):
         missing = rows < 0
-        ids = torch.where(missing, -1, self.ids[rows.clamp_min(0)])
+        stored = self.ids if self.ids.shape[0] == self.ntotal else None
+        ids = torch.where(missing, -1, rows if stored is None else stored[rows.clamp_min(0)])
         fill = float("inf") if self.metric == "l2" else float("-inf")
         dist = torch.where(missing, fill, dist)
         pad = k - rows.shape[1]

@@ -26,9 +26,13 @@ class FlatIndex(Index):
     def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"vectors": x.float()}
 
+    @property
+    def ntotal(self) -> int:
+        return int(self.vectors.shape[0])
+
     def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
+        self._append_ids(ids)
         self.vectors = torch.cat([self.vectors, encoded["vectors"]])
-        self.ids = torch.cat([self.ids, ids])
 
     def _keep(self, rows: torch.Tensor) -> None:
         self.vectors = self.vectors[rows]

@@ -66,6 +66,15 @@ class IVFIndex(Index):
     def is_trained(self) -> bool:
         return self.quantizer.is_trained
 
+    def config(self) -> dict:
+        return {
+            **super().config(),
+            "nlist": self.nlist,
+            "nprobe": self.nprobe,
+            "coarse_niter": self.coarse_niter,
+            "seed": self.seed,
+        }
+
     def list_sizes(self) -> torch.Tensor:
         """int64 [nlist]: vectors stored in each inverted list."""
         return self.offsets.diff()

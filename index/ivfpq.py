@@ -71,6 +71,18 @@ class IVFPQ(IVFIndex):
     def is_trained(self) -> bool:
         return self.quantizer.is_trained and self.pq.is_trained
 
+    def config(self) -> dict:
+        pq = self.pq
+        return {
+            **super().config(),
+            "M": pq.M,
+            "nbits": pq.nbits,
+            "by_residual": self.by_residual,
+            "niter": pq.niter,
+            "init": pq.init,
+            "max_points_per_centroid": pq.max_points_per_centroid,
+        }
+
     @property
     def M(self) -> int:
         return self.pq.M

@@ -46,15 +46,31 @@ class PQIndex(Index):
     def is_trained(self) -> bool:
         return self.pq.is_trained
 
+    def config(self) -> dict:
+        pq = self.pq
+        return {
+            **super().config(),
+            "M": pq.M,
+            "nbits": pq.nbits,
+            "niter": pq.niter,
+            "init": pq.init,
+            "seed": pq.seed,
+            "max_points_per_centroid": pq.max_points_per_centroid,
+        }
+
     def _train(self, x: torch.Tensor) -> None:
         self.pq.fit(x)
 
     def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"codes": self.pq.encode(x)}
 
+    @property
+    def ntotal(self) -> int:
+        return int(self.codes.shape[0])
+
     def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
+        self._append_ids(ids)
         self.codes = torch.cat([self.codes, encoded["codes"]])
-        self.ids = torch.cat([self.ids, ids])
 
     def _keep(self, rows: torch.Tensor) -> None:
         self.codes = self.codes[rows]

@@ -7,7 +7,16 @@
 """
 
 from vq.clustering import KMeansResult, kmeans, lbg
-from vq.index import IVFPQ, FlatIndex, IVFFlat, PQIndex
+from vq.index import (
+    IVFPQ,
+    FlatIndex,
+    IVFFlat,
+    PQIndex,
+    PreTransform,
+    Refine,
+    index_factory,
+    load_index,
+)
 from vq.quantizers import (
     OPQ,
     ProductQuantizer,
@@ -25,12 +34,16 @@ __all__ = [
     "FlatIndex",
     "IVFFlat",
     "PQIndex",
+    "PreTransform",
+    "Refine",
     "KMeansResult",
     "ProductQuantizer",
     "Quantizer",
     "QuantizerOutput",
     "ResidualVQ",
     "VectorQuantizer",
+    "index_factory",
     "kmeans",
     "lbg",
+    "load_index",
 ]

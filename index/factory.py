@@ -1,0 +1,95 @@
+"""Indexes from faiss-style description strings, and from saved configurations."""
+
+from __future__ import annotations
+
+import re
+
+from vq.index.base import Index
+from vq.index.flat import FlatIndex
+from vq.index.ivf import IVFFlat
+from vq.index.ivfpq import IVFPQ
+from vq.index.pq import PQIndex
+from vq.index.refine import Refine
+from vq.index.transform import PreTransform
+from vq.quantizers import OPQ
+
+SUPPORTED = (
+    "Flat | PQ<M>[x<nbits>] | IVF<nlist>,Flat | IVF<nlist>,PQ<M>[x<nbits>], optionally preceded "
+    "by OPQ<M>[_<dim_out>], and followed by RFlat or Refine(Flat) — e.g. 'PQ16', 'PQ16x8', "
+    "'IVF1024,Flat', 'IVF1024,PQ16', 'OPQ16,IVF1024,PQ16', 'OPQ16_64,IVF1024,PQ16,RFlat'"
+)
+
+_OPQ = re.compile(r"OPQ(\d+)(?:_(\d+))?")
+_PQ = re.compile(r"PQ(\d+)(?:x(\d+))?")
+_IVF = re.compile(r"IVF(\d+)")
+
+
+def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
+    """An untrained index described as faiss's ``index_factory`` would describe it.
+
+    Args:
+        dim: vector dimension.
+        description: comma-separated parts, e.g. ``"OPQ16_64,IVF1024,PQ16,RFlat"``: an optional
+            OPQ rotation (to ``dim_out`` dimensions), then Flat / PQ / IVF + Flat / IVF + PQ,
+            then an optional exact re-ranking (``RFlat`` or ``Refine(Flat)``, k_factor 1 as in
+            faiss; set ``index.k_factor``).
+        metric: "l2" or "ip".
+
+    Raises:
+        ValueError: for a part it does not understand, listing what is supported.
+    """
+    parts = [p.strip() for p in str(description).split(",")]
+
+    def fail(why: str) -> ValueError:
+        return ValueError(f"index_factory: {why} in {description!r}; supported: {SUPPORTED}")
+
+    opq = None
+    if parts and (m := _OPQ.fullmatch(parts[0])):
+        M, dim_out = int(m[1]), int(m[2] or dim)
+        opq = OPQ(dim, M, dim_out=dim_out)
+        parts = parts[1:]
+    refine = bool(parts) and parts[-1] in ("RFlat", "Refine(Flat)")
+    if refine:
+        parts = parts[:-1]
+    inner_dim = opq.dim_out if opq is not None else dim
+
+    if parts == ["Flat"]:
+        index: Index = FlatIndex(inner_dim, metric)
+    elif len(parts) == 1 and (m := _PQ.fullmatch(parts[0])):
+        index = PQIndex(inner_dim, int(m[1]), int(m[2] or 8), metric)
+    elif len(parts) == 2 and (ivf := _IVF.fullmatch(parts[0])):
+        nlist = int(ivf[1])
+        if parts[1] == "Flat":
+            index = IVFFlat(inner_dim, nlist, metric)
+        elif m := _PQ.fullmatch(parts[1]):
+            index = IVFPQ(inner_dim, nlist, int(m[1]), int(m[2] or 8), metric=metric)
+        else:
+            raise fail(f"unknown encoding {parts[1]!r} after {parts[0]!r}")
+    else:
+        raise fail(f"cannot read {','.join(parts)!r}" if parts else "no index type")
+    if opq is not None:
+        index = PreTransform(opq, index)
+    return Refine(index) if refine else index
+
+
+_CLASSES = {cls.__name__: cls for cls in (FlatIndex, PQIndex, IVFFlat, IVFPQ)}
+
+
+def from_config(config: dict) -> Index:
+    """An untrained index from ``{"class": name, **index.config()}`` (what ``save`` writes)."""
+    args = dict(config)
+    name = args.pop("class", None)
+    try:
+        if name == "PreTransform":
+            t = dict(args["transform"])
+            opq = OPQ(t.pop("dim"), t.pop("M"), t.pop("nbits"), **t)
+            return PreTransform(opq, from_config(args["index"]))
+        if name == "Refine":
+            return Refine(from_config(args["index"]), k_factor=args["k_factor"])
+        if name in _CLASSES:
+            return _CLASSES[name](**args)
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"invalid {name} configuration {config!r}: {err}") from err
+    raise ValueError(
+        f"unknown index class {name!r}; known: {', '.join([*_CLASSES, 'PreTransform', 'Refine'])}"
+    )

@@ -1,0 +1,236 @@
+"""Indexes to and from faiss (``pip install 'vq[faiss]'``), for the types both have.
+
+    >>> index = vq.index.from_faiss(faiss.read_index("my.faissindex"))   # then index.save(...)
+    >>> findex = index.to_faiss()                                        # faiss.Index
+
+Same trained parameters and stored codes on both sides give the same search results (ties
+aside). Supported: IndexFlat (L2/IP), IndexPQ, IndexIVFFlat, IndexIVFPQ (flat coarse
+quantizer), IndexPreTransform with one OPQMatrix, IndexRefineFlat, and IndexIDMap around
+Flat/PQ (what non-sequential ids need in faiss).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vq.faiss_interop import (
+    _faiss,
+    kmeans_index_from_centroids,
+    opq_from_faiss,
+    pq_from_faiss,
+    pq_to_faiss,
+)
+from vq.index.base import Index
+from vq.index.flat import FlatIndex
+from vq.index.ivf import IVFFlat, IVFIndex
+from vq.index.ivfpq import IVFPQ
+from vq.index.pq import PQIndex
+from vq.index.refine import Refine
+from vq.index.transform import PreTransform
+
+
+def _metric(findex) -> str:
+    faiss = _faiss()
+    if findex.metric_type == faiss.METRIC_L2:
+        return "l2"
+    if findex.metric_type == faiss.METRIC_INNER_PRODUCT:
+        return "ip"
+    raise ValueError(
+        f"only L2 and inner-product faiss indexes convert, got metric {findex.metric_type}"
+    )
+
+
+def _faiss_metric(metric: str) -> int:
+    faiss = _faiss()
+    return faiss.METRIC_L2 if metric == "l2" else faiss.METRIC_INNER_PRODUCT
+
+
+def _bytes(ptr, n: int) -> np.ndarray:
+    return _faiss().rev_swig_ptr(ptr, n).copy() if n else np.zeros(0, np.uint8)
+
+
+def from_faiss(findex) -> Index:
+    """A vq index holding the same parameters, vectors/codes and ids as a faiss index."""
+    faiss = _faiss()
+    f = faiss.downcast_index(findex)
+    if isinstance(f, faiss.IndexIDMap):
+        inner = from_faiss(f.index)
+        id_map = torch.from_numpy(faiss.vector_to_array(f.id_map).astype(np.int64))
+        inner._renumber(id_map)
+        return inner
+    if isinstance(f, faiss.IndexPreTransform):
+        if f.chain.size() != 1:
+            raise ValueError("only an IndexPreTransform with a single OPQMatrix converts")
+        matrix = faiss.downcast_VectorTransform(f.chain.at(0))
+        if not isinstance(matrix, faiss.OPQMatrix):
+            raise ValueError(f"only OPQMatrix pre-transforms convert, got {type(matrix).__name__}")
+        inner = from_faiss(f.index)
+        pq = getattr(inner, "pq", None)
+        fpq = (
+            pq_to_faiss(pq) if pq is not None else faiss.ProductQuantizer(matrix.d_out, matrix.M, 8)
+        )
+        return PreTransform(opq_from_faiss(matrix, fpq), inner)
+    if isinstance(f, faiss.IndexRefine):
+        refine_index = faiss.downcast_index(f.refine_index)
+        if not isinstance(refine_index, faiss.IndexFlat):
+            raise ValueError("only IndexRefineFlat (exact re-ranking) converts")
+        out = Refine(from_faiss(f.base_index), k_factor=max(1, round(f.k_factor)))
+        out.vectors = torch.from_numpy(refine_index.reconstruct_n(0, refine_index.ntotal))
+        return out
+    metric = _metric(f)
+    if isinstance(f, faiss.IndexFlat):
+        out = FlatIndex(f.d, metric)
+        out.vectors = torch.from_numpy(
+            f.reconstruct_n(0, f.ntotal) if f.ntotal else np.zeros((0, f.d), np.float32)
+        )
+    elif isinstance(f, faiss.IndexPQ):
+        out = PQIndex(f.d, f.pq.M, f.pq.nbits, metric)
+        out.pq = pq_from_faiss(f.pq)
+        out.codes = _codes(faiss.vector_to_array(f.codes), f.pq)
+    elif isinstance(f, faiss.IndexIVFFlat | faiss.IndexIVFPQ):
+        return _ivf_from_faiss(f, metric)
+    else:
+        raise ValueError(f"faiss {type(f).__name__} has no vq counterpart")
+    return out
+
+
+def _codes(raw: np.ndarray, fpq) -> torch.Tensor:
+    """faiss's packed PQ codes (``code_size`` bytes per vector) → [n, M] codes."""
+    M, nbits = fpq.M, fpq.nbits
+    raw = raw.reshape(-1, fpq.code_size)
+    if nbits == 8:
+        return torch.from_numpy(raw.copy())
+    # faiss packs the M codes bit after bit, least significant bit first
+    bits = np.unpackbits(raw, axis=1, bitorder="little")[:, : M * nbits].reshape(-1, M, nbits)
+    codes = (bits.astype(np.int64) << np.arange(nbits)).sum(-1)
+    return torch.from_numpy(codes).to(torch.uint8 if nbits <= 8 else torch.int32)
+
+
+def _ivf_from_faiss(f, metric: str) -> IVFIndex:
+    faiss = _faiss()
+    quantizer = faiss.downcast_index(f.quantizer)
+    if not isinstance(quantizer, faiss.IndexFlat):
+        raise ValueError(
+            f"only IVF indexes with a flat coarse quantizer convert, got {type(quantizer).__name__}"
+        )
+    if isinstance(f, faiss.IndexIVFPQ):
+        out: IVFIndex = IVFPQ(
+            f.d, f.nlist, f.pq.M, f.pq.nbits, f.by_residual, metric, nprobe=f.nprobe
+        )
+        out.pq = pq_from_faiss(f.pq)
+    else:
+        out = IVFFlat(f.d, f.nlist, metric, nprobe=f.nprobe)
+    out.quantizer = kmeans_index_from_centroids(quantizer.reconstruct_n(0, f.nlist))
+    invlists = f.invlists
+    sizes = np.array([invlists.list_size(i) for i in range(f.nlist)], dtype=np.int64)
+    code_size = invlists.code_size
+    codes = [_bytes(invlists.get_codes(i), int(s) * code_size) for i, s in enumerate(sizes)]
+    ids = [
+        _faiss().rev_swig_ptr(invlists.get_ids(i), int(s)).copy() if s else np.zeros(0, np.int64)
+        for i, s in enumerate(sizes)
+    ]
+    raw = np.concatenate(codes) if codes else np.zeros(0, np.uint8)
+    if isinstance(out, IVFPQ):
+        out.codes = _codes(raw, f.pq)
+    else:
+        out.vectors = torch.from_numpy(raw.view(np.float32).reshape(-1, f.d))
+    out.ids = torch.from_numpy(np.concatenate(ids).astype(np.int64))
+    out.offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
+    return out
+
+
+def to_faiss(index: Index):
+    """The faiss index equivalent to ``index`` (parameters, stored data, ids, nprobe)."""
+    faiss = _faiss()
+    if isinstance(index, PreTransform):
+        matrix = faiss.OPQMatrix(index.transform.dim, index.transform.M, index.transform.dim_out)
+        rotation = index.transform.rotation.float().cpu().numpy()
+        faiss.copy_array_to_vector(rotation.ravel(), matrix.A)
+        matrix.is_trained = True
+        matrix.is_orthonormal = True
+        inner = to_faiss(index.index)
+        return _keep(faiss.IndexPreTransform(matrix, inner), matrix, inner)
+    if isinstance(index, Refine):
+        base = to_faiss(index.index)
+        vectors = np.ascontiguousarray(index.vectors.float().cpu().numpy())
+        out = _keep(faiss.IndexRefineFlat(base, faiss.swig_ptr(vectors)), base)
+        out.k_factor = index.k_factor
+        return _with_ids(out, index.stored_ids())
+    metric = _faiss_metric(index.metric)
+    if isinstance(index, IVFIndex):
+        return _ivf_to_faiss(index, metric)
+    if isinstance(index, FlatIndex):
+        out = faiss.IndexFlat(index.dim, metric)
+        out.add(index.vectors.float().cpu().numpy())
+    elif isinstance(index, PQIndex):
+        out = faiss.IndexPQ(index.dim, index.pq.M, index.pq.nbits, metric)
+        faiss.copy_array_to_vector(
+            index.pq.codebooks.float().cpu().numpy().ravel(), out.pq.centroids
+        )
+        out.is_trained = True
+        faiss.copy_array_to_vector(_code_bytes(index), out.codes)
+        out.ntotal = index.ntotal
+    else:
+        raise ValueError(f"{type(index).__name__} has no faiss counterpart")
+    return _with_ids(out, index.stored_ids())
+
+
+def _keep(findex, *objects):
+    """Keep the Python objects a faiss index points to alive as long as it is."""
+    findex.referenced_objects = [*getattr(findex, "referenced_objects", []), *objects]
+    return findex
+
+
+def _code_bytes(index) -> np.ndarray:
+    """[n, M] codes → faiss's packed layout, flattened (uint8 [n * code_size])."""
+    codes, nbits = index.codes.cpu().numpy(), index.pq.nbits
+    if nbits == 8:
+        return np.ascontiguousarray(codes, dtype=np.uint8).ravel()
+    bits = ((codes.astype(np.int64)[:, :, None] >> np.arange(nbits)) & 1).astype(np.uint8)
+    return np.packbits(bits.reshape(codes.shape[0], -1), axis=1, bitorder="little").ravel()
+
+
+def _with_ids(findex, ids: torch.Tensor):
+    """Wrap in an IndexIDMap unless the ids are 0, 1, …, ntotal - 1."""
+    faiss = _faiss()
+    ids = ids.cpu()
+    if torch.equal(ids, torch.arange(ids.shape[0])):
+        return findex
+    out = _keep(faiss.IndexIDMap(findex), findex)
+    faiss.copy_array_to_vector(ids.numpy().astype(np.int64), out.id_map)
+    out.ntotal = findex.ntotal
+    return out
+
+
+def _ivf_to_faiss(index: IVFIndex, metric: int):
+    faiss = _faiss()
+    quantizer = faiss.IndexFlat(index.dim, metric)
+    quantizer.add(index.quantizer.codebook.float().cpu().numpy())
+    if isinstance(index, IVFPQ):
+        out = faiss.IndexIVFPQ(
+            quantizer, index.dim, index.nlist, index.pq.M, index.pq.nbits, metric
+        )
+        out.by_residual = index.by_residual
+        faiss.copy_array_to_vector(
+            index.pq.codebooks.float().cpu().numpy().ravel(), out.pq.centroids
+        )
+        data = _code_bytes(index).reshape(index.ntotal, out.code_size)
+    else:
+        out = faiss.IndexIVFFlat(quantizer, index.dim, index.nlist, metric)
+        data = index.vectors.float().cpu().numpy().view(np.uint8).reshape(index.ntotal, -1)
+    _keep(out, quantizer)
+    out.is_trained = True
+    out.nprobe = index.nprobe
+    offsets = index.offsets.cpu().numpy()
+    ids = index.ids.cpu().numpy().astype(np.int64)
+    for lst in range(index.nlist):
+        s, e = int(offsets[lst]), int(offsets[lst + 1])
+        if e > s:
+            block = np.ascontiguousarray(data[s:e])
+            out.invlists.add_entries(lst, e - s, faiss.swig_ptr(ids[s:e]), faiss.swig_ptr(block))
+    out.ntotal = index.ntotal
+    if isinstance(index, IVFPQ) and index._uses_precomputed():
+        out.use_precomputed_table = 1
+        out.precompute_table()
+    return out

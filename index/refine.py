@@ -1,0 +1,98 @@
+"""Exact re-ranking: faiss's ``IndexRefineFlat`` (``",RFlat"`` / ``"Refine(Flat)"``)."""
+
+from __future__ import annotations
+
+import torch
+
+from vq.index.base import Index
+
+
+class Refine(Index):
+    """Asks the wrapped (approximate) index for ``k * k_factor`` candidates, then ranks them by
+    their exact distance to the query, computed from the full vectors it keeps.
+
+    Args:
+        index: the approximate index (trained or not). It stores row numbers of this index as
+            its ids; ``Refine`` maps them back to the caller's ids.
+        k_factor: candidates per result (faiss's default is 1, which only re-sorts; 4–16 is
+            what recall needs). ``search(..., k_factor=)`` overrides it per call.
+
+    Submodules and buffers:
+        index; vectors: float32 [ntotal, dim]; ids: int64 [ntotal].
+    """
+
+    def __init__(self, index: Index, k_factor: int = 1):
+        super().__init__(index.dim, index.metric, index.k, index.verbose)
+        self.index = index
+        self.k_factor = _check_k_factor(k_factor)
+        self.register_buffer("vectors", torch.zeros(0, index.dim))
+
+    @property
+    def is_trained(self) -> bool:
+        return self.index.is_trained
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.vectors.shape[0])
+
+    @property
+    def nprobe(self) -> int:
+        return self.index.nprobe
+
+    @nprobe.setter
+    def nprobe(self, value: int) -> None:
+        self.index.nprobe = value
+
+    def config(self) -> dict:
+        return {
+            "k_factor": self.k_factor,
+            "index": {"class": type(self.index).__name__, **self.index.config()},
+        }
+
+    def _train(self, x: torch.Tensor) -> None:
+        self.index.train(x)
+
+    def _add(self, x: torch.Tensor, ids: torch.Tensor) -> None:
+        self._require_trained("add")
+        rows = torch.arange(self.ntotal, self.ntotal + x.shape[0], device=self.device)
+        self.index._add(x, rows)
+        self._append_ids(ids)
+        self.vectors = torch.cat([self.vectors, x.to(self.device).float()])
+
+    def _remove(self, ids: torch.Tensor) -> int:
+        stored = self.stored_ids()
+        keep = ~torch.isin(stored, ids)
+        removed = self.ntotal - int(keep.sum())
+        if removed:
+            self.index._remove(torch.nonzero(~keep).flatten())
+            self.index._renumber(torch.cumsum(keep, 0) - 1)  # old row -> new row
+            rows = torch.nonzero(keep).flatten()
+            self.vectors, self.ids = self.vectors[rows], stored[rows]
+        return removed
+
+    def _search_ids(self, q: torch.Tensor, k: int, k_factor: int | None = None, **params):
+        k_factor = _check_k_factor(self.k_factor if k_factor is None else k_factor)
+        if self.ntotal == 0:
+            return super()._search_ids(q, k)
+        _, rows = self.index._search_ids(q, k * k_factor, **params)  # [nq, k * k_factor]
+        step = max(1, (1 << 24) // (rows.shape[1] * self.dim))
+        dists = []
+        for s in range(0, q.shape[0], step):
+            cand = self.vectors[rows[s : s + step].clamp_min(0)]  # [b, C, dim]
+            qs = q[s : s + step, None, :]
+            if self.metric == "ip":
+                dists.append(-(cand * qs).sum(-1))
+            else:
+                dists.append(((cand - qs) ** 2).sum(-1))
+        scores = torch.cat(dists) if dists else q.new_zeros(0, rows.shape[1])
+        scores = torch.where(rows < 0, float("inf"), scores)
+        kk = min(k, scores.shape[1])
+        val, pos = torch.topk(scores, kk, dim=1, largest=False, sorted=True)
+        rows = torch.where(torch.isinf(val), -1, rows.gather(1, pos))
+        return self._finish(-val if self.metric == "ip" else val, rows, k)
+
+
+def _check_k_factor(k_factor) -> int:
+    if isinstance(k_factor, bool) or not isinstance(k_factor, int) or k_factor < 1:
+        raise ValueError(f"k_factor must be an integer >= 1, got {k_factor!r}")
+    return int(k_factor)

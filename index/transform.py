@@ -1,0 +1,90 @@
+"""An index behind a learned rotation: faiss's ``IndexPreTransform`` with an ``OPQMatrix``."""
+
+from __future__ import annotations
+
+import torch
+
+from vq.index.base import Index
+from vq.quantizers import OPQ
+
+
+class PreTransform(Index):
+    """Applies an OPQ rotation to every vector and query before the wrapped index sees it
+    (``"OPQ16,IVF1024,PQ16"`` in :func:`vq.index_factory`).
+
+    Args:
+        transform: a :class:`vq.OPQ` (its ``rotation`` [dim_out, dim] is applied; its own PQ
+            only serves to learn the rotation).
+        index: the index over rotated vectors, of dimension ``transform.dim_out``.
+
+    Submodules: transform, index. Stored vectors, ids and search options (``nprobe``) live in
+    ``index``; ``nprobe`` is forwarded.
+    """
+
+    def __init__(self, transform: OPQ, index: Index):
+        if not isinstance(transform, OPQ):
+            raise TypeError(f"transform must be a vq.OPQ, got {type(transform).__name__}")
+        if index.dim != transform.dim_out:
+            raise ValueError(
+                f"the index has dim {index.dim} but the transform outputs {transform.dim_out} "
+                "dimensions; build the index with dim=transform.dim_out"
+            )
+        super().__init__(transform.dim, index.metric, index.k, index.verbose, store_ids=False)
+        self.transform = transform
+        self.index = index
+
+    @property
+    def is_trained(self) -> bool:
+        return self.transform.is_trained and self.index.is_trained
+
+    @property
+    def ntotal(self) -> int:
+        return self.index.ntotal
+
+    def stored_ids(self) -> torch.Tensor:
+        return self.index.stored_ids()
+
+    @property
+    def nprobe(self) -> int:
+        return self.index.nprobe
+
+    @nprobe.setter
+    def nprobe(self, value: int) -> None:
+        self.index.nprobe = value
+
+    def config(self) -> dict:
+        t = self.transform
+        return {
+            "transform": {
+                "dim": t.dim,
+                "M": t.M,
+                "nbits": t.nbits,
+                "dim_out": t.dim_out,
+                "niter": t.niter,
+                "seed": t.seed,
+            },
+            "index": {"class": type(self.index).__name__, **self.index.config()},
+        }
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """Rotated vectors: float32 [n, dim] → [n, dim_out]."""
+        return self.transform._rotate(x.float())
+
+    def _train(self, x: torch.Tensor) -> None:
+        if not self.transform.is_trained:
+            self.transform.fit(x)
+        self.index.train(self.apply(x))
+
+    def _add(self, x: torch.Tensor, ids: torch.Tensor) -> None:
+        self._require_trained("add")
+        with torch.no_grad():
+            self.index._add(self.apply(x.to(self.device)), ids)
+
+    def _remove(self, ids: torch.Tensor) -> int:
+        return self.index._remove(ids)
+
+    def _renumber(self, mapping: torch.Tensor) -> None:
+        self.index._renumber(mapping)
+
+    def _search_ids(self, q: torch.Tensor, k: int, **params):
+        return self.index._search_ids(self.apply(q), k, **params)
