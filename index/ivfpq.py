@@ -149,7 +149,7 @@ class IVFPQ(IVFIndex):
     def _scan_numba(self, q, coarse, lists, out_dist, out_rows) -> None:
         # the kernel builds each query's tables itself (see kernels.ivfpq_scanner)
         cb = self.pq.codebooks.float()
-        codes = self.codes.contiguous().numpy()
+        codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)
         empty = torch.zeros(0, self.pq.M * self.pq.ksub)
         list_tables, base, alpha = empty, coarse, -1.0
         if not self.by_residual:
@@ -162,7 +162,7 @@ class IVFPQ(IVFIndex):
             list_tables = self._list_tables().reshape(self.nlist, -1)
         else:
             kind, base = kernels.RESIDUAL_L2_TABLE, torch.zeros_like(coarse)
-        kernels.ivfpq_scanner(self.pq.M, kernels.words_layout(codes, self.pq.ksub))(
+        kernels.ivfpq_scanner(self.pq.M, words)(
             q.contiguous().numpy(),
             cb.transpose(1, 2).contiguous().numpy(),
             (cb * cb).sum(-1).numpy(),

@@ -82,10 +82,9 @@ class PQIndex(Index):
         if _cpu.fast_path(q):
             dist = _cpu.empty((q.shape[0], k))
             rows = _cpu.empty((q.shape[0], k), torch.int64)
-            codes = self.codes.contiguous().numpy()
-            scan = kernels.adc_scanner(self.pq.M, kernels.words_layout(codes, self.pq.ksub))
+            codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)
             flat = tables.reshape(q.shape[0], -1).contiguous().numpy()
-            scan(flat, codes, dist.numpy(), rows.numpy())
+            kernels.adc_scanner(self.pq.M, words)(flat, codes, dist.numpy(), rows.numpy())
         else:
             dist, rows = self._scan_torch(tables, k)
         return (-dist if self.metric == "ip" else dist), rows

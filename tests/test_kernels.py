@@ -15,9 +15,9 @@ def test_adc_scan_matches_brute_force(n_tables, ksub, n, k):
     tables[3] = 0.0  # one query where every vector ties: lowest row numbers must win
     dist = np.empty((21, k), np.float32)
     idx = np.empty((21, k), np.int64)
-    words = kernels.words_layout(codes, ksub)
+    view, words = kernels.code_view(codes, ksub)
     assert words == (ksub == 256 and n_tables % 4 == 0)  # both readers are exercised
-    kernels.adc_scanner(n_tables, words)(tables.reshape(21, -1), codes, dist, idx)
+    kernels.adc_scanner(n_tables, words)(tables.reshape(21, -1), view, dist, idx)
     full = tables[:, np.arange(n_tables)[None, :], codes].sum(-1) if n else np.zeros((21, 0))
     for q in range(21):
         order = np.lexsort((np.arange(n), full[q]))[:k]

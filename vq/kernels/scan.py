@@ -68,54 +68,42 @@ def words_layout(codes, ksub: int) -> bool:
     )
 
 
-@functools.cache
-def _code_reader(n_tables: int, words: bool):
-    """``(prepare, distance)`` for M = ``n_tables``: ``prepare(codes)`` gives the array that
-    ``distance(t, prepared, i)`` reads, the sum over m of ``t[m * ksub + code_m]`` for row i
-    of a flat table ``t`` [M * ksub].
+@njit(inline="always")
+def _code_distance(t, codes, i, n_tables, words):
+    """The sum over m of ``t[m * ksub + code_m]`` for row i of ``codes``, with a flat table
+    ``t`` [M * ksub].
 
-    With ``words`` the codes are read as 32-bit words and the sum is split over four
-    accumulators, which breaks the chain of dependent additions: about 1.6x faster than one
-    byte load and one accumulator per table.
+    With ``words`` (a compile-time constant) ``codes`` is the uint32 view [n, M / 4] of uint8
+    codes with ksub = 256, read a word (4 codes) per load and summed over four accumulators,
+    which breaks the chain of dependent additions: about 1.6x faster than a byte load and one
+    accumulator per table.
     """
-    n_tables = int(n_tables)
     if words:
-        n_words = n_tables // 4
+        d0 = np.float32(0.0)
+        d1 = np.float32(0.0)
+        d2 = np.float32(0.0)
+        d3 = np.float32(0.0)
+        for j in range(n_tables // 4):
+            word = np.uint32(codes[i, j])
+            row = j << 10
+            d0 += t[row + (word & np.uint32(255))]
+            d1 += t[row + 256 + ((word >> np.uint32(8)) & np.uint32(255))]
+            d2 += t[row + 512 + ((word >> np.uint32(16)) & np.uint32(255))]
+            d3 += t[row + 768 + (word >> np.uint32(24))]
+        return (d0 + d1) + (d2 + d3)
+    ksub = t.shape[0] // n_tables
+    d = np.float32(0.0)
+    for m in range(n_tables):
+        d += t[m * ksub + codes[i, m]]
+    return d
 
-        @njit(inline="always")
-        def prepare(codes):
-            return codes.view(np.uint32).reshape(codes.shape[0], n_words)
 
-        @njit(inline="always")
-        def distance(t, w, i):
-            d0 = np.float32(0.0)
-            d1 = np.float32(0.0)
-            d2 = np.float32(0.0)
-            d3 = np.float32(0.0)
-            for j in range(n_words):
-                word = w[i, j]
-                row = j << 10
-                d0 += t[row + (word & np.uint32(255))]
-                d1 += t[row + 256 + ((word >> np.uint32(8)) & np.uint32(255))]
-                d2 += t[row + 512 + ((word >> np.uint32(16)) & np.uint32(255))]
-                d3 += t[row + 768 + (word >> np.uint32(24))]
-            return (d0 + d1) + (d2 + d3)
-
-        return prepare, distance
-
-    @njit(inline="always")
-    def prepare(codes):
-        return codes
-
-    @njit(inline="always")
-    def distance(t, codes, i):
-        ksub = t.shape[0] // n_tables
-        d = np.float32(0.0)
-        for m in range(n_tables):
-            d += t[m * ksub + codes[i, m]]
-        return d
-
-    return prepare, distance
+def code_view(codes: np.ndarray, ksub: int) -> tuple[np.ndarray, bool]:
+    """What the scans read: ``(codes.view(uint32), True)`` when :func:`words_layout` allows
+    it, else ``(codes, False)``."""
+    if words_layout(codes, ksub):
+        return codes.view(np.uint32), True
+    return codes, False
 
 
 @functools.cache
@@ -125,8 +113,8 @@ def adc_scanner(n_tables: int, words: bool = False):
     The returned kernel ``adc_scan(tables, codes, out_dist, out_idx)`` takes:
         tables: float32 [nq, M * ksub], per-query look-up tables (smaller is better), the
             table of sub-quantizer m at ``m * ksub``.
-        codes: uint8/int16/int32 [n, M], the database codes (see :func:`words_layout` for
-            ``words=True``).
+        codes: uint8/int16/int32 [n, M], the database codes, or with ``words=True`` their
+            uint32 view from :func:`code_view`.
         out_dist: float32 [nq, k] receives the k smallest ``Σ_m tables[q, m, codes[i, m]]`` in
             ascending order (+inf where fewer than k vectors exist).
         out_idx: int64 [nq, k] receives their row numbers in ``codes`` (-1 for padding).
@@ -135,14 +123,13 @@ def adc_scanner(n_tables: int, words: bool = False):
     codes is read from memory once per 8 queries while their tables stay in cache; threads split
     the query blocks.
     """
-    prepare, distance = _code_reader(n_tables, words)
+    n_tables, words = int(n_tables), bool(words)  # plain constants keep the disk cache valid
 
     @njit(parallel=True, nogil=True, cache=True)
     def adc_scan(tables, codes, out_dist, out_idx):
         nq = tables.shape[0]
         n = codes.shape[0]
         k = out_dist.shape[1]
-        prepared = prepare(codes)
         n_qblocks = (nq + _ADC_QUERY_BLOCK - 1) // _ADC_QUERY_BLOCK
         for qb in prange(n_qblocks):
             q0 = qb * _ADC_QUERY_BLOCK
@@ -157,7 +144,7 @@ def adc_scanner(n_tables: int, words: bool = False):
                     hi = heap_i[q - q0]
                     threshold = hd[0]
                     for i in range(c0, c1):
-                        d = distance(t, prepared, i)
+                        d = _code_distance(t, codes, i, n_tables, words)
                         if d < threshold:
                             _heap_replace_top(hd, hi, d, i)
                             threshold = hd[0]
@@ -217,13 +204,14 @@ def ivfpq_scanner(n_tables: int, words: bool = False):
             products, so that smaller is nearer).
         base: float32 [nq, nprobe], added to every distance of that probe (the coarse term).
         probes: int64 [nq, nprobe], the lists to scan (-1: skip).
-        codes: [n, M] in list order; offsets: int64 [nlist + 1].
+        codes: [n, M] in list order (the uint32 view with ``words``, see :func:`code_view`);
+            offsets: int64 [nlist + 1].
         out_dist: float32 [nq, k], the k smallest distances ascending (+inf padding);
         out_idx: int64 [nq, k], their rows in ``codes`` (-1 padding).
 
     Threads split the queries.
     """
-    prepare, distance = _code_reader(n_tables, words)
+    n_tables, words = int(n_tables), bool(words)  # plain constants keep the disk cache valid
 
     @njit(parallel=True, nogil=True, cache=True)
     def ivfpq_scan(
@@ -245,7 +233,6 @@ def ivfpq_scanner(n_tables: int, words: bool = False):
         k = out_dist.shape[1]
         size = list_tables.shape[1] if list_tables.shape[0] else norms.size
         summed = list_tables.shape[0] > 0
-        prepared = prepare(codes)
         for q in prange(nq):
             heap_d = np.full(k, np.inf, dtype=np.float32)
             heap_i = np.full(k, -1, dtype=np.int64)
@@ -277,7 +264,7 @@ def ivfpq_scanner(n_tables: int, words: bool = False):
                 b = base[q, p]
                 threshold = heap_d[0]
                 for i in range(offsets[lst], offsets[lst + 1]):
-                    d = b + distance(t, prepared, i)
+                    d = b + _code_distance(t, codes, i, n_tables, words)
                     if d < threshold:
                         _heap_replace_top(heap_d, heap_i, d, i)
                         threshold = heap_d[0]
