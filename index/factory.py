@@ -20,7 +20,7 @@ SUPPORTED = (
 )
 
 _OPQ = re.compile(r"OPQ(\d+)(?:_(\d+))?")
-_PQ = re.compile(r"PQ(\d+)(?:x(\d+))?")
+_PQ = re.compile(r"PQ(\d+)(?:x(\d+))?(?:np)?")  # "np" (no polysemous training): a no-op here
 _IVF = re.compile(r"IVF(\d+)")
 
 

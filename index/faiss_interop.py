@@ -197,9 +197,13 @@ def _with_ids(findex, ids: torch.Tensor):
     ids = ids.cpu()
     if torch.equal(ids, torch.arange(ids.shape[0])):
         return findex
-    out = _keep(faiss.IndexIDMap(findex), findex)
+    ntotal, findex.ntotal = findex.ntotal, 0  # faiss wraps only empty indexes
+    try:
+        out = _keep(faiss.IndexIDMap(findex), findex)
+    finally:
+        findex.ntotal = ntotal
     faiss.copy_array_to_vector(ids.numpy().astype(np.int64), out.id_map)
-    out.ntotal = findex.ntotal
+    out.ntotal = ntotal
     return out
 
 
