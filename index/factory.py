@@ -83,9 +83,9 @@ def from_config(config: dict) -> Index:
         if name == "PreTransform":
             t = dict(args["transform"])
             opq = OPQ(t.pop("dim"), t.pop("M"), t.pop("nbits"), **t)
-            return PreTransform(opq, from_config(args["index"]))
+            return PreTransform(opq, from_config(args["index"]), k=args.get("k"))
         if name == "Refine":
-            return Refine(from_config(args["index"]), k_factor=args["k_factor"])
+            return Refine(from_config(args["index"]), args["k_factor"], k=args.get("k"))
         if name in _CLASSES:
             return _CLASSES[name](**args)
     except (KeyError, TypeError) as err:

@@ -28,7 +28,7 @@ def _checksum(tensors: dict[str, torch.Tensor]) -> str:
     for name in sorted(tensors):
         t = tensors[name]
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(memoryview(t.contiguous().view(torch.uint8).reshape(-1).numpy()))
+        h.update(memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy()))
     return "sha256:" + h.hexdigest()
 
 
@@ -78,7 +78,7 @@ def _read_metadata(path: Path) -> dict:
         raise ValueError(f"{path}: a safetensors file, but not a vq index (no '{FORMAT}' tag)")
     try:
         version = int(meta["format_version"])
-    except (KeyError, ValueError) as err:
+    except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{path}: the vq index metadata has no valid format_version") from err
     if version > FORMAT_VERSION:
         raise ValueError(
@@ -88,8 +88,11 @@ def _read_metadata(path: Path) -> dict:
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        start, end = entry.get("data_offsets", (0, -1))
-        if not 0 <= start <= end <= size - 8 - n:
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2):
+            raise ValueError(f"{path}: corrupted vq index file (tensor {name!r} has no offsets)")
+        start, end = offsets
+        if not (type(start) is int and type(end) is int and 0 <= start <= end <= size - 8 - n):
             raise ValueError(f"{path}: truncated or corrupted (tensor {name!r} lies past the end)")
     return meta
 
@@ -123,8 +126,11 @@ def load_index(path, device: str | torch.device = "cpu"):
         raise ValueError(f"{path}: checksum mismatch: the file is corrupted or was modified")
     try:
         config = json.loads(meta["config"])
-    except (KeyError, json.JSONDecodeError) as err:
+    except (KeyError, TypeError, json.JSONDecodeError) as err:
         raise ValueError(f"{path}: the vq index metadata has no valid config") from err
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: the vq index metadata has no valid config")
+    _check_shapes(config, tensors, path)
     index = from_config(config)
     try:
         index.load_state_dict(tensors, strict=True)
@@ -132,4 +138,61 @@ def load_index(path, device: str | torch.device = "cpu"):
         raise ValueError(
             f"{path}: the tensors do not match a {config.get('class')}: {err}"
         ) from err
+    _check_consistent(index, path)
     return index.to(device).eval()
+
+
+#: buffers whose length grows with the stored vectors (any size is allowed on load)
+_GROWING = ("ids", "codes", "vectors")
+
+
+def _check_shapes(config: dict, tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Build the configured index on the meta device (no memory) and compare its fixed-size
+    tensors with the file's, so that a forged config (a huge nlist or dim) cannot make the
+    real construction allocate more than the file holds."""
+    from vq.index.factory import from_config
+
+    with torch.device("meta"):
+        expected = from_config(config).state_dict()
+    for name, t in expected.items():
+        if name.rsplit(".", 1)[-1] in _GROWING:
+            continue
+        found = tensors.get(name)
+        if found is None or found.shape != t.shape:
+            got = "missing" if found is None else f"of shape {tuple(found.shape)}"
+            raise ValueError(
+                f"{path}: the tensors do not match a {config.get('class')}: {name!r} is {got}, "
+                f"its configuration needs {tuple(t.shape)}"
+            )
+
+
+def _check_consistent(index, path: Path) -> None:
+    """Refuse stored data whose sizes or codes disagree (the numba scans do not check bounds, so
+    a file with a recomputed checksum could otherwise make a search read out of bounds)."""
+    from vq.index.base import Index
+    from vq.index.ivf import IVFIndex
+    from vq.index.refine import Refine
+
+    for m in index.modules():
+        if not isinstance(m, Index):
+            continue
+        n, bufs, why = m.ntotal, m._buffers, None
+        ids, vectors, codes = bufs.get("ids"), bufs.get("vectors"), bufs.get("codes")
+        if ids is not None and ids.shape[0] not in (0, n):
+            why = f"{ids.shape[0]} ids for {n} vectors"
+        elif vectors is not None and tuple(vectors.shape) != (n, m.dim):
+            why = f"vectors of shape {tuple(vectors.shape)}, expected ({n}, {m.dim})"
+        elif codes is not None and tuple(codes.shape) != (n, m.pq.M):
+            why = f"codes of shape {tuple(codes.shape)}, expected ({n}, {m.pq.M})"
+        elif codes is not None and n and not 0 <= int(codes.min()) <= int(codes.max()) < m.pq.ksub:
+            why = f"codes outside [0, {m.pq.ksub})"
+        elif isinstance(m, IVFIndex):
+            o = m.offsets
+            if o.shape != (m.nlist + 1,) or o[0] != 0 or o[-1] != n or bool((o.diff() < 0).any()):
+                why = "inverted-list offsets that do not match the stored vectors"
+        elif isinstance(m, Refine):
+            inner = m.index.stored_ids()
+            if m.index.ntotal != n or (n and not 0 <= int(inner.min()) <= int(inner.max()) < n):
+                why = "a wrapped index whose rows do not match the stored vectors"
+        if why is not None:
+            raise ValueError(f"{path}: corrupted vq index file ({type(m).__name__} has {why})")

@@ -16,13 +16,14 @@ class Refine(Index):
             its ids; ``Refine`` maps them back to the caller's ids.
         k_factor: candidates per result (faiss's default is 1, which only re-sorts; 4–16 is
             what recall needs). ``search(..., k_factor=)`` overrides it per call.
+        k: neighbours ``forward`` returns (default: the wrapped index's).
 
     Submodules and buffers:
         index; vectors: float32 [ntotal, dim]; ids: int64 [ntotal].
     """
 
-    def __init__(self, index: Index, k_factor: int = 1):
-        super().__init__(index.dim, index.metric, index.k, index.verbose)
+    def __init__(self, index: Index, k_factor: int = 1, k: int | None = None):
+        super().__init__(index.dim, index.metric, index.k if k is None else k, index.verbose)
         self.index = index
         self.k_factor = _check_k_factor(k_factor)
         self.register_buffer("vectors", torch.zeros(0, index.dim))
@@ -45,6 +46,7 @@ class Refine(Index):
 
     def config(self) -> dict:
         return {
+            "k": self.k,
             "k_factor": self.k_factor,
             "index": {"class": type(self.index).__name__, **self.index.config()},
         }

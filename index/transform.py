@@ -16,12 +16,13 @@ class PreTransform(Index):
         transform: a :class:`vq.OPQ` (its ``rotation`` [dim_out, dim] is applied; its own PQ
             only serves to learn the rotation).
         index: the index over rotated vectors, of dimension ``transform.dim_out``.
+        k: neighbours ``forward`` returns (default: the wrapped index's).
 
     Submodules: transform, index. Stored vectors, ids and search options (``nprobe``) live in
     ``index``; ``nprobe`` is forwarded.
     """
 
-    def __init__(self, transform: OPQ, index: Index):
+    def __init__(self, transform: OPQ, index: Index, k: int | None = None):
         if not isinstance(transform, OPQ):
             raise TypeError(f"transform must be a vq.OPQ, got {type(transform).__name__}")
         if index.dim != transform.dim_out:
@@ -29,7 +30,8 @@ class PreTransform(Index):
                 f"the index has dim {index.dim} but the transform outputs {transform.dim_out} "
                 "dimensions; build the index with dim=transform.dim_out"
             )
-        super().__init__(transform.dim, index.metric, index.k, index.verbose, store_ids=False)
+        k = index.k if k is None else k
+        super().__init__(transform.dim, index.metric, k, index.verbose, store_ids=False)
         self.transform = transform
         self.index = index
 
@@ -55,13 +57,19 @@ class PreTransform(Index):
     def config(self) -> dict:
         t = self.transform
         return {
+            "k": self.k,
             "transform": {
                 "dim": t.dim,
                 "M": t.M,
                 "nbits": t.nbits,
                 "dim_out": t.dim_out,
                 "niter": t.niter,
+                "niter_pq": t.niter_pq,
+                "niter_pq_0": t.niter_pq_0,
+                "pq_niter": t.pq.niter,
+                "init": t.pq.init,
                 "seed": t.seed,
+                "max_train_points": t.max_train_points,
             },
             "index": {"class": type(self.index).__name__, **self.index.config()},
         }
