@@ -16,6 +16,7 @@ import torch
 from vq import _cpu, kernels
 from vq._checks import check_training_size
 from vq.clustering import kmeans
+from vq.distances import nearest
 from vq.index.base import Index
 from vq.quantizers import VectorQuantizer
 
@@ -105,6 +106,9 @@ class IVFIndex(Index):
     def _probe(self, q: torch.Tensor, nprobe: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``nprobe`` nearest lists of each query: coarse scores float32 [nq, nprobe]
         (as ``_coarse_scores``, clamped at 0 for l2) and list numbers int64 [nq, nprobe]."""
+        if nprobe == 1 and self.metric == "l2":  # a plain arg-min (numba on CPU), no top-k
+            nn = nearest(q, self.quantizer.codebook.float())
+            return nn.distances[:, None], nn.indices[:, None]
         scores, lists = torch.topk(self._coarse_scores(q), nprobe, dim=1, largest=False)
         if self.metric == "l2":
             scores = scores.clamp_min(0.0)

@@ -12,6 +12,7 @@ so a probe costs one table addition (M × ksub) instead of a new table from the 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vq import kernels
@@ -162,14 +163,14 @@ class IVFPQ(IVFIndex):
             list_tables = self._list_tables().reshape(self.nlist, -1)
         else:
             kind, base = kernels.RESIDUAL_L2_TABLE, torch.zeros_like(coarse)
-        kernels.ivfpq_scanner(self.pq.M, words)(
+        kernels.ivfpq_scanner(self.pq.M, words, self.pq.dsub)(
             q.contiguous().numpy(),
             cb.transpose(1, 2).contiguous().numpy(),
             (cb * cb).sum(-1).numpy(),
             self.quantizer.codebook.float().contiguous().numpy(),
             list_tables.contiguous().numpy(),
             kind,
-            alpha,
+            np.float32(alpha),
             base.contiguous().numpy(),
             lists.contiguous().numpy(),
             codes,

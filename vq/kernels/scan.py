@@ -19,15 +19,14 @@ _ADC_CODE_BLOCK = 2048
 
 
 @njit(inline="always")
-def _heap_replace_top(dist, idx, d, i):
-    """Replace the root of a max-heap (``dist``/``idx``, size k) by (d, i) and sift it down."""
-    k = dist.shape[0]
+def _sift_down(dist, idx, size, d, i):
+    """Put (d, i) at the root of the max-heap ``dist[:size]``/``idx[:size]`` and sift it down."""
     pos = 0
     while True:
         child = 2 * pos + 1
-        if child >= k:
+        if child >= size:
             break
-        if child + 1 < k and dist[child + 1] > dist[child]:
+        if child + 1 < size and dist[child + 1] > dist[child]:
             child += 1
         if dist[child] <= d:
             break
@@ -39,21 +38,33 @@ def _heap_replace_top(dist, idx, d, i):
 
 
 @njit(inline="always")
+def _heap_replace_top(dist, idx, d, i):
+    """Replace the root of a max-heap (``dist``/``idx``, size k) by (d, i) and sift it down."""
+    _sift_down(dist, idx, dist.shape[0], d, i)
+
+
+@njit(inline="always")
 def _heap_sorted(dist, idx, out_dist, out_idx):
-    """Write a max-heap's content in ascending order of distance (ties: lower index first)."""
+    """Write a max-heap's content in ascending order of distance, ties by lower index (a heap
+    sort, in place and without allocation; the heap is consumed)."""
     k = dist.shape[0]
-    order = np.argsort(dist, kind="mergesort")
-    for j in range(k):
-        out_dist[j] = dist[order[j]]
-        out_idx[j] = idx[order[j]]
+    for size in range(k, 0, -1):
+        out_dist[size - 1] = dist[0]
+        out_idx[size - 1] = idx[0]
+        _sift_down(dist, idx, size - 1, dist[size - 1], idx[size - 1])
     # equal distances: order by index, as a stable full sort of (distance, index) would
     j = 0
     while j < k:
         e = j + 1
         while e < k and out_dist[e] == out_dist[j]:
             e += 1
-        if e - j > 1:
-            out_idx[j:e] = np.sort(out_idx[j:e])
+        for a in range(j + 1, e):  # insertion sort of the (short) run
+            v = out_idx[a]
+            b = a - 1
+            while b >= j and out_idx[b] > v:
+                out_idx[b + 1] = out_idx[b]
+                b -= 1
+            out_idx[b + 1] = v
         j = e
 
 
@@ -154,31 +165,36 @@ def adc_scanner(n_tables: int, words: bool = False):
     return adc_scan
 
 
-@njit(inline="always")
-def _inner_product_table(x, codebooks_t, out):
-    """``out[m * ksub + j] = ⟨x_m, c_mj⟩`` for codebooks_t float32 [M, dsub, ksub]."""
-    n_tables, dsub, ksub = codebooks_t.shape
+@njit(inline="always", fastmath=True)
+def _inner_product_table(x, codebooks_t, out, n_tables, dsub, alpha):
+    """``out[m * ksub + j] = alpha · ⟨x_m, c_mj⟩`` for codebooks_t float32 [M, dsub, ksub].
+
+    ``n_tables`` and ``dsub`` are compile-time constants: the sum over the sub-vector unrolls
+    and the loop over the ksub centroids vectorises.
+    """
+    ksub = codebooks_t.shape[2]
     for m in range(n_tables):
-        row = out[m * ksub : (m + 1) * ksub]
-        row[:] = 0.0
-        for s in range(dsub):
-            v = x[m * dsub + s]
-            c = codebooks_t[m, s]
-            for j in range(ksub):
-                row[j] += v * c[j]
+        for j in range(ksub):
+            acc = np.float32(0.0)
+            for s in range(dsub):
+                acc += x[m * dsub + s] * codebooks_t[m, s, j]
+            out[m * ksub + j] = alpha * acc
 
 
-@njit(inline="always")
-def _l2_table(x, codebooks_t, norms, out):
+@njit(inline="always", fastmath=True)
+def _l2_table(x, codebooks_t, norms, out, n_tables, dsub):
     """``out[m * ksub + j] = ||x_m - c_mj||²`` (expanded, clamped at 0); norms [M, ksub]."""
-    n_tables, dsub, ksub = codebooks_t.shape
-    _inner_product_table(x, codebooks_t, out)
+    ksub = codebooks_t.shape[2]
+    _inner_product_table(x, codebooks_t, out, n_tables, dsub, np.float32(-2.0))
     for m in range(n_tables):
         xn = np.float32(0.0)
         for s in range(dsub):
             xn += x[m * dsub + s] * x[m * dsub + s]
         for j in range(ksub):
-            out[m * ksub + j] = max(xn - 2.0 * out[m * ksub + j] + norms[m, j], np.float32(0.0))
+            out[m * ksub + j] = max(xn + out[m * ksub + j] + norms[m, j], np.float32(0.0))
+
+
+_IVF_QUERY_BLOCK = 16
 
 
 #: the look-up tables an IVF-PQ scan builds (see ``ivfpq_scanner``)
@@ -186,8 +202,9 @@ IP_TABLE, L2_TABLE, RESIDUAL_L2_TABLE = 0, 1, 2
 
 
 @functools.cache
-def ivfpq_scanner(n_tables: int, words: bool = False):
-    """ADC scan of the probed inverted lists, fused with top-k, specialised for M tables.
+def ivfpq_scanner(n_tables: int, words: bool, dsub: int):
+    """ADC scan of the probed inverted lists, fused with top-k, specialised for M tables of
+    sub-vectors of ``dsub`` dimensions.
 
     The returned kernel ``ivfpq_scan(queries, codebooks_t, norms, centroids, list_tables,
     kind, alpha, base, probes, codes, offsets, out_dist, out_idx)`` builds each query's tables
@@ -209,9 +226,10 @@ def ivfpq_scanner(n_tables: int, words: bool = False):
         out_dist: float32 [nq, k], the k smallest distances ascending (+inf padding);
         out_idx: int64 [nq, k], their rows in ``codes`` (-1 padding).
 
-    Threads split the queries.
+    Threads split blocks of 16 queries (the work buffers are allocated once per block).
     """
-    n_tables, words = int(n_tables), bool(words)  # plain constants keep the disk cache valid
+    # plain constants keep the disk cache valid
+    n_tables, words, dsub = int(n_tables), bool(words), int(dsub)
 
     @njit(parallel=True, nogil=True, cache=True)
     def ivfpq_scan(
@@ -233,42 +251,44 @@ def ivfpq_scanner(n_tables: int, words: bool = False):
         k = out_dist.shape[1]
         size = list_tables.shape[1] if list_tables.shape[0] else norms.size
         summed = list_tables.shape[0] > 0
-        for q in prange(nq):
-            heap_d = np.full(k, np.inf, dtype=np.float32)
-            heap_i = np.full(k, -1, dtype=np.int64)
+        n_blocks = (nq + _IVF_QUERY_BLOCK - 1) // _IVF_QUERY_BLOCK
+        for blk in prange(n_blocks):
+            heap_d = np.empty(k, dtype=np.float32)
+            heap_i = np.empty(k, dtype=np.int64)
             table = np.empty(size, dtype=np.float32)
             buf = np.empty(size, dtype=np.float32)
-            x = queries[q]
-            if kind == IP_TABLE:
-                _inner_product_table(x, codebooks_t, table)
-                for j in range(size):
-                    table[j] *= alpha
-            elif kind == L2_TABLE:
-                _l2_table(x, codebooks_t, norms, table)
-            residual = np.empty_like(x)
-            for p in range(nprobe):
-                lst = probes[q, p]
-                if lst < 0:
-                    continue
-                t = table
-                if kind == RESIDUAL_L2_TABLE:
-                    for s in range(x.shape[0]):
-                        residual[s] = x[s] - centroids[lst, s]
-                    _l2_table(residual, codebooks_t, norms, buf)
-                    t = buf
-                elif summed:
-                    lt = list_tables[lst]
-                    for j in range(size):
-                        buf[j] = table[j] + lt[j]
-                    t = buf
-                b = base[q, p]
-                threshold = heap_d[0]
-                for i in range(offsets[lst], offsets[lst + 1]):
-                    d = b + _code_distance(t, codes, i, n_tables, words)
-                    if d < threshold:
-                        _heap_replace_top(heap_d, heap_i, d, i)
-                        threshold = heap_d[0]
-            _heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
+            residual = np.empty(queries.shape[1], dtype=np.float32)
+            for q in range(blk * _IVF_QUERY_BLOCK, min(nq, (blk + 1) * _IVF_QUERY_BLOCK)):
+                heap_d[:] = np.inf
+                heap_i[:] = -1
+                x = queries[q]
+                if kind == IP_TABLE:
+                    _inner_product_table(x, codebooks_t, table, n_tables, dsub, alpha)
+                elif kind == L2_TABLE:
+                    _l2_table(x, codebooks_t, norms, table, n_tables, dsub)
+                for p in range(nprobe):
+                    lst = probes[q, p]
+                    if lst < 0:
+                        continue
+                    t = table
+                    if kind == RESIDUAL_L2_TABLE:
+                        for s in range(x.shape[0]):
+                            residual[s] = x[s] - centroids[lst, s]
+                        _l2_table(residual, codebooks_t, norms, buf, n_tables, dsub)
+                        t = buf
+                    elif summed:
+                        lt = list_tables[lst]
+                        for j in range(size):
+                            buf[j] = table[j] + lt[j]
+                        t = buf
+                    b = base[q, p]
+                    threshold = heap_d[0]
+                    for i in range(offsets[lst], offsets[lst + 1]):
+                        d = b + _code_distance(t, codes, i, n_tables, words)
+                        if d < threshold:
+                            _heap_replace_top(heap_d, heap_i, d, i)
+                            threshold = heap_d[0]
+                _heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
 
     return ivfpq_scan
 
