@@ -9,8 +9,9 @@ def test_main_job_passes_on_small_data(capsys):
     assert validate.main(["--n", "20000", "--dim", "16"]) == 0
     out = capsys.readouterr().out
     assert "| PQ2 codes, faiss codebooks |" in out
+    assert "| IVF256,PQ2 top-10, faiss index imported | 1 |" in out
     assert "FAIL" not in out
-    assert out.rstrip().endswith("11 passed, 0 failed")
+    assert out.rstrip().endswith("13 passed, 0 failed")
 
 
 def test_main_job_rejects_bad_arguments(capsys):
