@@ -261,3 +261,18 @@ class Index(nn.Module):
                     incoming.shape, dtype=buf.dtype, device=buf.device
                 )
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+class Wrapper(Index):
+    """An index around another one (``self.index``, set by the subclass), which holds the
+    search options: ``nprobe`` reads and sets the wrapped index's."""
+
+    index: Index
+
+    @property
+    def nprobe(self) -> int:
+        return self.index.nprobe
+
+    @nprobe.setter
+    def nprobe(self, value: int) -> None:
+        self.index.nprobe = value

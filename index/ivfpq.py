@@ -73,16 +73,8 @@ class IVFPQ(IVFIndex):
         return self.quantizer.is_trained and self.pq.is_trained
 
     def config(self) -> dict:
-        pq = self.pq
-        return {
-            **super().config(),
-            "M": pq.M,
-            "nbits": pq.nbits,
-            "by_residual": self.by_residual,
-            "niter": pq.niter,
-            "init": pq.init,
-            "max_points_per_centroid": pq.max_points_per_centroid,
-        }
+        pq = {k: v for k, v in self.pq.config().items() if k != "seed"}  # the index's seed
+        return {**super().config(), **pq, "by_residual": self.by_residual}
 
     @property
     def M(self) -> int:

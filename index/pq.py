@@ -47,16 +47,7 @@ class PQIndex(Index):
         return self.pq.is_trained
 
     def config(self) -> dict:
-        pq = self.pq
-        return {
-            **super().config(),
-            "M": pq.M,
-            "nbits": pq.nbits,
-            "niter": pq.niter,
-            "init": pq.init,
-            "seed": pq.seed,
-            "max_points_per_centroid": pq.max_points_per_centroid,
-        }
+        return {**super().config(), **self.pq.config()}
 
     def _train(self, x: torch.Tensor) -> None:
         self.pq.fit(x)

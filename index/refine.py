@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from vq.index.base import Index
+from vq.index.base import Index, Wrapper
 
 
-class Refine(Index):
+class Refine(Wrapper):
     """Asks the wrapped (approximate) index for ``k * k_factor`` candidates, then ranks them by
     their exact distance to the query, computed from the full vectors it keeps.
 
@@ -35,14 +35,6 @@ class Refine(Index):
     @property
     def ntotal(self) -> int:
         return int(self.vectors.shape[0])
-
-    @property
-    def nprobe(self) -> int:
-        return self.index.nprobe
-
-    @nprobe.setter
-    def nprobe(self, value: int) -> None:
-        self.index.nprobe = value
 
     def config(self) -> dict:
         return {

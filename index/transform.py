@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from vq.index.base import Index
+from vq.index.base import Index, Wrapper
 from vq.quantizers import OPQ
 
 
-class PreTransform(Index):
+class PreTransform(Wrapper):
     """Applies an OPQ rotation to every vector and query before the wrapped index sees it
     (``"OPQ16,IVF1024,PQ16"`` in :func:`vq.index_factory`).
 
@@ -45,14 +45,6 @@ class PreTransform(Index):
 
     def stored_ids(self) -> torch.Tensor:
         return self.index.stored_ids()
-
-    @property
-    def nprobe(self) -> int:
-        return self.index.nprobe
-
-    @nprobe.setter
-    def nprobe(self, value: int) -> None:
-        self.index.nprobe = value
 
     def config(self) -> dict:
         t = self.transform

@@ -64,6 +64,17 @@ class ProductQuantizer(Quantizer):
     def ksub(self) -> int:
         return self.codebook_size
 
+    def config(self) -> dict:
+        """The constructor arguments (JSON-serialisable), as indexes save them."""
+        return {
+            "M": self.M,
+            "nbits": self.nbits,
+            "niter": self.niter,
+            "init": self.init,
+            "seed": self.seed,
+            "max_points_per_centroid": self.max_points_per_centroid,
+        }
+
     # -- training ---------------------------------------------------------------------------
     def _fit(self, x: torch.Tensor) -> None:
         gen = _generator(self.seed)
