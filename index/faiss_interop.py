@@ -18,8 +18,10 @@ from vq.faiss_interop import (
     _faiss,
     kmeans_index_from_centroids,
     opq_from_faiss,
+    pack_codes,
     pq_from_faiss,
     pq_to_faiss,
+    unpack_codes,
 )
 from vq.index.base import Index
 from vq.index.flat import FlatIndex
@@ -96,15 +98,8 @@ def from_faiss(findex) -> Index:
 
 
 def _codes(raw: np.ndarray, fpq) -> torch.Tensor:
-    """faiss's packed PQ codes (``code_size`` bytes per vector) → [n, M] codes."""
-    M, nbits = fpq.M, fpq.nbits
-    raw = raw.reshape(-1, fpq.code_size)
-    if nbits == 8:
-        return torch.from_numpy(raw.copy())
-    # faiss packs the M codes bit after bit, least significant bit first
-    bits = np.unpackbits(raw, axis=1, bitorder="little")[:, : M * nbits].reshape(-1, M, nbits)
-    codes = (bits.astype(np.int64) << np.arange(nbits)).sum(-1)
-    return torch.from_numpy(codes).to(torch.uint8 if nbits <= 8 else torch.int32)
+    """faiss's packed PQ codes → [n, M] codes."""
+    return torch.from_numpy(unpack_codes(raw, fpq.M, fpq.nbits))
 
 
 def _ivf_from_faiss(f, metric: str) -> IVFIndex:
@@ -184,11 +179,7 @@ def _keep(findex, *objects):
 
 def _code_bytes(index) -> np.ndarray:
     """[n, M] codes → faiss's packed layout, flattened (uint8 [n * code_size])."""
-    codes, nbits = index.codes.cpu().numpy(), index.pq.nbits
-    if nbits == 8:
-        return np.ascontiguousarray(codes, dtype=np.uint8).ravel()
-    bits = ((codes.astype(np.int64)[:, :, None] >> np.arange(nbits)) & 1).astype(np.uint8)
-    return np.packbits(bits.reshape(codes.shape[0], -1), axis=1, bitorder="little").ravel()
+    return pack_codes(index.codes.cpu().numpy(), index.pq.nbits).ravel()
 
 
 def _with_ids(findex, ids: torch.Tensor):

@@ -34,10 +34,14 @@ class PreTransform(Wrapper):
         super().__init__(transform.dim, index.metric, k, index.verbose, store_ids=False)
         self.transform = transform
         self.index = index
+        # search needs the rotation only: the PQ that learned it is not saved (as faiss's
+        # OPQMatrix keeps no codebooks), which saves M·ksub·dsub floats per index
+        transform.register_state_dict_post_hook(_drop_training_pq)
+        transform.register_load_state_dict_pre_hook(_keep_training_pq)
 
     @property
     def is_trained(self) -> bool:
-        return self.transform.is_trained and self.index.is_trained
+        return bool(self.transform.trained) and self.index.is_trained
 
     @property
     def ntotal(self) -> int:
@@ -71,7 +75,7 @@ class PreTransform(Wrapper):
         return self.transform._rotate(x.float())
 
     def _train(self, x: torch.Tensor) -> None:
-        if not self.transform.is_trained:
+        if not bool(self.transform.trained):
             self.transform.fit(x)
         self.index.train(self.apply(x))
 
@@ -88,3 +92,14 @@ class PreTransform(Wrapper):
 
     def _search_ids(self, q: torch.Tensor, k: int, **params):
         return self.index._search_ids(self.apply(q), k, **params)
+
+
+def _drop_training_pq(module, state_dict, prefix, local_metadata) -> None:
+    for key in [k for k in state_dict if k.startswith(prefix + "pq.")]:
+        del state_dict[key]
+
+
+def _keep_training_pq(module, state_dict, prefix, *args) -> None:
+    # a saved PreTransform has no "pq." entries: the module keeps its own (untrained) PQ
+    for name, t in module.pq.state_dict().items():
+        state_dict.setdefault(prefix + "pq." + name, t)

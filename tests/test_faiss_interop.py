@@ -42,3 +42,17 @@ def test_opq_round_trip(aniso):
     np.testing.assert_array_equal(opq.encode(aniso[:500]), ref)
     m2, p2 = fi.opq_to_faiss(opq)
     np.testing.assert_array_equal(p2.compute_codes(m2.apply(aniso[:500])), ref)
+
+
+@pytest.mark.parametrize("M, nbits", [(8, 8), (8, 5), (4, 10), (3, 3)])
+def test_code_packing_matches_faiss(blobs, M, nbits):
+    dim = 24 if M == 3 else 32
+    fpq = faiss.ProductQuantizer(dim, M, nbits)
+    fpq.cp.niter = 2
+    fpq.train(blobs[:, :dim])
+    packed = fpq.compute_codes(blobs[:500, :dim])
+    codes = fi.unpack_codes(packed, M, nbits)
+    assert codes.shape == (500, M) and int(codes.max()) < 1 << nbits
+    np.testing.assert_array_equal(fi.pack_codes(codes, nbits), packed)
+    pq = fi.pq_from_faiss(fpq)  # and the unpacked codes are the ones vq computes
+    np.testing.assert_array_equal(pq.encode(blobs[:500, :dim]), codes)

@@ -191,3 +191,24 @@ def test_factory_builds_what_it_reads():
 def test_factory_rejects_unknown_strings(desc):
     with pytest.raises(ValueError, match="supported: Flat | PQ<M>"):
         vq.index_factory(64, desc)
+
+
+def test_pretransform_saves_the_rotation_only(tmp_path, blobs, queries):
+    from safetensors import safe_open
+
+    index = vq.index_factory(32, "OPQ8,PQ8")
+    index.transform.niter = 2
+    index.train(blobs[:3000])
+    index.add(blobs[:2000])
+    index.save(tmp_path / "opq.vq")
+    with safe_open(tmp_path / "opq.vq", "pt") as f:
+        names = set(f.keys())
+    assert "transform.rotation" in names and not any(n.startswith("transform.pq.") for n in names)
+    loaded = vq.load_index(tmp_path / "opq.vq")
+    assert loaded.is_trained
+    for a, b in zip(loaded.search(queries, 5), index.search(queries, 5), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # the loaded OPQ holds its rotation but not the PQ that learned it: coding with it refuses
+    assert not loaded.transform.is_trained
+    with pytest.raises(RuntimeError, match="not trained"):
+        loaded.transform.encode(blobs[:3])

@@ -33,6 +33,26 @@ def _array(vector) -> np.ndarray:
     return _faiss().vector_to_array(vector)
 
 
+def unpack_codes(packed: np.ndarray, M: int, nbits: int) -> np.ndarray:
+    """faiss's packed PQ codes (uint8 [n, ceil(M * nbits / 8)], codes bit after bit, least
+    significant bit first) → [n, M] codes (uint8 for nbits <= 8, else int32)."""
+    packed = np.ascontiguousarray(packed, dtype=np.uint8).reshape(-1, (M * nbits + 7) // 8)
+    if nbits == 8:
+        return packed.copy()
+    bits = np.unpackbits(packed, axis=1, bitorder="little")[:, : M * nbits].reshape(-1, M, nbits)
+    codes = (bits.astype(np.int64) << np.arange(nbits)).sum(-1)
+    return codes.astype(np.uint8 if nbits <= 8 else np.int32)
+
+
+def pack_codes(codes: np.ndarray, nbits: int) -> np.ndarray:
+    """[n, M] codes → faiss's packed layout, uint8 [n, ceil(M * nbits / 8)]."""
+    codes = np.asarray(codes)
+    if nbits == 8:
+        return np.ascontiguousarray(codes, dtype=np.uint8)
+    bits = ((codes.astype(np.int64)[:, :, None] >> np.arange(nbits)) & 1).astype(np.uint8)
+    return np.packbits(bits.reshape(codes.shape[0], -1), axis=1, bitorder="little")
+
+
 def pq_from_faiss(fpq) -> ProductQuantizer:
     """A trained :class:`vq.ProductQuantizer` holding a ``faiss.ProductQuantizer``'s centroids."""
     cb = _array(fpq.centroids).reshape(fpq.M, fpq.ksub, fpq.dsub)

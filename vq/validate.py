@@ -62,19 +62,47 @@ def _errors(x, x_hat):
 
 
 def run(n: int, dim: int, threads: int, seed: int = 0) -> list[Check]:
+    """Every check on generated data: blobs, and anisotropic vectors (for OPQ and IVFPQ)."""
+    from vq.datasets import anisotropic_vectors, clustered_vectors
+
+    x = clustered_vectors(n, dim, n_clusters=512, seed=seed)
+    xa = anisotropic_vectors(n, dim, seed=seed + 1)
+    q = anisotropic_vectors(1000, dim, seed=seed + 1 + 10**6)
+    return checks_on(x, xa, q, threads)
+
+
+def set_threads(threads: int) -> None:
+    """The same thread count for torch, numba and faiss."""
     import faiss
     import numba
-
-    import vq
-    from vq import faiss_interop as fi
-    from vq.datasets import anisotropic_vectors, clustered_vectors
 
     torch.set_num_threads(threads)
     numba.set_num_threads(threads)
     faiss.omp_set_num_threads(threads)
-    x = clustered_vectors(n, dim, n_clusters=512, seed=seed)
-    xa = anisotropic_vectors(n, dim, seed=seed + 1)
+
+
+def checks_on(
+    x: np.ndarray, xa: np.ndarray, queries: np.ndarray, threads: int, nbits: int = 8
+) -> list[Check]:
+    """The checks on given vectors.
+
+    Args:
+        x: float32 [n, dim] for k-means, PQ and RVQ (dim a multiple of 8).
+        xa: float32 [n', dim] for OPQ and the IVFPQ index (searched with ``queries``).
+        queries: float32 [nq, dim].
+        threads: for vq and faiss alike.
+        nbits: bits per code (k-means with 2**nbits centroids, PQ/OPQ/RVQ/IVFPQ codes); lower
+            it for small sets (about 10 vectors per centroid at least).
+    """
+    import faiss
+
+    import vq
+    from vq import faiss_interop as fi
+
+    set_threads(threads)
+    dim = x.shape[1]
     M = dim // 8
+    pq_name = f"PQ{M}" + ("" if nbits == 8 else f"x{nbits}")
     checks: list[Check] = []
 
     # warm up (numba compiles or loads its cache on first use) so that timings compare work
@@ -82,14 +110,14 @@ def run(n: int, dim: int, threads: int, seed: int = 0) -> list[Check]:
     vq.ProductQuantizer(dim, M, nbits=4, niter=1).fit(x[:2000]).encode(x[:10])
 
     # k-means
-    k = 256
+    k = 1 << nbits
     km = faiss.Kmeans(dim, k, niter=20, seed=1234)
     _, t_faiss = _timed(lambda: km.train(x))
     ours, t_ours = _timed(lambda: vq.kmeans(x, k, niter=20))
     ref_inertia = float(faiss_inertia(km, x))
     checks.append(
         Check(
-            "k-means objective (k=256)",
+            f"k-means objective (k={k})",
             ours.inertia,
             ref_inertia,
             "<= 1.01x",
@@ -103,27 +131,37 @@ def run(n: int, dim: int, threads: int, seed: int = 0) -> list[Check]:
     checks.append(Check("k-means assignment, faiss centroids", same, 1.0, "== 1", same == 1.0))
 
     # PQ: same codebooks, both directions
-    fpq = faiss.ProductQuantizer(dim, M, 8)
+    fpq = faiss.ProductQuantizer(dim, M, nbits)
     fpq.train(x)
     pq = fi.pq_from_faiss(fpq)
     (codes, t_ours), (ref, t_faiss) = (
         _timed(lambda: pq.encode(x)),
         _timed(lambda: fpq.compute_codes(x)),
     )
-    frac, ok = _same_codes(codes, ref, _errors(x, pq.decode(codes)), _errors(x, fpq.decode(ref)))
-    checks.append(Check(f"PQ{M} codes, faiss codebooks", frac, 1.0, "== 1 (ties aside)", ok))
-    dec = float(np.abs(pq.decode(ref) - fpq.decode(ref)).max())
-    checks.append(Check(f"PQ{M} decode, max abs difference", dec, 0.0, "<= 1e-5", dec <= 1e-5))
-    checks.append(Check(f"PQ{M} encode time (s)", t_ours, t_faiss, "(info)", None))
-    ours_pq = vq.ProductQuantizer(dim, M).fit(x)
+    ref_codes = fi.unpack_codes(ref, M, nbits)
+    frac, ok = _same_codes(
+        codes, ref_codes, _errors(x, pq.decode(codes)), _errors(x, fpq.decode(ref))
+    )
+    checks.append(Check(f"{pq_name} codes, faiss codebooks", frac, 1.0, "== 1 (ties aside)", ok))
+    dec = float(np.abs(pq.decode(ref_codes) - fpq.decode(ref)).max())
+    checks.append(Check(f"{pq_name} decode, max abs difference", dec, 0.0, "<= 1e-5", dec <= 1e-5))
+    checks.append(Check(f"{pq_name} encode time (s)", t_ours, t_faiss, "(info)", None))
+    ours_pq = vq.ProductQuantizer(dim, M, nbits).fit(x)
     back = fi.pq_to_faiss(ours_pq)
     c1, c2 = ours_pq.encode(x), back.compute_codes(x)
-    frac, ok = _same_codes(c1, c2, _errors(x, ours_pq.decode(c1)), _errors(x, back.decode(c2)))
-    checks.append(Check(f"PQ{M} codes, vq codebooks in faiss", frac, 1.0, "== 1 (ties aside)", ok))
+    frac, ok = _same_codes(
+        c1,
+        fi.unpack_codes(c2, M, nbits),
+        _errors(x, ours_pq.decode(c1)),
+        _errors(x, back.decode(c2)),
+    )
+    checks.append(
+        Check(f"{pq_name} codes, vq codebooks in faiss", frac, 1.0, "== 1 (ties aside)", ok)
+    )
     mse_ours, mse_ref = _mse(x, ours_pq.decode(c1)), _mse(x, fpq.decode(ref))
     checks.append(
         Check(
-            f"PQ{M} MSE, trained independently",
+            f"{pq_name} MSE, trained independently",
             mse_ours,
             mse_ref,
             "<= 1.01x",
@@ -135,14 +173,14 @@ def run(n: int, dim: int, threads: int, seed: int = 0) -> list[Check]:
     opq_f = faiss.OPQMatrix(dim, M)
     opq_f.train(xa)
     ya = opq_f.apply(xa)
-    pq_f = faiss.ProductQuantizer(dim, M, 8)
+    pq_f = faiss.ProductQuantizer(dim, M, nbits)
     pq_f.train(ya)
     mse_ref = _mse(xa, opq_f.reverse_transform(pq_f.decode(pq_f.compute_codes(ya))))
-    opq = vq.OPQ(dim, M).fit(xa)
+    opq = vq.OPQ(dim, M, nbits).fit(xa)
     mse_ours = _mse(xa, opq.decode(opq.encode(xa)))
     checks.append(
         Check(
-            f"OPQ{M} MSE, trained independently",
+            f"O{pq_name} MSE, trained independently",
             mse_ours,
             mse_ref,
             "<= 1.01x",
@@ -155,7 +193,7 @@ def run(n: int, dim: int, threads: int, seed: int = 0) -> list[Check]:
 
     # RVQ: greedy parity with faiss codebooks, then quality at beam 1 and 4
     for beam in (1, 4):
-        frq = faiss.ResidualQuantizer(dim, 4, 8)
+        frq = faiss.ResidualQuantizer(dim, 4, nbits)
         frq.max_beam_size = beam
         frq.train(x[:20_000])
         ref = frq.compute_codes(x)
@@ -163,23 +201,32 @@ def run(n: int, dim: int, threads: int, seed: int = 0) -> list[Check]:
             rq_f = fi.rvq_from_faiss(frq)
             codes = rq_f.encode(x)
             frac, ok = _same_codes(
-                codes, ref, _errors(x, rq_f.decode(codes)), _errors(x, frq.decode(ref))
+                codes,
+                fi.unpack_codes(ref, 4, nbits),
+                _errors(x, rq_f.decode(codes)),
+                _errors(x, frq.decode(ref)),
             )
             checks.append(
-                Check("RVQ 4x8 greedy codes, faiss codebooks", frac, 1.0, "== 1 (ties aside)", ok)
+                Check(
+                    f"RVQ 4x{nbits} greedy codes, faiss codebooks",
+                    frac,
+                    1.0,
+                    "== 1 (ties aside)",
+                    ok,
+                )
             )
-        rq = vq.ResidualVQ(dim, 4, 256, beam_size=beam).fit(x[:20_000])
+        rq = vq.ResidualVQ(dim, 4, 1 << nbits, beam_size=beam).fit(x[:20_000])
         mse_ours, mse_ref = _mse(x, rq.decode(rq.encode(x))), _mse(x, frq.decode(ref))
         checks.append(
             Check(
-                f"RVQ 4x8 beam {beam} MSE, trained independently",
+                f"RVQ 4x{nbits} beam {beam} MSE, trained independently",
                 mse_ours,
                 mse_ref,
                 "<= 1.02x",
                 mse_ours <= 1.02 * mse_ref,
             )
         )
-    checks += _index_checks(xa, M, seed)
+    checks += _index_checks(xa, queries, M, nbits)
     return checks
 
 
@@ -191,20 +238,19 @@ def _recall(found: np.ndarray, truth: np.ndarray) -> float:
     )
 
 
-def _index_checks(x: np.ndarray, M: int, seed: int) -> list[Check]:
+def _index_checks(x: np.ndarray, q: np.ndarray, M: int, nbits: int) -> list[Check]:
     """IVFPQ: faiss's trained index imported gives faiss's answers; trained on its own, vq's
     reaches faiss's recall@10."""
     import faiss
 
     import vq
-    from vq.datasets import anisotropic_vectors
 
-    dim, nlist, nprobe = x.shape[1], 256, 8
-    q = anisotropic_vectors(1000, dim, seed=seed + 1 + 10**6)
+    dim, nprobe = x.shape[1], 8
+    nlist = min(256, max(8, x.shape[0] // 64))
     exact = faiss.IndexFlatL2(dim)
     exact.add(x)
     truth = exact.search(q, 10)[1]
-    ref = faiss.index_factory(dim, f"IVF{nlist},PQ{M}np")
+    ref = faiss.index_factory(dim, f"IVF{nlist},PQ{M}x{nbits}np")
     ref.train(x[:20_000])
     ref.add(x)
     ref.nprobe = nprobe
@@ -213,8 +259,8 @@ def _index_checks(x: np.ndarray, M: int, seed: int) -> list[Check]:
     (D, I), t_ours = _timed(lambda: imported.search(q, 10, nprobe=nprobe))
     same = ((I == If) | np.isclose(D, Df, rtol=1e-5)).all(axis=1).mean()
     close = bool(np.allclose(D, Df, rtol=1e-4, atol=1e-4))
-    name = f"IVF{nlist},PQ{M}"
-    own = vq.IVFPQ(dim, nlist, M, nprobe=nprobe).train(x[:20_000])
+    name = f"IVF{nlist},PQ{M}" + ("" if nbits == 8 else f"x{nbits}")
+    own = vq.IVFPQ(dim, nlist, M, nbits, nprobe=nprobe).train(x[:20_000])
     own.add(x)
     r_ours, r_faiss = _recall(own.search(q, 10)[1], truth), _recall(If, truth)
     return [
@@ -264,6 +310,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.threads} threads\n"
     )
     checks = run(args.n, args.dim, args.threads)
+    return 1 if print_checks(checks) else 0
+
+
+def print_checks(checks: list[Check]) -> list[str]:
+    """Print the checks as a table and a summary line; returns the names of failed checks."""
     print("| check | vq | faiss | vq / faiss | target | result |")
     print("|---|---|---|---|---|---|")
     for c in checks:
@@ -273,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     judged = [c for c in checks if c.passed is not None]
     failed = [c.name for c in judged if not c.passed]
     print(f"\n{len(judged) - len(failed)} passed, {len(failed)} failed")
-    return 1 if failed else 0
+    return failed
 
 
 if __name__ == "__main__":

@@ -149,7 +149,7 @@ class Quantizer(nn.Module):
         )
 
     def _require_trained(self, what: str) -> None:
-        if not self._is_trained:
+        if not self.is_trained:
             raise RuntimeError(
                 f"{type(self).__name__}.{what}: the quantizer is not trained; call fit(x) first "
                 "or load a trained state_dict"

@@ -125,6 +125,11 @@ class OPQ(Quantizer):
             pq.lloyd(pq_train, pq.niter, gen)
         pq._mark_trained()
 
+    @property
+    def is_trained(self) -> bool:
+        # the rotation alone may be loaded (an index's pre-transform): coding needs the PQ too
+        return self._is_trained and self.pq.is_trained
+
     def _min_training_vectors(self) -> int:
         return self.pq.ksub
 
