@@ -1,4 +1,4 @@
-# make demo: validate vq against faiss (creates .venv on first use)
+# make demo: the main job, vq against faiss on NSynth embeddings (creates .venv on first use)
 # make test: lint + the whole test suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(PY) -m vq.validate
+	$(PY) -m vq.nsynth
 
 test: $(VENV)/.installed
 	$(PY) -m ruff check .
