@@ -61,6 +61,9 @@ def argmin_rows(dots, bias, out_index, out_value, out_second):
 
 
 _PQ_BLOCK = 32
+#: relative rounding error allowed for ``|c|² - 2⟨x, c⟩`` in float32 (a generous bound: a few
+#: units in the last place of each of the terms, which are at most ``|x|² + |c|²``)
+_EXPANSION_ERROR = np.float32(1e-5)
 
 
 @functools.cache
@@ -73,11 +76,17 @@ def pq_encoder(dsub: int):
 
     The kernel ``pq_encode(x, codebooks_t, norms, codes, sq_err)`` takes:
         x: float32 [n, M * dsub], C-contiguous.
-        codebooks_t: float32 [M, dsub, ksub], the codebooks transposed and multiplied by -2.
+        codebooks_t: float32 [M, dsub, ksub], the codebooks transposed and multiplied by -2
+            (an exact scaling: the kernel recovers the centroids from it).
         norms: float32 [M, ksub], squared norms of the sub-centroids.
         codes: integer [n, M] (uint8/int16/int32) receives the codes.
         sq_err: float32 [n] receives each vector's squared reconstruction error; pass an empty
             array to skip that work.
+
+    Codes are those of the smallest exact squared distance (ties: lowest index): candidates
+    are ranked by the fast expanded form, and those within its rounding error of the best are
+    compared on ``Σ (x_j - c_j)²``, so data far from the origin encodes as faiss's direct
+    computation does.
     """
     dsub = int(dsub)
 
@@ -87,6 +96,9 @@ def pq_encoder(dsub: int):
         n_sub, _, ksub = codebooks_t.shape
         want_err = sq_err.shape[0] == n
         n_blocks = (n + _PQ_BLOCK - 1) // _PQ_BLOCK
+        norm_max = np.empty(n_sub, np.float32)
+        for m in range(n_sub):
+            norm_max[m] = norms[m].max()
         for block in prange(n_blocks):
             dist = np.empty(ksub, np.float32)
             bits = dist.view(np.int32)
@@ -106,9 +118,29 @@ def pq_encoder(dsub: int):
                     best = _KEY_MAX
                     for k in range(ksub):
                         best = min(best, _key(bits[k], k))
-                    k = best & _INDEX_MASK
-                    codes[i, m] = k
-                    err += max(dist[k] + x_norm, np.float32(0.0))
+                    # the expanded form loses digits when the vectors are far from the origin
+                    # (|x|², |c|² >> |x - c|²): every candidate within its rounding error of the
+                    # best is compared again on the exact sum of squared differences
+                    code = best & _INDEX_MASK
+                    limit = dist[code] + _EXPANSION_ERROR * (x_norm + norm_max[m])
+                    close = 0
+                    for k in range(ksub):  # vectorised count; almost always 1 (the best)
+                        close += np.int32(dist[k] <= limit)
+                    if close == 1:
+                        codes[i, m] = code
+                        err += max(dist[code] + x_norm, np.float32(0.0))
+                        continue
+                    exact = np.float32(np.inf)
+                    for k in range(ksub):
+                        if dist[k] <= limit:
+                            e = np.float32(0.0)
+                            for j in range(dsub):
+                                diff = xs[j] + np.float32(0.5) * codebooks_t[m, j, k]
+                                e += diff * diff
+                            if e < exact:
+                                exact, code = e, k
+                    codes[i, m] = code
+                    err += exact
                 if want_err:
                     sq_err[i] = err
 
