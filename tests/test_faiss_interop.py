@@ -56,3 +56,19 @@ def test_code_packing_matches_faiss(blobs, M, nbits):
     np.testing.assert_array_equal(fi.pack_codes(codes, nbits), packed)
     pq = fi.pq_from_faiss(fpq)  # and the unpacked codes are the ones vq computes
     np.testing.assert_array_equal(pq.encode(blobs[:500, :dim]), codes)
+
+
+def test_pq_codes_stay_exact_far_from_the_origin(blobs):
+    """|x|² >> |x - c|²: the expanded distance loses digits; codes must still be the exact
+    nearest sub-centroids (as faiss's direct computation finds them)."""
+    x = (blobs[:4000] * 0.05 + 300.0).astype(np.float32)  # like log-mel features: offset, narrow
+    fpq = faiss.ProductQuantizer(32, 8, 8)
+    fpq.cp.niter = 4
+    fpq.train(x)
+    pq = fi.pq_from_faiss(fpq)
+    codes = pq.encode(x)
+    np.testing.assert_array_equal(codes, fpq.compute_codes(x))
+    cb = pq.codebooks.double().numpy()  # [M, ksub, dsub]
+    subs = x.astype(np.float64).reshape(-1, 8, 1, 4)
+    exact = ((subs - cb[None]) ** 2).sum(-1).argmin(-1)
+    np.testing.assert_array_equal(codes, exact)
