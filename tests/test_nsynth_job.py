@@ -6,10 +6,16 @@ pytest.importorskip("faiss")
 pytest.importorskip("torchaudio")
 
 
-def test_main_job_runs_end_to_end(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """One synthetic set (and embedding cache) for the module's runs."""
+    return tmp_path_factory.mktemp("nsynth-job")
+
+
+def test_main_job_runs_end_to_end(data_dir, capsys):
     from vq import nsynth
 
-    args = ["--data-dir", str(tmp_path), "--instruments", "33", "--quiet", "--nprobe", "4"]
+    args = ["--data-dir", str(data_dir), "--instruments", "33", "--quiet", "--nprobe", "4"]
     assert nsynth.main(args) == 0
     out = capsys.readouterr().out
     assert "330 database notes, 30 queries" in out
@@ -18,10 +24,10 @@ def test_main_job_runs_end_to_end(tmp_path, capsys):
     assert "| Flat | vq | 1.0000 | 1.0000 | 1.0000 |" in out  # exact search is exact
     assert "FAIL" not in out and out.rstrip().endswith("all checks passed")
     # the data set and its embeddings are reused, not rebuilt
-    built = sorted(p.name for p in tmp_path.rglob("*") if p.is_file())
+    built = sorted(p.name for p in data_dir.rglob("*") if p.is_file())
     assert any(name.endswith(".safetensors") for name in built)
     assert nsynth.main([*args, "--skip-validation"]) == 0
-    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == built
+    assert sorted(p.name for p in data_dir.rglob("*") if p.is_file()) == built
 
 
 def test_missing_real_dataset_is_a_one_line_error(tmp_path, capsys):
@@ -44,3 +50,11 @@ def test_console_command(capsys):
     with pytest.raises(SystemExit):
         cli.main(["frobnicate"])
     assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
+
+
+def test_max_notes_embeds_only_a_sample(data_dir, capsys):
+    from vq import nsynth
+
+    args = ["--data-dir", str(data_dir), "--instruments", "33", "--quiet", "--skip-validation"]
+    assert nsynth.main([*args, "--max-notes", "300"]) == 0
+    assert "300 database notes, 30 queries" in capsys.readouterr().out

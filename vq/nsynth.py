@@ -56,6 +56,21 @@ def synthetic_dataset(data_dir: Path, instruments: int, seed: int, verbose: bool
     return NSynth(root, split="train"), NSynth(root, split="test")
 
 
+class Notes:
+    """Some notes of a dataset (what ``embed_nsynth`` needs: items, ``note_strs``, ``root``)."""
+
+    def __init__(self, dataset, indices: np.ndarray):
+        self.dataset, self.indices = dataset, [int(i) for i in indices]
+        self.note_strs = [dataset.note_strs[i] for i in self.indices]
+        self.root = getattr(dataset, "root", None)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int):
+        return self.dataset[self.indices[i]]
+
+
 def recalls(found: np.ndarray, truth: np.ndarray) -> tuple[float, float, float]:
     """recall@1, @10, @100: overlap of the first r found with the true r nearest."""
     return tuple(
@@ -219,14 +234,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if args.max_notes is not None and args.max_notes < len(train):
+        if args.max_notes < 1:
+            p.error(f"--max-notes must be positive, got {args.max_notes}")
+        pick = np.random.default_rng(args.seed).choice(len(train), args.max_notes, replace=False)
+        train = Notes(train, np.sort(pick))  # before embedding: only these notes are read
     cache = data_dir / "embeddings"
     xb = embed_nsynth(train, method=args.method, cache_dir=cache, verbose=verbose)
     xq = embed_nsynth(test, method=args.method, cache_dir=cache, verbose=verbose)
-    if args.max_notes is not None and args.max_notes < len(xb):
-        pick = np.sort(
-            np.random.default_rng(args.seed).choice(len(xb), args.max_notes, replace=False)
-        )
-        xb = xb[pick]
     dim = xb.shape[1]
     M = dim // 8
     # at least ~10 training vectors per centroid: 8-bit codes from about 2,500 notes up
