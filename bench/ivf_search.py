@@ -17,15 +17,7 @@ import os
 import tempfile
 import time
 
-import numpy as np
-
 from bench.common import alternate, figure, report, set_threads
-
-
-def recall_at(found: np.ndarray, truth: np.ndarray, r: int = 10) -> float:
-    return float(
-        np.mean([len(np.intersect1d(f[:r], t[:r])) / r for f, t in zip(found, truth, strict=True)])
-    )
 
 
 def faiss_bytes(findex) -> int:
@@ -65,7 +57,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     import faiss
 
     import vq
-    from vq.datasets import anisotropic_vectors
+    from vq.datasets import anisotropic_vectors, recall_at
 
     set_threads(args.threads)
     both = anisotropic_vectors(args.n + args.nq, args.dim, decay=0.95, seed=0)
@@ -143,9 +135,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 "vq QPS": args.nq / t["vq"],
                 "faiss QPS": args.nq / t["faiss"],
                 "vq / faiss": t["faiss"] / t["vq"],
-                "recall@10": recall_at(I, truth),
+                "recall@10": recall_at(I, truth, 10),
                 "identical top-k rows": float((I == If).all(axis=1).mean()),
-                "recall@10, vq-trained": recall_at(own.search(q, args.k, nprobe=nprobe)[1], truth),
+                "recall@10, vq-trained": recall_at(
+                    own.search(q, args.k, nprobe=nprobe)[1], truth, 10
+                ),
             }
         )
     title = (

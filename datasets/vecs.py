@@ -439,3 +439,27 @@ def _smallest(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
         cols[rows] = torch.sort(scores[rows], dim=1, stable=True).indices[:, :k]
     cols = torch.sort(cols, dim=1).values
     return torch.gather(scores, 1, cols), cols
+
+
+def recall_at(found: np.ndarray, truth: np.ndarray, r: int) -> float:
+    """r-recall@r: the mean fraction of the true r nearest (``truth[:, :r]``) among the first
+    r found (``found[:, :r]``), as ann-benchmarks reports it.
+
+    Args:
+        found: int [nq, >= r] ids returned by a search (-1 for missing results).
+        truth: int [nq, >= r] exact neighbour ids, e.g. from :func:`ground_truth`.
+        r: how many neighbours count.
+    """
+    found, truth = np.asarray(found), np.asarray(truth)
+    if found.ndim != 2 or truth.ndim != 2 or found.shape[0] != truth.shape[0]:
+        raise ValueError(
+            f"expected found and truth of shape [nq, k] with the same nq, got {found.shape} "
+            f"and {truth.shape}"
+        )
+    if not 0 < r <= min(found.shape[1], truth.shape[1]):
+        raise ValueError(
+            f"r must lie in [1, {min(found.shape[1], truth.shape[1])}] (the columns given), got {r}"
+        )
+    f, t = found[:, :r], truth[:, :r]
+    hits = ((f[:, :, None] == t[:, None, :]) & (f[:, :, None] >= 0)).any(axis=2).sum(axis=1)
+    return float(hits.mean() / r)

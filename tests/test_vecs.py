@@ -270,3 +270,17 @@ def test_ground_truth_checks_arguments(blobs):
         ground_truth(blobs, blobs[:5], 0)
     with pytest.raises(TypeError, match="xb: expected floating-point vectors"):
         ground_truth(blobs.astype(np.int32), blobs[:5], 3)
+
+
+def test_recall_at_counts_true_neighbours_among_the_first_r():
+    from vq.datasets import recall_at
+
+    truth = np.array([[1, 2, 3, 4], [5, 6, 7, 8]])
+    found = np.array([[2, 1, 9, 4], [-1, -1, 5, -1]])  # order within the first r is free
+    assert recall_at(found, truth, 1) == 0.0
+    assert recall_at(found, truth, 2) == 0.5  # row 0: {2, 1} = {1, 2}; row 1: nothing
+    assert recall_at(found, truth, 4) == (3 / 4 + 1 / 4) / 2  # -1 never counts
+    with pytest.raises(ValueError, match="r must lie in"):
+        recall_at(found, truth, 5)
+    with pytest.raises(ValueError, match="same nq"):
+        recall_at(found[:1], truth, 1)

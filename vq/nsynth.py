@@ -72,15 +72,10 @@ class Notes:
 
 
 def recalls(found: np.ndarray, truth: np.ndarray) -> tuple[float, float, float]:
-    """recall@1, @10, @100: overlap of the first r found with the true r nearest."""
-    return tuple(
-        float(
-            np.mean(
-                [np.intersect1d(f[:r], t[:r]).size / r for f, t in zip(found, truth, strict=True)]
-            )
-        )
-        for r in (1, 10, 100)
-    )
+    """recall@1, @10, @100 (see :func:`vq.datasets.recall_at`)."""
+    from vq.datasets import recall_at
+
+    return tuple(recall_at(found, truth, r) for r in (1, 10, 100))
 
 
 def _best_time(fn, min_seconds: float = 0.1, repeats: int = 3) -> float:

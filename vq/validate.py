@@ -230,20 +230,13 @@ def checks_on(
     return checks
 
 
-def _recall(found: np.ndarray, truth: np.ndarray) -> float:
-    """k-recall@k: the overlap of the k found with the true k nearest."""
-    k = truth.shape[1]
-    return float(
-        np.mean([np.intersect1d(f, t).size / k for f, t in zip(found, truth, strict=True)])
-    )
-
-
 def _index_checks(x: np.ndarray, q: np.ndarray, M: int, nbits: int) -> list[Check]:
     """IVFPQ: faiss's trained index imported gives faiss's answers; trained on its own, vq's
     reaches faiss's recall@10."""
     import faiss
 
     import vq
+    from vq.datasets import recall_at
 
     dim, nprobe = x.shape[1], 8
     nlist = min(256, max(8, x.shape[0] // 64))
@@ -265,7 +258,7 @@ def _index_checks(x: np.ndarray, q: np.ndarray, M: int, nbits: int) -> list[Chec
     name = f"IVF{nlist},PQ{M}" + ("" if nbits == 8 else f"x{nbits}")
     own = vq.IVFPQ(dim, nlist, M, nbits, nprobe=nprobe).train(x[:20_000])
     own.add(x)
-    r_ours, r_faiss = _recall(own.search(q, 10)[1], truth), _recall(If, truth)
+    r_ours, r_faiss = recall_at(own.search(q, 10)[1], truth, 10), recall_at(If, truth, 10)
     return [
         Check(
             f"{name} top-10, faiss index imported",
