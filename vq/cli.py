@@ -1,16 +1,191 @@
 """The ``vq`` console command.
 
-    vq nsynth [options]     the main job: vq against faiss on NSynth embeddings
-    vq validate [options]   quantizer and index checks against faiss on generated vectors
+    vq build --data X.fvecs --index "OPQ16,IVF1024,PQ16" -o index.vq   train and fill an index
+    vq search index.vq --queries Q.fvecs -k 10 [--gt GT.ivecs]         search; recall with --gt
+    vq nsynth [options]      the main job: vq against faiss on NSynth embeddings
+    vq validate [options]    quantizer and index checks against faiss on generated vectors
+    vq bench [name ...]      the benchmarks (from a source checkout: bench/ is not installed)
 
-Every subcommand takes ``--help``. Errors in the input end with a one-line message and a
-non-zero exit status.
+Vector files: .fvecs, .bvecs (converted to float32), .ivecs (ground truth), and ann-benchmarks
+.hdf5 (train vectors for build, test vectors and neighbors for search). Every subcommand takes
+``--help``. Bad input ends with a one-line ``error: …`` and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+COMMANDS = ("build", "search", "nsynth", "validate", "bench")
+
+
+class InputError(Exception):
+    """Bad input from the command line: reported in one line, exit status 2."""
+
+
+def read_vectors(path: Path, what: str = "train") -> np.ndarray:
+    """float32 [n, d] from .fvecs / .bvecs, or the ``what`` set ("train"/"test") of an
+    ann-benchmarks .hdf5 file."""
+    from vq.datasets import read_ann_hdf5, read_bvecs, read_fvecs
+
+    suffix = path.suffix.lower()
+    if suffix == ".fvecs":
+        return read_fvecs(path)
+    if suffix == ".bvecs":
+        return read_bvecs(path).astype(np.float32)
+    if suffix in (".hdf5", ".h5"):
+        return getattr(read_ann_hdf5(path), what)
+    raise InputError(f"{path}: unknown vector file type {suffix!r}; use .fvecs, .bvecs or .hdf5")
+
+
+def read_neighbors(path: Path) -> np.ndarray:
+    """int [nq, k] exact neighbours from .ivecs or the ``neighbors`` of an .hdf5 file."""
+    from vq.datasets import read_ann_hdf5, read_ivecs
+
+    suffix = path.suffix.lower()
+    if suffix == ".ivecs":
+        return read_ivecs(path).astype(np.int64)
+    if suffix in (".hdf5", ".h5"):
+        return read_ann_hdf5(path).neighbors
+    raise InputError(f"{path}: unknown ground-truth file type {suffix!r}; use .ivecs or .hdf5")
+
+
+def _threads(n: int) -> None:
+    import numba
+    import torch
+
+    if n <= 0:
+        raise InputError(f"--threads must be positive, got {n}")
+    torch.set_num_threads(n)
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+
+
+def build(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="vq build", description="Train an index on a vector file, add the vectors, save it."
+    )
+    p.add_argument("--data", type=Path, required=True, help=".fvecs, .bvecs or .hdf5 (train)")
+    p.add_argument("--index", required=True, help='faiss-style description, e.g. "IVF1024,PQ16"')
+    p.add_argument("-o", "--output", type=Path, required=True, help="where to save the index")
+    p.add_argument("--metric", choices=["l2", "ip"], default="l2", help="distance (default l2)")
+    p.add_argument(
+        "--train-size",
+        type=int,
+        default=None,
+        help="train on a random sample of this many vectors (default: all)",
+    )
+    p.add_argument("--nprobe", type=int, default=None, help="IVF lists searched (stored)")
+    p.add_argument("--k-factor", type=int, default=None, help="re-ranking factor (stored)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the training sample")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    import vq
+
+    _threads(args.threads)
+    x = read_vectors(args.data, "train")
+    index = vq.index_factory(x.shape[1], args.index, metric=args.metric)
+    if args.nprobe is not None:  # checked before the (long) training
+        _set(index, "nprobe", args.nprobe)
+    if args.k_factor is not None:
+        _set(index, "k_factor", args.k_factor)
+    index.verbose = not args.quiet
+    for inner in index.modules():
+        if isinstance(inner, vq.index.Index):
+            inner.verbose = not args.quiet
+    train = x
+    if args.train_size is not None:
+        if args.train_size <= 0:
+            raise InputError(f"--train-size must be positive, got {args.train_size}")
+        if args.train_size < len(x):
+            rng = np.random.default_rng(args.seed)
+            train = x[np.sort(rng.choice(len(x), args.train_size, replace=False))]
+    start = time.perf_counter()
+    index.train(train)
+    t_train = time.perf_counter() - start
+    start = time.perf_counter()
+    index.add(x)
+    t_add = time.perf_counter() - start
+    index.save(args.output)
+    print(
+        f"{args.index}: {index.ntotal} vectors of dim {x.shape[1]}, trained on {len(train)} in "
+        f"{t_train:.1f} s, added in {t_add:.1f} s; saved {args.output} "
+        f"({args.output.stat().st_size / 2**20:.1f} MiB)"
+    )
+    return 0
+
+
+def _set(index, name: str, value: int) -> None:
+    if not hasattr(index, name):
+        raise InputError(f"--{name.replace('_', '-')} does not apply to {type(index).__name__}")
+    if value <= 0:
+        raise InputError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    setattr(index, name, value)
+
+
+def search(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="vq search", description="Search a saved index; prints QPS, and recall with --gt."
+    )
+    p.add_argument("index", type=Path, help="an index saved by vq build / index.save")
+    p.add_argument("--queries", type=Path, required=True, help=".fvecs, .bvecs or .hdf5 (test)")
+    p.add_argument("-k", type=int, default=10, help="neighbours per query (default 10)")
+    p.add_argument("--nprobe", type=int, default=None, help="IVF lists searched (default: saved)")
+    p.add_argument("--k-factor", type=int, default=None, help="re-ranking candidates per result")
+    p.add_argument(
+        "--gt",
+        type=Path,
+        default=None,
+        help="exact neighbours (.ivecs, or .hdf5 neighbors) to report recall",
+    )
+    p.add_argument("--out", type=Path, default=None, help="write the ids found as .ivecs")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
+    args = p.parse_args(argv)
+    import vq
+    from vq.datasets import recall_at, write_ivecs
+
+    _threads(args.threads)
+    if args.k <= 0:
+        raise InputError(f"-k must be positive, got {args.k}")
+    index = vq.load_index(args.index)
+    q = read_vectors(args.queries, "test")
+    if args.nprobe is not None:
+        _set(index, "nprobe", args.nprobe)
+    if args.k_factor is not None:
+        _set(index, "k_factor", args.k_factor)
+    start = time.perf_counter()
+    _, ids = index.search(q, args.k)
+    seconds = time.perf_counter() - start
+    line = f"{len(q)} queries, k={args.k}: {seconds:.3f} s, {len(q) / seconds:.0f} QPS"
+    if args.gt is not None:
+        truth = read_neighbors(args.gt)
+        if truth.shape[0] != len(q):
+            raise InputError(f"{args.gt}: {truth.shape[0]} rows of neighbours for {len(q)} queries")
+        ranks = [r for r in (1, 10, 100) if r <= min(args.k, truth.shape[1])]
+        line += "; " + ", ".join(f"recall@{r} {recall_at(ids, truth, r):.4f}" for r in ranks)
+    print(line)
+    if args.out is not None:
+        write_ivecs(args.out, ids)
+    return 0
+
+
+def bench(argv: list[str]) -> int:
+    try:
+        import bench.__main__ as runner  # noqa: F401 - only importable from a source checkout
+    except ImportError as err:
+        raise InputError(
+            "the benchmarks live in the source checkout's bench/ folder: run `vq bench` (or "
+            "`python -m bench`) from the repository root"
+        ) from err
+    import runpy
+
+    sys.argv = ["python -m bench", *argv]
+    runpy.run_module("bench", run_name="__main__")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,21 +193,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="vq", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", choices=["nsynth", "validate"], help="what to run")
+    parser.add_argument("command", choices=COMMANDS, help="what to run")
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    if command == "nsynth":
-        from vq import nsynth
+    if command not in COMMANDS:
+        parser.parse_args([command])  # prints the usage error and exits 2
+    try:
+        if command == "build":
+            return build(rest)
+        if command == "search":
+            return search(rest)
+        if command == "bench":
+            return bench(rest)
+        if command == "nsynth":
+            from vq import nsynth
 
-        return nsynth.main(rest, prog="vq nsynth")
-    if command == "validate":
+            return nsynth.main(rest, prog="vq nsynth")
         from vq import validate
 
         return validate.main(rest)
-    parser.parse_args([command])  # prints the usage error and exits 2
-    return 2
+    except (InputError, ValueError, TypeError, FileNotFoundError, RuntimeError) as err:
+        print(f"error: {err}".splitlines()[0], file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
