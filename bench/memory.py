@@ -1,0 +1,157 @@
+"""Memory of adding n vectors, vq against faiss: peak RSS and saved bytes per vector.
+
+    python -m bench.memory [--n 1000000] [--dim 128] [--index IVF1024,PQ16 PQ16]
+
+Each library trains its index here on the same sample and saves it empty; then every
+(index, system) adds the n vectors in a fresh Python process, so its peak RSS (ru_maxrss) is its
+own. The child reads its RSS after loading the data and the empty index (imports included), adds,
+and reads the peak: "RSS increase" is peak - RSS after loading, what adding cost; "resident
+increase" is the RSS still held after the add (the filled index). File bytes/vector is the size of
+the saved full index (vq ``index.save``, ``faiss.write_index``) over n. Prints a table; writes
+bench/results/memory.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.common import report, set_threads
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _rss_kib() -> int:
+    """Current resident set size in KiB (Linux /proc)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def child(system: str, data: str, empty: str, out: str, threads: int) -> None:
+    """Run in a fresh process: load data and the empty trained index, add, report RSS as JSON."""
+    import resource
+
+    import numpy as np
+
+    set_threads(threads)
+    x = np.load(data)
+    if system == "vq":
+        import vq
+
+        index = vq.load_index(empty)
+    else:
+        import faiss
+
+        index = faiss.read_index(empty)
+    loaded_rss = _rss_kib()
+    loaded_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    index.add(x)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    after_rss = _rss_kib()
+    if system == "vq":
+        index.save(out)
+    else:
+        faiss.write_index(index, out)
+    result = {
+        "loaded_rss": loaded_rss,
+        "loaded_peak": loaded_peak,
+        "peak": peak,
+        "after_rss": after_rss,
+        "file": os.path.getsize(out),
+    }
+    print(json.dumps(result))
+
+
+def run_child(system: str, data: Path, empty: Path, out: Path, threads: int) -> dict:
+    code = (
+        "from bench.memory import child; "
+        f"child({system!r}, {str(data)!r}, {str(empty)!r}, {str(out)!r}, {threads})"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{system} child failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--n", type=int, default=1_000_000, help="vectors added")
+    p.add_argument("--dim", type=int, default=128, help="vector dimension")
+    p.add_argument("--index", nargs="+", default=["IVF1024,PQ16", "PQ16"], help="index types")
+    p.add_argument("--ntrain", type=int, default=100_000, help="training vectors (at most n)")
+    p.add_argument("--threads", type=int, default=2, help="threads for every system")
+    args = p.parse_args(argv)
+
+    import faiss
+    import numpy as np
+
+    import vq
+    from bench.ann import faiss_description
+    from vq.datasets import anisotropic_vectors
+
+    set_threads(args.threads)
+    x = anisotropic_vectors(args.n, args.dim, decay=0.95, seed=0)
+    train = x[: min(args.n, args.ntrain)]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        data = tmp / "x.npy"
+        np.save(data, x)
+        del x
+        for desc in args.index:
+            own = vq.index_factory(args.dim, desc)
+            own.train(train)
+            own.save(tmp / "empty.vq")
+            ref = faiss.index_factory(args.dim, faiss_description(desc))
+            ref.train(train)
+            faiss.write_index(ref, str(tmp / "empty.faiss"))
+            del own, ref
+            result = {
+                system: run_child(
+                    system, data, tmp / f"empty.{system}", tmp / f"full.{system}", args.threads
+                )
+                for system in ("vq", "faiss")
+            }
+            for system, r in result.items():
+                increase = (r["peak"] - r["loaded_rss"]) / 1024
+                other = result["faiss"]
+                rows.append(
+                    {
+                        "index": desc,
+                        "system": system,
+                        "n": args.n,
+                        "peak RSS MiB": r["peak"] / 1024,
+                        "RSS after load MiB": r["loaded_rss"] / 1024,
+                        "RSS increase MiB": increase,
+                        "resident increase MiB": (r["after_rss"] - r["loaded_rss"]) / 1024,
+                        "file bytes/vector": r["file"] / args.n,
+                        "increase vq / faiss": (
+                            (result["vq"]["peak"] - result["vq"]["loaded_rss"])
+                            / max(1, other["peak"] - other["loaded_rss"])
+                        ),
+                        "file vq / faiss": result["vq"]["file"] / other["file"],
+                    }
+                )
+    title = (
+        f"## Memory of adding n={args.n} vectors of dim {args.dim} (fresh process per build; "
+        "increase = peak RSS - RSS after loading data and the empty index)"
+    )
+    report("memory", title, args.threads, rows, list(rows[0]))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

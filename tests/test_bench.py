@@ -1,0 +1,106 @@
+"""Every bench script runs end to end at a tiny size and writes a sane CSV (not a benchmark)."""
+
+import csv
+import math
+
+import pytest
+
+pytest.importorskip("faiss")
+pytest.importorskip("matplotlib")
+
+import bench.common  # noqa: E402
+from bench import ann, encode, ivf_search, kmeans, memory, pq_search  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def results(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench.common, "RESULTS", tmp_path)
+    return tmp_path
+
+
+def read_csv(path, columns):
+    """The rows of ``path``, after checking it has ``columns`` and sane numbers: recalls and
+    fractions in [0, 1], throughputs, times, sizes and ratios finite and > 0."""
+    assert path.exists(), f"{path.name} not written"
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    assert rows, f"{path.name} is empty"
+    missing = set(columns) - set(rows[0])
+    assert not missing, f"{path.name} lacks columns {missing}"
+    for row in rows:
+        for col, value in row.items():
+            if value == "":
+                continue
+            if col.startswith("recall") or col.startswith("identical"):
+                assert 0.0 <= float(value) <= 1.0, (col, value)
+            elif any(s in col for s in ("QPS", "/", "vectors/s", "vec/s", "MiB", "seconds")):
+                assert math.isfinite(float(value)) and float(value) > 0, (col, value)
+    return rows
+
+
+def test_kmeans(results):
+    kmeans.main(["--n", "2000", "--dim", "16", "--k", "16", "--niter", "3", "--rounds", "1"])
+    rows = read_csv(results / "kmeans.csv", ["system", "seconds", "time / faiss", "objective"])
+    assert {r["system"] for r in rows} >= {"faiss.Kmeans", "vq.kmeans (random)", "vq.lbg"}
+    assert (results / "kmeans.png").exists()
+
+
+def test_encode(results):
+    encode.main(["--n", "1000", "--dim", "8", "--M", "2", "--rvq-stages", "1", "--rounds", "1"])
+    read_csv(results / "encode.csv", ["operation", "vq vectors/s", "faiss vectors/s", "vq / faiss"])
+
+
+def test_pq_search(results):
+    pq_search.main(["--n", "2000", "--dim", "16", "--M", "4", "--nq", "20", "--rounds", "1"])
+    rows = read_csv(results / "pq_search.csv", ["vq QPS", "faiss QPS", "identical top-k rows"])
+    assert float(rows[0]["identical top-k rows"]) > 0.5  # same codebooks and codes
+
+
+def test_ivf_search(results):
+    argv = "--n 2000 --dim 16 --nlist 8 --M 4 --nq 20 --ntrain 2000 --nprobe 1 4 --rounds 1"
+    ivf_search.main(argv.split())
+    rows = read_csv(results / "ivf_search.csv", ["nprobe", "vq QPS", "faiss QPS", "recall@10"])
+    assert [int(r["nprobe"]) for r in rows] == [1, 4]
+    read_csv(results / "ivf_add.csv", ["vq add vec/s", "faiss add vec/s", "file vq / faiss"])
+
+
+def test_ann(results):
+    argv = (
+        "--n 2000 --nq 20 --dim 16 --nlist 8 --M 2 --ntrain 1000 --nprobe 1 4 16 --k-factor 1 4 "
+        "--rounds 1 --min-seconds 0.01 --index Flat IVF8,PQ2 IVF8,PQ2,RFlat"
+    )
+    rows = ann.main(argv.split())
+    columns = ["data", "index", "system", "param", "recall@1", "recall@10", "recall@100", "QPS"]
+    csv_rows = read_csv(results / "ann.csv", [*columns, "vq / faiss"])
+    assert len(csv_rows) == len(rows) == 2 * (1 + 3 + 2)  # Flat; nprobe 1, 4, 16 -> 8; RFlat
+    params = [r["param"] for r in csv_rows if r["system"] == "vq"]
+    assert params == [
+        "-",
+        "nprobe=1",
+        "nprobe=4",
+        "nprobe=8",
+        "nprobe=8,k_factor=1",
+        "nprobe=8,k_factor=4",
+    ]
+    flat = [r for r in csv_rows if r["index"] == "Flat"]
+    assert all(float(r["recall@100"]) == 1.0 for r in flat)  # exact search finds the truth
+    refined = [float(r["recall@10"]) for r in csv_rows if r["index"].endswith("RFlat")]
+    assert max(refined) > 0.9
+    assert (results / "ann.png").exists()
+
+
+def test_ann_helpers():
+    assert ann.default_nlist(100) == 32 and ann.default_nlist(1) == 8
+    assert ann.default_nlist(1_000_000) == 1024 and ann.default_nlist(3300) == 256
+    assert ann.faiss_description("OPQ16,IVF1024,PQ16,RFlat") == "OPQ16,IVF1024,PQ16np,RFlat"
+    assert ann.faiss_description("PQ8") == "PQ8np"
+    assert ann.faiss_description("IVF64,Flat") == "IVF64,Flat"
+
+
+def test_memory(results):
+    memory.main(["--n", "3000", "--dim", "16", "--index", "PQ2", "--ntrain", "1000"])
+    columns = ["index", "system", "n", "peak RSS MiB", "RSS increase MiB", "file bytes/vector"]
+    rows = read_csv(results / "memory.csv", [*columns, "file vq / faiss"])
+    assert [r["system"] for r in rows] == ["vq", "faiss"]
+    for r in rows:  # 2 code bytes per vector, plus ids and codebooks
+        assert 2 <= float(r["file bytes/vector"]) < 40
