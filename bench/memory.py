@@ -3,7 +3,7 @@
     python -m bench.memory [--n 1000000] [--dim 128] [--index IVF1024,PQ16 PQ16]
 
 Each library trains its index here on the same sample and saves it empty; then every
-(index, system) adds the n vectors in a fresh Python process, so its peak RSS (ru_maxrss) is its
+(index, system) adds the n vectors in a fresh Python process, so its peak RSS (VmHWM) is its
 own. The child reads its RSS after loading the data and the empty index (imports included), adds,
 and reads the peak: "RSS increase" is peak - RSS after loading, what adding cost; "resident
 increase" is the RSS still held after the add (the filled index). File bytes/vector is the size of
@@ -26,18 +26,20 @@ from bench.common import report, set_threads
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _rss_kib() -> int:
-    """Current resident set size in KiB (Linux /proc)."""
+def _rss_kib(field: str = "VmRSS") -> int:
+    """Resident set size in KiB from Linux /proc: "VmRSS" now, "VmHWM" its peak.
+
+    The peak is read from VmHWM, not ``ru_maxrss``: on Linux a process keeps the ``ru_maxrss``
+    of the process that forked it across exec, so a child would report its parent's peak.
+    """
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1])
     return 0
 
 
 def child(system: str, data: str, empty: str, out: str, threads: int) -> None:
     """Run in a fresh process: load data and the empty trained index, add, report RSS as JSON."""
-    import resource
-
     import numpy as np
 
     set_threads(threads)
@@ -50,10 +52,15 @@ def child(system: str, data: str, empty: str, out: str, threads: int) -> None:
         import faiss
 
         index = faiss.read_index(empty)
+    # warm up on a throwaway copy: numba loads its compiled kernels (and LLVM) on first use,
+    # a one-off cost of the process, not of the index
+    warm = vq.load_index(empty) if system == "vq" else faiss.read_index(empty)
+    warm.add(x[:1000])
+    del warm
     loaded_rss = _rss_kib()
-    loaded_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    loaded_peak = _rss_kib("VmHWM")
     index.add(x)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = _rss_kib("VmHWM")
     after_rss = _rss_kib()
     if system == "vq":
         index.save(out)
