@@ -199,15 +199,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = p.parse_args(argv)
     if args.instruments < 11:
         p.error(f"--instruments must be at least 11 (one per family), got {args.instruments}")
-    try:
-        import faiss  # noqa: F401
-    except ImportError:
-        print(
-            "error: faiss is not installed; pip install 'vq[faiss]' (make demo does)",
-            file=sys.stderr,
-        )
-        return 2
     from vq import validate
+
+    if not validate.faiss_available():
+        return 2
     from vq.datasets import NSynth, embed_nsynth, ground_truth
 
     validate.set_threads(args.threads)

@@ -71,6 +71,19 @@ def run(n: int, dim: int, threads: int, seed: int = 0) -> list[Check]:
     return checks_on(x, xa, q, threads)
 
 
+def faiss_available() -> bool:
+    """Whether faiss imports; if not, says so on stderr (the jobs then exit with status 2)."""
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        print(
+            "error: faiss is not installed; pip install 'vq[faiss]' (make demo does)",
+            file=sys.stderr,
+        )
+        return False
+    return True
+
+
 def set_threads(threads: int) -> None:
     """The same thread count for torch, numba and faiss."""
     import faiss
@@ -293,13 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--dim must be a positive multiple of 8, got {args.dim}")
     if args.n < 20_000:
         p.error(f"--n must be at least 20000 (PQ and RVQ training sizes), got {args.n}")
-    try:
-        import faiss  # noqa: F401
-    except ImportError:
-        print(
-            "error: faiss is not installed; pip install 'vq[faiss]' (make demo does)",
-            file=sys.stderr,
-        )
+    if not faiss_available():
         return 2
     print(
         f"# vq validated against faiss: {args.n} x {args.dim} blobs and anisotropic vectors, "
