@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from vq import kernels
+from vq._cpu import empty, fast_path
 from vq.index.base import Index
 
 
@@ -38,6 +41,8 @@ class FlatIndex(Index):
         self.vectors = self.vectors[rows]
 
     def _search_rows(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if fast_path(q):
+            return self._search_numba(q, k)
         x = self.vectors.float()
         x_norms = (x * x).sum(dim=1) if self.metric == "l2" else None
         # memory bound: at most ~2^26 scores at a time
@@ -54,3 +59,35 @@ class FlatIndex(Index):
             dists.append(val)
             rows.append(idx)
         return torch.cat(dists), torch.cat(rows)
+
+    def _search_numba(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """BLAS inner products of a block of queries with a block of vectors (small enough to
+        stay in cache), each block offered to per-query top-k heaps by a numba kernel, as
+        faiss's IndexFlat does: about as fast as faiss, 2x the torch.topk path."""
+        x = self.vectors
+        nq, n = q.shape[0], x.shape[0]
+        inner_product = self.metric == "ip"
+        x_norms = np.zeros(0, np.float32) if inner_product else (x * x).sum(dim=1).numpy()
+        heap_d = np.full((nq, k), np.inf, dtype=np.float32)
+        heap_i = np.full((nq, k), -1, dtype=np.int64)
+        q_block, x_block = 1024, 4096
+        buffer = torch.empty(min(nq, q_block) * min(n, x_block))
+        for s in range(0, nq, q_block):
+            qs = q[s : s + q_block]
+            for j in range(0, n, x_block):
+                xs = x[j : j + x_block]
+                scores = buffer[: qs.shape[0] * xs.shape[0]].view(qs.shape[0], xs.shape[0])
+                torch.mm(qs, xs.T, out=scores)
+                kernels.heap_push_block(
+                    scores.numpy(),
+                    x_norms[j : j + x_block],
+                    j,
+                    inner_product,
+                    heap_d[s : s + q_block],
+                    heap_i[s : s + q_block],
+                )
+        dist, rows = empty((nq, k)), empty((nq, k), torch.int64)
+        kernels.heaps_sorted(heap_d, heap_i, dist.numpy(), rows.numpy())
+        if inner_product:
+            return -dist, rows
+        return (dist + (q * q).sum(dim=1, keepdim=True)).clamp_min(0.0), rows

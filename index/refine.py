@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from vq import kernels
+from vq._cpu import empty, fast_path
 from vq.index.base import Index, Wrapper
 
 
@@ -68,22 +70,37 @@ class Refine(Wrapper):
         k_factor = _check_k_factor(self.k_factor if k_factor is None else k_factor)
         if self.ntotal == 0:
             return super()._search_ids(q, k)
-        _, rows = self.index._search_ids(q, k * k_factor, **params)  # [nq, k * k_factor]
-        step = max(1, (1 << 24) // (rows.shape[1] * self.dim))
+        _, cand = self.index._search_ids(q, k * k_factor, **params)  # [nq, k * k_factor]
+        if fast_path(q):
+            kk = min(k, cand.shape[1])
+            dist, rows = empty((q.shape[0], kk)), empty((q.shape[0], kk), torch.int64)
+            kernels.refine_scan(
+                q.contiguous().numpy(),
+                self.vectors.numpy(),
+                cand.contiguous().numpy(),
+                self.metric == "ip",
+                dist.numpy(),
+                rows.numpy(),
+            )
+        else:
+            dist, rows = self._rerank_torch(q, cand, k)
+        return self._finish(-dist if self.metric == "ip" else dist, rows, k)
+
+    def _rerank_torch(self, q: torch.Tensor, cand: torch.Tensor, k: int):
+        """Ascending distances (negated inner products for "ip") and rows [nq, <=k]."""
+        step = max(1, (1 << 24) // (cand.shape[1] * self.dim))
         dists = []
         for s in range(0, q.shape[0], step):
-            cand = self.vectors[rows[s : s + step].clamp_min(0)]  # [b, C, dim]
+            vectors = self.vectors[cand[s : s + step].clamp_min(0)]  # [b, C, dim]
             qs = q[s : s + step, None, :]
             if self.metric == "ip":
-                dists.append(-(cand * qs).sum(-1))
+                dists.append(-(vectors * qs).sum(-1))
             else:
-                dists.append(((cand - qs) ** 2).sum(-1))
-        scores = torch.cat(dists) if dists else q.new_zeros(0, rows.shape[1])
-        scores = torch.where(rows < 0, float("inf"), scores)
-        kk = min(k, scores.shape[1])
-        val, pos = torch.topk(scores, kk, dim=1, largest=False, sorted=True)
-        rows = torch.where(torch.isinf(val), -1, rows.gather(1, pos))
-        return self._finish(-val if self.metric == "ip" else val, rows, k)
+                dists.append(((vectors - qs) ** 2).sum(-1))
+        scores = torch.cat(dists) if dists else q.new_zeros(0, cand.shape[1])
+        scores = torch.where(cand < 0, float("inf"), scores)
+        val, pos = torch.topk(scores, min(k, scores.shape[1]), dim=1, largest=False, sorted=True)
+        return val, torch.where(torch.isinf(val), -1, cand.gather(1, pos))
 
 
 def _check_k_factor(k_factor) -> int:

@@ -27,9 +27,15 @@ def test_flat_equals_faiss(blobs, queries, metric):
     ref.add(blobs)
     index = vq.FlatIndex(32, metric=metric)
     index.add(blobs)
-    D, I = index.search(queries, 10)
-    Df, If = ref.search(queries, 10)
-    same_results(D, I, Df, If)
+    many = (blobs[::7] - 0.05).astype(np.float32)  # several blocks of queries and of vectors
+    assert len(many) > 1024 and len(blobs) > 4096
+    for q in (queries, many):
+        D, I = index.search(q, 10)
+        Df, If = ref.search(q, 10)
+        same_results(D, I, Df, If)
+    with torch_only():
+        Dt, It = index.search(many, 10)
+    same_results(Dt, It, Df, If)
 
 
 @pytest.mark.parametrize("metric", ["l2", "ip"])

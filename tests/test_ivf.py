@@ -171,6 +171,10 @@ def test_refine_with_every_candidate_is_exact(blobs, queries):
     De, Ie = exact.search(queries, 10)
     np.testing.assert_array_equal(I, Ie)
     np.testing.assert_allclose(D, De, rtol=1e-5, atol=1e-4)
+    with torch_only():  # the torch re-ranking (CUDA, export) agrees with the numba kernel
+        Dt, It = index.search(queries, 10, k_factor=50)
+    np.testing.assert_array_equal(It, Ie)
+    np.testing.assert_allclose(Dt, De, rtol=1e-5, atol=1e-4)
     # and re-ranking more candidates never loses recall
     recall = [np.isin(index.search(queries, 10, k_factor=f)[1], Ie).mean() for f in (1, 4, 16)]
     assert recall == sorted(recall) and recall[-1] > recall[0]

@@ -22,8 +22,11 @@ from vq.kernels.scan import (
     RESIDUAL_L2_TABLE,
     adc_scanner,
     code_view,
+    heap_push_block,
+    heaps_sorted,
     ivf_flat_scan,
     ivfpq_scanner,
+    refine_scan,
     words_layout,
 )
 
@@ -33,6 +36,8 @@ __all__ = [
     "RESIDUAL_L2_TABLE",
     "adc_scanner",
     "code_view",
+    "heap_push_block",
+    "heaps_sorted",
     "additive_decode",
     "argmin_rows",
     "ivf_flat_scan",
@@ -41,5 +46,6 @@ __all__ = [
     "kmeanspp_sample",
     "pq_decoder",
     "pq_encoder",
+    "refine_scan",
     "words_layout",
 ]

@@ -331,3 +331,87 @@ def ivf_flat_scan(queries, vectors, probes, offsets, inner_product, out_dist, ou
                     _heap_replace_top(heap_d, heap_i, d, i)
                     threshold = heap_d[0]
         _heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
+
+
+@njit(parallel=True, nogil=True, cache=True, fastmath=True)
+def refine_scan(queries, vectors, candidates, inner_product, out_dist, out_idx):
+    """Exact distances to given candidate rows, fused with top-k: the re-ranking step of
+    ``Refine`` (faiss ``IndexRefineFlat``).
+
+    Args:
+        queries: float32 [nq, d]; vectors: float32 [n, d].
+        candidates: int64 [nq, C] rows of ``vectors`` to rank (-1: skip).
+        inner_product: False for squared L2 distances, True for negated inner products.
+        out_dist: float32 [nq, k] ascending (+inf padding); out_idx: int64 [nq, k] rows of
+            ``vectors`` (-1 padding).
+    """
+    nq, n_cand = candidates.shape
+    dim = queries.shape[1]
+    k = out_dist.shape[1]
+    for q in prange(nq):
+        heap_d = np.full(k, np.inf, dtype=np.float32)
+        heap_i = np.full(k, -1, dtype=np.int64)
+        x = queries[q]
+        threshold = heap_d[0]
+        for c in range(n_cand):
+            i = candidates[q, c]
+            if i < 0:
+                continue
+            v = vectors[i]
+            d = np.float32(0.0)
+            if inner_product:
+                for j in range(dim):
+                    d -= x[j] * v[j]
+            else:
+                for j in range(dim):
+                    diff = x[j] - v[j]
+                    d += diff * diff
+            if d < threshold:
+                _heap_replace_top(heap_d, heap_i, d, i)
+                threshold = heap_d[0]
+        _heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
+
+
+@njit(parallel=True, nogil=True, cache=True, fastmath=True)
+def heap_push_block(scores, x_norms, first, inner_product, heap_d, heap_i):
+    """Offer a block of columns to per-query top-k max-heaps (the Flat index's selection
+    step, fused with the distance arithmetic, applied block after block of the database so
+    that the scores stay in cache).
+
+    Args:
+        scores: float32 [nq, b] inner products ⟨q, x⟩ of the queries with vectors
+            ``first .. first + b``.
+        x_norms: float32 [b] their squared norms ‖x‖² (read for L2 only).
+        first: row number of the block's first vector.
+        inner_product: False: rank by ‖x‖² − 2⟨q, x⟩ (the squared L2 distance minus the
+            query's constant ‖q‖², which the caller adds); True: rank by −⟨q, x⟩.
+        heap_d: float32 [nq, k], heap_i: int64 [nq, k]: max-heaps, +inf/-1 when empty;
+            finish them with :func:`heaps_sorted`.
+    """
+    nq, b = scores.shape
+    for q in prange(nq):
+        hd = heap_d[q]
+        hi = heap_i[q]
+        row = scores[q]
+        threshold = hd[0]
+        for s in range(0, b, 16):
+            e = min(s + 16, b)
+            # a vectorisable pass finds whether any of 16 beats the threshold
+            best = np.float32(np.inf)
+            for i in range(s, e):
+                d = -row[i] if inner_product else x_norms[i] - np.float32(2.0) * row[i]
+                best = min(best, d)
+            if best >= threshold:
+                continue
+            for i in range(s, e):
+                d = -row[i] if inner_product else x_norms[i] - np.float32(2.0) * row[i]
+                if d < threshold:
+                    _heap_replace_top(hd, hi, d, first + i)
+                    threshold = hd[0]
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def heaps_sorted(heap_d, heap_i, out_dist, out_idx):
+    """Each row's max-heap (``heap_d``/``heap_i`` [nq, k], consumed) in ascending order."""
+    for q in prange(heap_d.shape[0]):
+        _heap_sorted(heap_d[q], heap_i[q], out_dist[q], out_idx[q])
