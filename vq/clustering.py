@@ -6,6 +6,13 @@ chunked GEMM nearest-centroid search, then per-cluster sums, counts and errors w
 All randomness comes from one ``torch.Generator`` seeded on CPU, so a seed fixes the result on
 every device.
 
+Under ``torch.distributed`` (see :mod:`vq.distributed`) the data are this process's shard of the
+concatenation of every process's rows: subsampling and seeding draw global row numbers from the
+same generator on every process, each iteration all-reduces the cluster sums and counts, and the
+update (empty-cluster repair included) runs identically everywhere on the reduced values, so a
+seed gives the centroids of one process holding all the data. Long runs can checkpoint and resume
+(:class:`vq.distributed.checkpoint.TrainingRun`).
+
 References:
     S. Lloyd, "Least squares quantization in PCM", IEEE Trans. IT, 1982.
     D. Arthur, S. Vassilvitskii, "k-means++: the advantages of careful seeding", SODA 2007.
@@ -15,7 +22,9 @@ References:
 from __future__ import annotations
 
 import math
+import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -26,6 +35,8 @@ from tqdm.auto import tqdm
 from vq import _cpu, kernels
 from vq._checks import as_vectors, check_training_size, like_input
 from vq.distances import iter_nearest, nearest
+from vq.distributed.checkpoint import TrainingRun, checkpoint_path
+from vq.distributed.shards import Shards
 
 # k-means++ seeds from at most this many points per centroid (a random subset): the D² sampling
 # is sequential over k, and Lloyd iterations on the full sample fix what the subset misses.
@@ -50,6 +61,9 @@ class KMeansResult:
         objective: float64 [iterations], sum of squared distances of the training sample to the
             centroids at each assignment step (faiss's ``obj``).
         inertia: sum of squared distances of all input vectors to the final centroids.
+
+    Under ``torch.distributed``, ``assignments`` covers this process's vectors and the rest is
+    the same on every process (``inertia`` sums over all processes' vectors).
     """
 
     centroids: Any
@@ -70,16 +84,26 @@ def _sample_rows(x: torch.Tensor, count: int, gen: torch.Generator) -> torch.Ten
     return x[perm.sort().values.to(x.device)]
 
 
-def _kmeans_plus_plus(x: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
+def _kmeans_plus_plus(x: torch.Tensor | Shards, k: int, gen: torch.Generator) -> torch.Tensor:
     """Greedy k-means++: at each step draw ``2 + log k`` candidates by D² sampling and keep the
     one that lowers the potential most (as scikit-learn does); seeds from a random pool of at
     most ``8 k`` training vectors. On CPU the sampling and the choice run in numba; the inner
-    products of pool and candidates are one small GEMM per step everywhere."""
-    pool = _sample_rows(x, max(k * _SEEDING_POINTS_PER_CENTROID, 4096), gen).float().contiguous()
+    products of pool and candidates are one small GEMM per step everywhere.
+
+    ``x`` is a tensor (this process's data) or :class:`Shards`: then the pool is drawn from the
+    global rows and gathered, every process seeds from it, and rank 0's centroids are broadcast
+    (so that every process holds the same bits)."""
+    shards = x if isinstance(x, Shards) else Shards.whole(x)
+    pool = shards.sample(max(k * _SEEDING_POINTS_PER_CENTROID, 4096), gen).float().contiguous()
+    return shards.broadcast(_seed_from_pool(pool, k, gen))
+
+
+def _seed_from_pool(pool: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
+    """The k-means++ loop of :func:`_kmeans_plus_plus` on float32 ``pool`` [n, d]."""
     n = pool.shape[0]
     trials = 2 + int(math.log(k)) if k > 1 else 1
     pool_norms = (pool * pool).sum(dim=1)
-    centroids = torch.empty(k, pool.shape[1], device=x.device)
+    centroids = torch.empty(k, pool.shape[1], device=pool.device)
     first = int(torch.randint(n, (1,), generator=gen))
     centroids[0] = pool[first]
     d2 = (pool_norms - 2.0 * (pool @ centroids[0]) + pool_norms[first]).clamp_min(0.0)
@@ -95,7 +119,7 @@ def _kmeans_plus_plus(x: torch.Tensor, k: int, gen: torch.Generator) -> torch.Te
             best = kernels.kmeanspp_pick(pool_np @ c.T, norms_np, norms_np[cand], d2_np)
             centroids_np[i] = c[best]
         return centroids
-    uniforms = uniforms.to(x.device)
+    uniforms = uniforms.to(pool.device)
     for i in range(1, k):
         cdf = torch.cumsum(d2.double(), dim=0)
         if float(cdf[-1]) <= 0.0:  # every point sits on a centroid: draw uniformly
@@ -149,25 +173,26 @@ def _split_empty_clusters(
     return len(empty)
 
 
+#: what a Lloyd loop calls after each iteration: the new centroids and the objective of the
+#: assignment step
+Observer = Callable[[torch.Tensor, float], None]
+
+
 def _lloyd(
-    x: torch.Tensor,
-    centroids: torch.Tensor,
-    niter: int,
-    gen: torch.Generator,
-    progress: tqdm | None = None,
-) -> tuple[torch.Tensor, list[float]]:
-    """``niter`` Lloyd iterations; returns the centroids and the objective of every assignment
-    step. float32 data with enough centroids for the bounds to pay (each search costs k·d per
-    point, the bounds about d) takes :func:`_lloyd_bounded`, which gives the same iterations."""
-    if x.dtype == torch.float32 and _BOUNDED and centroids.shape[0] >= _BOUNDED_MIN_K:
-        return _lloyd_bounded(x, centroids, niter, gen, progress)
-    objective = []
+    x: Shards, centroids: torch.Tensor, niter: int, gen: torch.Generator, after: Observer
+) -> torch.Tensor:
+    """``niter`` Lloyd iterations on the (possibly distributed) rows ``x``; returns the
+    centroids and reports each iteration to ``after``. float32 data with enough centroids for
+    the bounds to pay (each search costs k·d per point, the bounds about d) takes
+    :func:`_lloyd_bounded`, which gives the same iterations."""
+    if x.local.dtype == torch.float32 and _BOUNDED and centroids.shape[0] >= _BOUNDED_MIN_K:
+        return _lloyd_bounded(x, centroids, niter, gen, after)
     for _ in range(niter):
-        sums, counts, _, total = _accumulate(x, centroids)
-        objective.append(total)
+        sums, counts, errors, _ = _accumulate(x.local, centroids)
+        sums, counts, total = x.all_sum(sums, counts, errors.sum())
         centroids = _update(centroids, sums, counts, gen)
-        _advance(progress, centroids, total)
-    return centroids, objective
+        after(centroids, float(total))
+    return centroids
 
 
 def _update(centroids, sums, counts, gen) -> torch.Tensor:
@@ -183,12 +208,8 @@ def _advance(progress: tqdm | None, centroids: torch.Tensor, total: float) -> No
 
 
 def _lloyd_bounded(
-    x: torch.Tensor,
-    centroids: torch.Tensor,
-    niter: int,
-    gen: torch.Generator,
-    progress: tqdm | None = None,
-) -> tuple[torch.Tensor, list[float]]:
+    shards: Shards, centroids: torch.Tensor, niter: int, gen: torch.Generator, after: Observer
+) -> torch.Tensor:
     """Lloyd iterations that skip the points which provably keep their cluster.
 
     Hamerly's bounds: ``upper`` ≥ distance to the assigned centroid, ``lower`` ≤ distance to any
@@ -196,16 +217,18 @@ def _lloyd_bounded(
     ``lower -= max(shift)``; only points with ``upper > lower`` (after tightening ``upper`` to the
     exact distance) are searched again. Assignments — and so centroids and objective — are those
     of plain Lloyd (up to float rounding in exact ties). The objective is computed from the
-    cluster sums: ``Σ||x||² - 2 Σ_j ⟨c_j, S_j⟩ + Σ_j n_j ||c_j||²``.
+    cluster sums: ``Σ||x||² - 2 Σ_j ⟨c_j, S_j⟩ + Σ_j n_j ||c_j||²``. Bounds are per point, so
+    each process keeps those of its rows; only the sums and counts travel.
 
     Reference: G. Hamerly, "Making k-means even faster", SDM 2010.
     """
-    objective: list[float] = []
     if niter == 0:
-        return centroids, objective
+        return centroids
+    x = shards.local
     k, d = centroids.shape
     x_norms = (x * x).sum(dim=1)
-    total_norm = float(x_norms.double().sum())
+    (total_norm,) = shards.all_sum(x_norms.double().sum())
+    total_norm = float(total_norm)
     res = nearest(x, centroids, x_norms=x_norms, second=True)
     assign = res.indices.clone()
     upper = res.distances.double().sqrt()
@@ -230,6 +253,7 @@ def _lloyd_bounded(
                 lower[rows] = r.second.double().sqrt()
         sums = torch.zeros(k, d, device=x.device).index_add_(0, assign, x)
         counts = torch.bincount(assign, minlength=k).to(torch.float32)
+        sums, counts = shards.all_sum(sums, counts)
         c64 = centroids.double()
         total = (
             total_norm
@@ -237,21 +261,23 @@ def _lloyd_bounded(
             + float((counts.double() * (c64 * c64).sum(dim=1)).sum())
         )
         total = max(total, 0.0)
-        objective.append(total)
         new = _update(centroids, sums, counts, gen)
         shift = (new - centroids).double().norm(dim=1)
         upper += shift[assign]
         lower -= shift.max()
         centroids = new
-        _advance(progress, centroids, total)
-    return centroids, objective
+        after(centroids, total)
+    return centroids
 
 
-def _finish(x_in, x, centroids, objective) -> KMeansResult:
-    assign = nearest(x, centroids)
+def _finish(x_in, data: Shards, centroids, objective) -> KMeansResult:
+    assign = nearest(data.local, centroids)
     k = centroids.shape[0]
-    used = int((torch.bincount(assign.indices, minlength=k) > 0).sum())
-    if used < k:
+    counts, inertia = data.all_sum(
+        torch.bincount(assign.indices, minlength=k), assign.distances.double().sum()
+    )
+    used = int((counts > 0).sum())
+    if used < k and data.is_root:
         warnings.warn(
             f"{k - used} of {k} clusters are empty after training: the data probably has fewer "
             "than k distinct vectors",
@@ -262,8 +288,16 @@ def _finish(x_in, x, centroids, objective) -> KMeansResult:
         centroids=like_input(centroids, x_in),
         assignments=like_input(assign.indices, x_in),
         objective=like_input(torch.tensor(objective, dtype=torch.float64), x_in),
-        inertia=float(assign.distances.double().sum()),
+        inertia=float(inertia),
     )
+
+
+def _observer(run: TrainingRun, bar: tqdm) -> Observer:
+    def after(centroids: torch.Tensor, total: float) -> None:
+        run.iteration_done(centroids, total)
+        _advance(bar, centroids, total)
+
+    return after
 
 
 def _check_common(niter: int, max_points_per_centroid: int) -> None:
@@ -282,12 +316,14 @@ def kmeans(
     seed: int = 1234,
     max_points_per_centroid: int = 256,
     verbose: bool = False,
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: int = 1,
 ) -> KMeansResult:
     """k-means clustering with Lloyd iterations, as faiss.Kmeans does it.
 
     Args:
         x: float Tensor or ndarray [n, d] (float16/bfloat16 are accumulated in float32), on any
-            device; n >= k.
+            device; n >= k. Under ``torch.distributed``: this process's shard (see below).
         k: number of centroids.
         niter: Lloyd iterations.
         init: "k-means++" (D² sampling) or "random" (k distinct training vectors, like faiss).
@@ -295,29 +331,55 @@ def kmeans(
         max_points_per_centroid: train on a random subset of ``k * max_points_per_centroid``
             vectors when there are more (faiss's subsampling); assignments still cover all of x.
         verbose: show a progress bar with the objective.
+        checkpoint: file to save the training state to every ``checkpoint_every`` iterations
+            (and after the last one), and to resume from when it exists — after a crash, run the
+            same call again; a checkpoint of other settings or data is a ValueError. Default: the
+            next file of an enclosing :func:`vq.distributed.checkpoints` block, else none.
+        checkpoint_every: iterations between checkpoints.
 
     Returns:
         :class:`KMeansResult` (numpy for numpy input, tensors on x's device otherwise).
 
+    Distributed: when ``torch.distributed`` is initialised with several processes (or inside
+    :func:`vq.distributed.use_group`), every process of the group must call ``kmeans`` with the
+    same arguments and its own rows ``x``; they train together on the concatenation of all
+    rows in rank order and, for a seed, get the centroids that one process holding all of them
+    would get (to float rounding of the summed cluster sums), however the rows are split.
+
     Raises:
-        ValueError: wrong shape, NaN/Inf, empty input, n < k, bad parameters.
+        ValueError: wrong shape, NaN/Inf, empty input, n < k, bad parameters, a checkpoint of
+            another run.
         TypeError: non-floating input.
     """
     x_in = x
     x = as_vectors(x, None, "x", keep_half=True)
-    check_training_size(x.shape[0], k, "kmeans")
+    data = Shards.of(x)
+    check_training_size(data.n, k, "kmeans")
     _check_common(niter, max_points_per_centroid)
     if init not in ("k-means++", "random"):
         raise ValueError(f"init must be 'k-means++' or 'random', got {init!r}")
+    path, every = checkpoint_path("kmeans", checkpoint, checkpoint_every)
     gen = _generator(seed)
-    train = _sample_rows(x, k * max_points_per_centroid, gen)
-    if init == "random":
-        centroids = _sample_rows(train, k, gen).float().clone()
-    else:
+    train = data.subsample(k * max_points_per_centroid, gen)
+    settings = {
+        "k": k,
+        "niter": niter,
+        "init": init,
+        "seed": seed,
+        "max_points_per_centroid": max_points_per_centroid,
+    }
+    run = TrainingRun("kmeans", settings, train, niter, gen, path, every)
+    centroids = run.restore()
+    if centroids is None and init == "random":
+        centroids = train.sample(k, gen).float().clone()
+    elif centroids is None:
         centroids = _kmeans_plus_plus(train, k, gen)
-    with tqdm(total=niter, desc=f"k-means k={k}", disable=not verbose, leave=False) as bar:
-        centroids, objective = _lloyd(train, centroids, niter, gen, bar)
-    return _finish(x_in, x, centroids, objective)
+    quiet = not verbose or not data.is_root
+    with tqdm(
+        total=niter, initial=run.step, desc=f"k-means k={k}", disable=quiet, leave=False
+    ) as bar:
+        centroids = _lloyd(train, centroids, niter - run.step, gen, _observer(run, bar))
+    return _finish(x_in, data, centroids, run.objective)
 
 
 def lbg(
@@ -329,6 +391,8 @@ def lbg(
     seed: int = 1234,
     max_points_per_centroid: int = 256,
     verbose: bool = False,
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: int = 1,
 ) -> KMeansResult:
     """Linde–Buzo–Gray codebook design by codeword splitting.
 
@@ -340,40 +404,69 @@ def lbg(
 
     Args:
         x: float Tensor or ndarray [n, d] (float16/bfloat16 accumulated in float32); n >= k.
+            Under ``torch.distributed``: this process's shard, as in :func:`kmeans`.
         k: number of codewords.
         epsilon: relative size of the split perturbation (> 0).
         niter: Lloyd iterations after each split.
         seed: seeds the perturbations, the subsampling and empty-cluster repair.
         max_points_per_centroid: subsampling as in :func:`kmeans`.
         verbose: show a progress bar.
+        checkpoint, checkpoint_every: periodic checkpoints and resume, as in :func:`kmeans`
+            (iterations count over all rounds).
 
     Returns:
         :class:`KMeansResult`; ``objective`` runs over all Lloyd iterations of all rounds.
     """
     x_in = x
     x = as_vectors(x, None, "x", keep_half=True)
-    check_training_size(x.shape[0], k, "lbg")
+    data = Shards.of(x)
+    check_training_size(data.n, k, "lbg")
     _check_common(niter, max_points_per_centroid)
     if not epsilon > 0:
         raise ValueError(f"epsilon must be positive, got {epsilon}")
+    path, every = checkpoint_path("lbg", checkpoint, checkpoint_every)
     gen = _generator(seed)
-    train = _sample_rows(x, k * max_points_per_centroid, gen)
-    centroids = train.float().mean(dim=0, keepdim=True)
-    objective: list[float] = []
+    train = data.subsample(k * max_points_per_centroid, gen)
     rounds = max(0, (k - 1).bit_length())
-    with tqdm(total=rounds * niter, desc=f"LBG k={k}", disable=not verbose, leave=False) as bar:
+    settings = {
+        "k": k,
+        "epsilon": epsilon,
+        "niter": niter,
+        "seed": seed,
+        "max_points_per_centroid": max_points_per_centroid,
+    }
+    run = TrainingRun("lbg", settings, train, rounds * niter, gen, path, every)
+    centroids = run.restore()
+    if centroids is None:
+        centroids = train.mean()
+    quiet = not verbose or not data.is_root
+    with tqdm(
+        total=rounds * niter, initial=run.step, desc=f"LBG k={k}", disable=quiet, leave=False
+    ) as bar:
+        after = _observer(run, bar)
+        if niter and run.step % niter:  # resumed within a round: finish its iterations
+            centroids = _lloyd(train, centroids, niter - run.step % niter, gen, after)
         while centroids.shape[0] < k:
-            size = centroids.shape[0]
-            _, counts, errors, _ = _accumulate(train, centroids)
-            n_split = min(size, k - size)
-            order = torch.argsort(errors, descending=True, stable=True)[:n_split].to(x.device)
-            spread = (errors[order] / (counts[order].double().clamp_min(1.0) * x.shape[1])).sqrt()
-            direction = torch.randn(n_split, x.shape[1], generator=gen).to(x.device)
-            delta = epsilon * spread.float()[:, None] * direction
-            parents = centroids[order]
-            centroids = centroids.clone()
-            centroids[order] = parents + delta
-            centroids = torch.cat([centroids, parents - delta])
-            centroids, obj = _lloyd(train, centroids, niter, gen, bar)
-            objective.extend(obj)
-    return _finish(x_in, x, centroids, objective)
+            centroids = _split_worst(train, centroids, k, epsilon, gen)
+            centroids = _lloyd(train, centroids, niter, gen, after)
+    return _finish(x_in, data, centroids, run.objective)
+
+
+def _split_worst(
+    train: Shards, centroids: torch.Tensor, k: int, epsilon: float, gen: torch.Generator
+) -> torch.Tensor:
+    """One LBG round's split: the ``min(size, k - size)`` cells of highest distortion become
+    ``c + δ`` (in place) and ``c - δ`` (appended)."""
+    size, d = centroids.shape
+    _, counts, errors, _ = _accumulate(train.local, centroids)
+    counts, errors = train.all_sum(counts, errors)
+    n_split = min(size, k - size)
+    device = centroids.device
+    order = torch.argsort(errors, descending=True, stable=True)[:n_split].to(device)
+    spread = (errors[order] / (counts[order].double().clamp_min(1.0) * d)).sqrt()
+    direction = torch.randn(n_split, d, generator=gen).to(device)
+    delta = epsilon * spread.float()[:, None] * direction
+    parents = centroids[order]
+    centroids = centroids.clone()
+    centroids[order] = parents + delta
+    return torch.cat([centroids, parents - delta])
