@@ -14,13 +14,16 @@ from vq.index.transform import PreTransform
 from vq.quantizers import OPQ
 
 SUPPORTED = (
-    "Flat | PQ<M>[x<nbits>] | IVF<nlist>,Flat | IVF<nlist>,PQ<M>[x<nbits>], optionally preceded "
+    "Flat | PQ<M>[x<nbits>] | PQ<M>x4fs | IVF<nlist>,Flat | IVF<nlist>,PQ<M>[x<nbits>|x4fs], "
+    "optionally preceded "
     "by OPQ<M>[_<dim_out>], and followed by RFlat or Refine(Flat) — e.g. 'PQ16', 'PQ16x8', "
-    "'IVF1024,Flat', 'IVF1024,PQ16', 'OPQ16,IVF1024,PQ16', 'OPQ16_64,IVF1024,PQ16,RFlat'"
+    "'IVF1024,Flat', 'IVF1024,PQ16', 'IVF1024,PQ32x4fs', 'OPQ16,IVF1024,PQ16', "
+    "'OPQ16_64,IVF1024,PQ16,RFlat'"
 )
 
 _OPQ = re.compile(r"OPQ(\d+)(?:_(\d+))?")
-_PQ = re.compile(r"PQ(\d+)(?:x(\d+))?(?:np)?")  # "np" (no polysemous training): a no-op here
+# "np" (no polysemous training) is a no-op here; "x4fs" is 4-bit fast-scan
+_PQ = re.compile(r"PQ(\d+)(?:x(\d+)(fs)?)?(?:np)?")
 _IVF = re.compile(r"IVF(\d+)")
 
 
@@ -56,13 +59,14 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
     if parts == ["Flat"]:
         index: Index = FlatIndex(inner_dim, metric)
     elif len(parts) == 1 and (m := _PQ.fullmatch(parts[0])):
-        index = PQIndex(inner_dim, int(m[1]), int(m[2] or 8), metric)
+        index = PQIndex(inner_dim, int(m[1]), int(m[2] or 8), metric, fast_scan=bool(m[3]))
     elif len(parts) == 2 and (ivf := _IVF.fullmatch(parts[0])):
         nlist = int(ivf[1])
         if parts[1] == "Flat":
             index = IVFFlat(inner_dim, nlist, metric)
         elif m := _PQ.fullmatch(parts[1]):
-            index = IVFPQ(inner_dim, nlist, int(m[1]), int(m[2] or 8), metric=metric)
+            M, nbits, fs = int(m[1]), int(m[2] or 8), bool(m[3])
+            index = IVFPQ(inner_dim, nlist, M, nbits, metric=metric, fast_scan=fs)
         else:
             raise fail(f"unknown encoding {parts[1]!r} after {parts[0]!r}")
     else:

@@ -5,8 +5,9 @@
 
 Same trained parameters and stored codes on both sides give the same search results (ties
 aside). Supported: IndexFlat (L2/IP), IndexPQ, IndexIVFFlat, IndexIVFPQ (flat coarse
-quantizer), IndexPreTransform with one OPQMatrix, IndexRefineFlat, and IndexIDMap around
-Flat/PQ (what non-sequential ids need in faiss).
+quantizer), IndexPreTransform with one OPQMatrix, IndexRefineFlat, IndexIDMap around Flat/PQ
+(what non-sequential ids need in faiss), and the 4-bit fast-scan IndexPQFastScan and
+IndexIVFPQFastScan (even M).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from vq.index.ivfpq import IVFPQ
 from vq.index.pq import PQIndex
 from vq.index.refine import Refine
 from vq.index.transform import PreTransform
+from vq.kernels import fastscan as packed4
 
 
 def _metric(findex) -> str:
@@ -90,11 +92,24 @@ def from_faiss(findex) -> Index:
         out = PQIndex(f.d, f.pq.M, f.pq.nbits, metric)
         out.pq = pq_from_faiss(f.pq)
         out.codes = _codes(faiss.vector_to_array(f.codes), f.pq)
-    elif isinstance(f, faiss.IndexIVFFlat | faiss.IndexIVFPQ):
+    elif isinstance(f, faiss.IndexPQFastScan):
+        out = PQIndex(f.d, f.pq.M, f.pq.nbits, metric, fast_scan=_fast_scan_M(f.pq) > 0)
+        out.pq = pq_from_faiss(f.pq)
+        raw = faiss.vector_to_array(f.codes).reshape(-1, f.M2 // 2, 32)
+        out.codes = torch.from_numpy(packed4.unpack_codes(raw, f.ntotal))
+    elif isinstance(f, faiss.IndexIVFFlat | faiss.IndexIVFPQ | faiss.IndexIVFPQFastScan):
         return _ivf_from_faiss(f, metric)
     else:
         raise ValueError(f"faiss {type(f).__name__} has no vq counterpart")
     return out
+
+
+def _fast_scan_M(fpq) -> int:
+    if fpq.M % 2:
+        raise ValueError(
+            f"vq's fast-scan packs sub-quantizers in pairs; this faiss index has M={fpq.M}"
+        )
+    return fpq.M
 
 
 def _codes(raw: np.ndarray, fpq) -> torch.Tensor:
@@ -109,9 +124,17 @@ def _ivf_from_faiss(f, metric: str) -> IVFIndex:
         raise ValueError(
             f"only IVF indexes with a flat coarse quantizer convert, got {type(quantizer).__name__}"
         )
-    if isinstance(f, faiss.IndexIVFPQ):
+    fast_scan = isinstance(f, faiss.IndexIVFPQFastScan)
+    if fast_scan or isinstance(f, faiss.IndexIVFPQ):
         out: IVFIndex = IVFPQ(
-            f.d, f.nlist, f.pq.M, f.pq.nbits, f.by_residual, metric, nprobe=f.nprobe
+            f.d,
+            f.nlist,
+            f.pq.M,
+            f.pq.nbits,
+            f.by_residual,
+            metric,
+            nprobe=f.nprobe,
+            fast_scan=fast_scan and _fast_scan_M(f.pq) > 0,
         )
         out.pq = pq_from_faiss(f.pq)
     else:
@@ -119,16 +142,28 @@ def _ivf_from_faiss(f, metric: str) -> IVFIndex:
     out.quantizer = kmeans_index_from_centroids(quantizer.reconstruct_n(0, f.nlist))
     invlists = f.invlists
     sizes = np.array([invlists.list_size(i) for i in range(f.nlist)], dtype=np.int64)
-    code_size = invlists.code_size
-    codes = [_bytes(invlists.get_codes(i), int(s) * code_size) for i, s in enumerate(sizes)]
+    if fast_scan:  # block-packed lists, 32 vectors a block: 16 bytes per pair of codes
+        pairs = -(-f.pq.M // 2)
+        codes = [
+            packed4.unpack_codes(
+                _bytes(invlists.get_codes(i), -(-int(s) // 32) * 32 * pairs).reshape(-1, pairs, 32),
+                int(s),
+            )
+            for i, s in enumerate(sizes)
+        ]
+    else:
+        code_size = invlists.code_size
+        codes = [_bytes(invlists.get_codes(i), int(s) * code_size) for i, s in enumerate(sizes)]
     ids = [
         _faiss().rev_swig_ptr(invlists.get_ids(i), int(s)).copy() if s else np.zeros(0, np.int64)
         for i, s in enumerate(sizes)
     ]
-    raw = np.concatenate(codes) if codes else np.zeros(0, np.uint8)
-    if isinstance(out, IVFPQ):
-        out.codes = _codes(raw, f.pq)
+    if fast_scan:
+        out.codes = torch.from_numpy(np.concatenate(codes)[:, : f.pq.M])
+    elif isinstance(out, IVFPQ):
+        out.codes = _codes(np.concatenate(codes) if codes else np.zeros(0, np.uint8), f.pq)
     else:
+        raw = np.concatenate(codes) if codes else np.zeros(0, np.uint8)
         out.vectors = torch.from_numpy(raw.view(np.float32).reshape(-1, f.d))
     out.ids = torch.from_numpy(np.concatenate(ids).astype(np.int64))
     out.offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
@@ -166,6 +201,8 @@ def to_faiss(index: Index):
         out.is_trained = True
         faiss.copy_array_to_vector(_code_bytes(index), out.codes)
         out.ntotal = index.ntotal
+        if index.fast_scan:
+            out = _keep(faiss.IndexPQFastScan(out), out)
     else:
         raise ValueError(f"{type(index).__name__} has no faiss counterpart")
     return _with_ids(out, index.stored_ids())
@@ -228,4 +265,8 @@ def _ivf_to_faiss(index: IVFIndex, metric: int):
     if isinstance(index, IVFPQ) and index._uses_precomputed():
         out.use_precomputed_table = 1
         out.precompute_table()
+    if isinstance(index, IVFPQ) and index.fast_scan:
+        fast = _keep(faiss.IndexIVFPQFastScan(out), out)
+        fast.nprobe = index.nprobe
+        return fast
     return out

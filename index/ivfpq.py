@@ -16,6 +16,8 @@ import numpy as np
 import torch
 
 from vq import kernels
+from vq.index import fastscan
+from vq.index.fastscan import PackedCodes, check_fast_scan
 from vq.index.ivf import IVFIndex
 from vq.quantizers import ProductQuantizer
 
@@ -30,6 +32,8 @@ class IVFPQ(IVFIndex):
         nbits: bits per sub-code.
         by_residual: encode ``x - c`` (the residual to the list's centroid) rather than x.
         metric, k, nprobe, coarse_niter, seed, verbose: as :class:`vq.index.IVFIndex`.
+        fast_scan: with nbits=4, scan with the 4-bit fast-scan kernel (faiss
+            ``IndexIVFPQFastScan``, factory ``"IVF1024,PQ32x4fs"``); distances are approximate.
         **pq_options: passed to :class:`vq.ProductQuantizer` (niter, init,
             max_points_per_centroid).
 
@@ -57,11 +61,14 @@ class IVFPQ(IVFIndex):
         coarse_niter: int = 10,
         seed: int = 1234,
         verbose: bool = False,
+        fast_scan: bool = False,
         **pq_options,
     ):
         super().__init__(
             dim, nlist, metric, k, nprobe, coarse_niter=coarse_niter, seed=seed, verbose=verbose
         )
+        self.fast_scan = check_fast_scan(fast_scan, M, nbits)
+        self._packed = PackedCodes()
         self.by_residual = bool(by_residual)
         self.pq = ProductQuantizer(dim, M, nbits, seed=seed, **pq_options)
         self.register_buffer("codes", torch.zeros(0, M, dtype=self.pq.code_dtype))
@@ -74,7 +81,8 @@ class IVFPQ(IVFIndex):
 
     def config(self) -> dict:
         pq = {k: v for k, v in self.pq.config().items() if k != "seed"}  # the index's seed
-        return {**super().config(), **pq, "by_residual": self.by_residual}
+        config = {**super().config(), **pq, "by_residual": self.by_residual}
+        return {**config, "fast_scan": True} if self.fast_scan else config
 
     @property
     def M(self) -> int:
@@ -140,6 +148,8 @@ class IVFPQ(IVFIndex):
 
     # -- scans ----------------------------------------------------------------------------
     def _scan_numba(self, q, coarse, lists, out_dist, out_rows) -> None:
+        if self.fast_scan:
+            return self._fast_scan(q, coarse, lists, out_dist, out_rows)
         # the kernel builds each query's tables itself (see kernels.ivfpq_scanner)
         cb = self.pq.codebooks.float()
         codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)
@@ -193,3 +203,16 @@ class IVFPQ(IVFIndex):
             scores = looked_up.reshape(b, nprobe, capacity, M).sum(-1) + base[:, :, None]
             out.append(self._top_candidates(scores.flatten(1), rows.flatten(1), k))
         return torch.cat([d for d, _ in out]), torch.cat([r for _, r in out])
+
+    def _fast_scan(self, q, coarse, lists, out_dist, out_rows) -> None:
+        packed = self._packed.get(self.codes, self.offsets)
+        nprobe, k = lists.shape[1], out_dist.shape[1]
+        step = max(1, (1 << 22) // (nprobe * self.pq.M * self.pq.ksub))
+        for s in range(0, q.shape[0], step):
+            e = s + step
+            tables, list_tables, base = self._tables(q[s:e], coarse[s:e], lists[s:e])
+            tables = tables.expand(-1, nprobe, -1, -1)
+            if list_tables.shape[0]:
+                tables = tables + list_tables[lists[s:e]]
+            dist, rows = fastscan.ivf_search(tables, base, lists[s:e], packed, self.offsets, k)
+            out_dist[s:e], out_rows[s:e] = dist, rows

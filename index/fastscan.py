@@ -1,0 +1,124 @@
+"""4-bit PQ fast-scan for PQIndex and IVFPQ (faiss ``IndexPQFastScan`` /
+``IndexIVFPQFastScan``, factory suffix ``x4fs``).
+
+The index keeps its plain codes [ntotal, M] (what save/load, to_faiss, remove_ids, the torch
+path and export read) and, on the CPU, a block-packed copy (see :mod:`vq.kernels.fastscan`),
+built on the first search after the codes change. A search quantizes each query's float
+look-up tables to uint8, scans with byte shuffles into uint16 sums, and returns distances
+mapped back to floats (approximate, as faiss's fast-scan distances are; wrap the index in
+:class:`vq.Refine` for exact ones). The torch path (CUDA, export) uses the float tables.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vq import _cpu
+from vq.kernels import fastscan
+
+#: queries served per pass over a block of codes by the flat scan (3 measured best with AVX2)
+QUERY_BLOCK = 3
+
+
+def check_fast_scan(fast_scan: bool, M: int, nbits: int) -> bool:
+    if not isinstance(fast_scan, bool):
+        raise TypeError(f"fast_scan must be True or False, got {fast_scan!r}")
+    if fast_scan and (nbits != 4 or M % 2):
+        raise ValueError(
+            f"fast_scan needs 4-bit codes and an even M (sub-quantizers are packed in pairs), "
+            f"got M={M}, nbits={nbits}; use e.g. PQIndex(dim, M=32, nbits=4, fast_scan=True)"
+        )
+    return fast_scan
+
+
+class PackedCodes:
+    """The block-packed copy of an index's codes, rebuilt when the codes (or list offsets)
+    tensors are replaced or modified in place. It holds the tensors it was built from, so a
+    new tensor can never be mistaken for them."""
+
+    def __init__(self):
+        self._source: tuple = ()
+        self.packed = np.zeros((0, 32), dtype=np.uint8)
+        self.list_blocks = np.zeros(1, dtype=np.int64)
+
+    def get(self, codes: torch.Tensor, offsets: torch.Tensor | None = None) -> PackedCodes:
+        source = (codes, codes._version, offsets, None if offsets is None else offsets._version)
+        same = len(self._source) == 4 and all(
+            a is b if isinstance(a, torch.Tensor) or a is None else a == b
+            for a, b in zip(self._source, source, strict=True)
+        )
+        if not same:
+            c = codes.cpu().numpy().astype(np.uint8, copy=False)
+            if offsets is None:
+                self.packed = fastscan.pack_codes(c).reshape(-1, 32)
+            else:
+                self.packed, self.list_blocks = fastscan.pack_lists(c, offsets.cpu().numpy())
+            self._source = source
+        return self
+
+    def clear(self) -> None:
+        self.__init__()
+
+
+def _quantize(tables: torch.Tensor, bias: torch.Tensor):
+    """float32 tables [nq, P, M, 16] and bias [nq, P] → uint8 luts [nq, P, M/2, 32], int32
+    bias, float32 scale and offset [nq]."""
+    nq, P, M, _ = tables.shape
+    luts = np.empty((nq, P, M // 2, 32), dtype=np.uint8)
+    bias_q = np.empty((nq, P), dtype=np.int32)
+    scale = np.empty(nq, dtype=np.float32)
+    offset = np.empty(nq, dtype=np.float32)
+    fastscan.quantize_all(
+        tables.contiguous().numpy(), bias.contiguous().numpy(), luts, bias_q, scale, offset
+    )
+    return luts, bias_q, scale, offset
+
+
+def _to_float(dist: np.ndarray, scale: np.ndarray, offset: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(dist / scale[:, None] + offset[:, None])  # inf stays inf
+
+
+def pq_search(tables: torch.Tensor, packed: PackedCodes, n: int, k: int):
+    """Fast-scan of a flat code array: tables float32 [nq, M, 16] (smaller is nearer) →
+    distances float32 [nq, k] and rows int64 [nq, k]."""
+    nq, M, _ = tables.shape
+    luts, _, scale, offset = _quantize(tables[:, None], tables.new_zeros(nq, 1))
+    Q = QUERY_BLOCK if nq >= QUERY_BLOCK else 1
+    padded = -(-nq // Q) * Q
+    flat = np.zeros((padded * (M // 2), 32), dtype=np.uint8)
+    flat[: nq * (M // 2)] = luts.reshape(-1, 32)
+    dist = np.empty((padded, k), dtype=np.float32)
+    rows = _cpu.empty((padded, k), torch.int64)
+    scanner = fastscan.pq_fastscan_scanner(M // 2, Q, fastscan.has_avx2())
+    scanner(flat, packed.packed, n, dist, rows.numpy())
+    return _to_float(dist[:nq], scale, offset), rows[:nq]
+
+
+def ivf_search(
+    tables: torch.Tensor,
+    bias: torch.Tensor,
+    lists: torch.Tensor,
+    packed: PackedCodes,
+    offsets: torch.Tensor,
+    k: int,
+):
+    """Fast-scan of CSR inverted lists: tables float32 [nq, nprobe, M, 16] and bias float32
+    [nq, nprobe] per probe (smaller is nearer), lists int64 [nq, nprobe] → distances float32
+    [nq, k] and rows int64 [nq, k]."""
+    nq, _, M, _ = tables.shape
+    luts, bias_q, scale, offset = _quantize(tables, bias)
+    dist = np.empty((nq, k), dtype=np.float32)
+    rows = _cpu.empty((nq, k), torch.int64)
+    scanner = fastscan.ivf_fastscan_scanner(M // 2, fastscan.has_avx2())
+    scanner(
+        luts,
+        bias_q,
+        lists.contiguous().numpy(),
+        packed.list_blocks,
+        offsets.numpy(),
+        packed.packed,
+        dist,
+        rows.numpy(),
+    )
+    return _to_float(dist, scale, offset), rows

@@ -1,0 +1,179 @@
+"""4-bit PQ fast-scan: layout, both kernels against a reference, faiss parity, factory, I/O."""
+
+import numpy as np
+import pytest
+import torch
+
+import vq
+from vq._cpu import torch_only
+from vq.kernels import fastscan as fs
+
+faiss = pytest.importorskip("faiss")
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    d = 32
+    x = rng.standard_normal((6000, d)).astype(np.float32) * np.exp(-np.arange(d) / 12)
+    x = (x @ rng.standard_normal((d, d))).astype(np.float32)
+    q = (x[:200] + 0.05 * rng.standard_normal((200, d))).astype(np.float32)
+    return x, q
+
+
+def recall(I, truth):
+    return np.mean([len(set(a) & set(b)) / len(b) for a, b in zip(I, truth, strict=True)])
+
+
+def test_pack_unpack_and_faiss_layout(data):
+    x, _ = data
+    rng = np.random.default_rng(1)
+    codes = rng.integers(0, 16, (77, 8)).astype(np.uint8)
+    packed = fs.pack_codes(codes)
+    assert packed.shape == (3, 4, 32)
+    np.testing.assert_array_equal(fs.unpack_codes(packed, 77), codes)
+    f = faiss.IndexPQFastScan(32, 8, 4)
+    f.train(x[:2000])
+    f.add(x[:77])
+    expected = vq.faiss_interop.unpack_codes(f.pq.compute_codes(x[:77]), 8, 4)
+    raw = faiss.vector_to_array(f.codes).reshape(-1, 4, 32)
+    np.testing.assert_array_equal(fs.unpack_codes(raw, 77), expected)
+    np.testing.assert_array_equal(fs.pack_codes(expected), raw)
+
+
+def reference_topk(luts, bias, codes, rows, k):
+    """Sums of the quantized tables over plain codes, stable sort: the kernels' contract."""
+    M = codes.shape[1]
+    t = luts.reshape(M // 2, 2, 16).reshape(M, 16).astype(np.int64)
+    d = t[np.arange(M), codes].sum(1) + bias
+    order = np.argsort(d, kind="stable")[:k]
+    return d[order], rows[order]
+
+
+@pytest.mark.parametrize("simd", [True, False])
+@pytest.mark.parametrize("n_queries", [1, 3])
+def test_flat_kernel_equals_reference(simd, n_queries):
+    if simd and not fs.has_avx2():
+        pytest.skip("no AVX2 on this CPU")
+    rng = np.random.default_rng(2)
+    M, n, nq, k = 16, 1000, 6, 7
+    codes = rng.integers(0, 16, (n, M)).astype(np.uint8)
+    tables = rng.standard_normal((nq, 1, M, 16)).astype(np.float32)
+    luts = np.empty((nq, 1, M // 2, 32), np.uint8)
+    bias_q = np.empty((nq, 1), np.int32)
+    scale, offset = np.empty(nq, np.float32), np.empty(nq, np.float32)
+    fs.quantize_all(tables, np.zeros((nq, 1), np.float32), luts, bias_q, scale, offset)
+    dist, idx = np.empty((nq, k), np.float32), np.empty((nq, k), np.int64)
+    scan = fs.pq_fastscan_scanner(M // 2, n_queries, simd)
+    scan(luts.reshape(-1, 32), fs.pack_codes(codes).reshape(-1, 32), n, dist, idx)
+    for q in range(nq):
+        d, r = reference_topk(luts[q, 0], 0, codes, np.arange(n), k)
+        np.testing.assert_array_equal(idx[q], r)
+        np.testing.assert_array_equal(dist[q], d)
+
+
+@pytest.mark.parametrize("simd", [True, False])
+def test_ivf_kernel_equals_reference(simd):
+    if simd and not fs.has_avx2():
+        pytest.skip("no AVX2 on this CPU")
+    rng = np.random.default_rng(3)
+    M, nlist, nq, nprobe, k = 8, 5, 4, 3, 9
+    sizes = np.array([0, 40, 7, 100, 33])
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    codes = rng.integers(0, 16, (offsets[-1], M)).astype(np.uint8)
+    packed, list_blocks = fs.pack_lists(codes, offsets)
+    probes = np.array([rng.permutation(nlist)[:nprobe] for _ in range(nq)], dtype=np.int64)
+    probes[0, 1] = -1
+    tables = rng.standard_normal((nq, nprobe, M, 16)).astype(np.float32)
+    bias = rng.uniform(0, 3, (nq, nprobe)).astype(np.float32)
+    luts = np.empty((nq, nprobe, M // 2, 32), np.uint8)
+    bias_q = np.empty((nq, nprobe), np.int32)
+    scale, offset = np.empty(nq, np.float32), np.empty(nq, np.float32)
+    fs.quantize_all(tables, bias, luts, bias_q, scale, offset)
+    dist, idx = np.empty((nq, k), np.float32), np.empty((nq, k), np.int64)
+    fs.ivf_fastscan_scanner(M // 2, simd)(
+        luts, bias_q, probes, list_blocks, offsets, packed, dist, idx
+    )
+    for q in range(nq):
+        ds, rs = [], []
+        for p, lst in enumerate(probes[q]):
+            if lst < 0:
+                continue
+            rows = np.arange(offsets[lst], offsets[lst + 1])
+            d, r = reference_topk(luts[q, p], bias_q[q, p], codes[rows], rows, len(rows))
+            ds.append(d)
+            rs.append(r)
+        d, r = np.concatenate(ds), np.concatenate(rs)
+        order = np.argsort(d, kind="stable")[:k]
+        np.testing.assert_array_equal(dist[q], d[order])
+        np.testing.assert_array_equal(np.sort(idx[q]), np.sort(r[order]))  # equal sums: any order
+
+
+@pytest.mark.parametrize("desc", ["PQ16x4fs", "IVF16,PQ16x4fs"])
+def test_imported_from_faiss_gives_faiss_answers(data, desc):
+    x, q = data
+    ref = faiss.index_factory(32, desc)
+    ref.train(x[:4000])
+    ref.add(x)
+    index = vq.index.from_faiss(ref)
+    assert index.fast_scan and index.ntotal == len(x)
+    truth = faiss.knn(q, x, 10)[1]
+    for nprobe in (1, 4, 16) if "IVF" in desc else (None,):
+        if nprobe:
+            faiss.extract_index_ivf(ref).nprobe = nprobe
+        Df, If = ref.search(q, 10)
+        D, I = index.search(q, 10, **({"nprobe": nprobe} if nprobe else {}))
+        np.testing.assert_allclose(D, Df, rtol=1e-5, atol=1e-4)  # same quantized distances
+        assert abs(recall(I, truth) - recall(If, truth)) <= 0.005
+        assert np.mean([len(set(a) & set(b)) for a, b in zip(I, If, strict=True)]) >= 9.0
+    back = index.to_faiss()
+    if "IVF" in desc:
+        faiss.extract_index_ivf(back).nprobe = faiss.extract_index_ivf(ref).nprobe
+    np.testing.assert_array_equal(back.search(q, 10)[1], ref.search(q, 10)[1])
+
+
+def test_factory_refine_save_load_and_torch_path(data, tmp_path):
+    x, q = data
+    truth = faiss.knn(q, x, 10)[1]
+    index = vq.index_factory(32, "OPQ16,IVF16,PQ16x4fs,RFlat")
+    inner = index.index.index
+    assert isinstance(inner, vq.IVFPQ) and inner.fast_scan and inner.nbits == 4
+    index.train(x[:4000])
+    index.add(x)
+    base = recall(index.search(q, 10, nprobe=8, k_factor=1)[1], truth)
+    refined = recall(index.search(q, 10, nprobe=8, k_factor=8)[1], truth)
+    assert refined > base + 0.1
+    D, I = index.search(q, 10, nprobe=8, k_factor=8)
+    index.save(tmp_path / "fs.vq")
+    loaded = vq.load_index(tmp_path / "fs.vq")
+    assert loaded.index.index.fast_scan
+    D2, I2 = loaded.search(q, 10, nprobe=8, k_factor=8)
+    np.testing.assert_array_equal(I2, I)
+    with torch_only():  # float tables: at least the fast-scan's recall
+        It = loaded.search(q, 10, nprobe=8, k_factor=8)[1]
+    assert recall(It, truth) >= refined - 0.01
+    # adding and removing rebuilds the packed copy
+    loaded.remove_ids(np.arange(0, len(x), 2))
+    _, I3 = loaded.search(q, 10, nprobe=8, k_factor=8)
+    assert not np.isin(I3[I3 >= 0] % 2, [0]).any()
+
+
+def test_flat_fast_scan_matches_plain_4bit_pq(data):
+    x, q = data
+    plain = vq.PQIndex(32, 16, nbits=4)
+    plain.train(x[:4000])
+    plain.add(x)
+    fast = vq.PQIndex(32, 16, nbits=4, fast_scan=True)
+    fast.pq.load_state_dict(plain.pq.state_dict())
+    fast.add(torch.from_numpy(x))
+    truth = faiss.knn(q, x, 10)[1]
+    assert abs(recall(fast.search(q, 10)[1], truth) - recall(plain.search(q, 10)[1], truth)) < 0.02
+
+
+@pytest.mark.parametrize("kwargs", [{"nbits": 8}, {"M": 15}])
+def test_fast_scan_needs_4_bits_and_even_M(kwargs):
+    args = {"M": 16, "nbits": 4, **kwargs}
+    with pytest.raises(ValueError, match="fast_scan needs 4-bit codes and an even M"):
+        vq.PQIndex(60 if args["M"] == 15 else 32, args["M"], args["nbits"], fast_scan=True)
+    with pytest.raises(ValueError, match="fast_scan needs 4-bit codes"):
+        vq.index_factory(32, "PQ16x8fs")
