@@ -1,12 +1,22 @@
-"""What every index shares: ids, input checks, result padding, numpy/torch in and out.
+"""What every index shares: ids, input checks, locking, chunked search, result padding, numpy/torch
+in and out.
 
 Indexes are ``torch.nn.Module``s: quantizers are submodules, stored data (codes, vectors, ids)
 are buffers that grow with ``add``, so ``state_dict()``/``load_state_dict`` and ``.to(device)``
 work as for any module.
+
+Threads: ``search`` (and ``save``) may run from many threads at once; ``train``, ``add``,
+``add_with_ids``, ``remove_ids`` and ``load_state_dict`` take the index for themselves, waiting
+for running searches to finish, and searches started meanwhile wait for them (a readers-writer
+lock per index). Moving an index (``.to``) or assigning its buffers directly is not locked.
 """
 
 from __future__ import annotations
 
+import inspect
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -14,9 +24,105 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from vq._checks import as_tensor, as_vectors, like_input
+from vq._checks import as_ids, as_vectors, check_int, check_vectors, like_input, to_float32
 
 METRICS = ("l2", "ip")
+
+
+class ReadWriteLock:
+    """Many readers or one writer; a waiting writer goes before new readers (so a stream of
+    searches cannot starve an ``add``). Both sides are reentrant per thread, and the writing
+    thread may also read; a thread that reads and then asks to write gets a RuntimeError (it
+    would wait for itself forever)."""
+
+    def __init__(self):
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writer: int | None = None
+        self._writes = 0  # the writer's nesting depth
+        self._waiting_writers = 0
+        self._local = threading.local()  # this thread's read depth
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        me = threading.get_ident()
+        depth = getattr(self._local, "depth", 0)
+        nested = depth > 0 or self._writer == me
+        if not nested:
+            with self._cond:
+                while self._writer is not None or self._waiting_writers:
+                    self._cond.wait()
+                self._readers += 1
+        self._local.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._local.depth = depth
+            if not nested:
+                with self._cond:
+                    self._readers -= 1
+                    if not self._readers:
+                        self._cond.notify_all()
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        me = threading.get_ident()
+        with self._cond:
+            if self._writer != me:
+                if getattr(self._local, "depth", 0):
+                    raise RuntimeError("cannot modify an index from inside one of its own searches")
+                self._waiting_writers += 1
+                try:
+                    while self._writer is not None or self._readers:
+                        self._cond.wait()
+                finally:
+                    self._waiting_writers -= 1
+                self._writer = me
+            self._writes += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writes -= 1
+                if not self._writes:
+                    self._writer = None
+                    self._cond.notify_all()
+
+    def __reduce__(self):  # copies (deepcopy, pickling by torch) get a fresh, free lock
+        return (type(self), ())
+
+
+# numba's "workqueue" threading layer aborts the process when two threads run parallel kernels
+# at once (tbb and omp do not): there, searches run one at a time
+_KERNELS = threading.Lock()
+_kernels_threadsafe: bool | None = None
+
+
+def kernels_threadsafe() -> bool:
+    """Whether numba's threading layer lets several threads run parallel kernels at once."""
+    global _kernels_threadsafe
+    if _kernels_threadsafe is not None:
+        return _kernels_threadsafe
+    import numba
+
+    try:
+        _kernels_threadsafe = numba.threading_layer() != "workqueue"
+        return _kernels_threadsafe
+    except ValueError:  # no parallel kernel has run yet: predict numba's choice
+        pass
+    layer = numba.config.THREADING_LAYER
+    if layer in ("tbb", "omp", "threadsafe"):
+        return True
+    if layer == "workqueue":
+        return False
+    candidates = ("tbb", "omp") if layer == "default" else ("tbb",)  # "safe", "forksafe"
+    for name in candidates:
+        try:
+            __import__(f"numba.np.ufunc.{name}pool")
+            return True
+        except ImportError:
+            continue
+    return False
 
 
 class Index(nn.Module):
@@ -34,6 +140,8 @@ class Index(nn.Module):
 
     #: vectors encoded per step of ``add`` (bounds the temporary memory of encoding)
     add_batch_size = 1 << 16
+    #: queries per step of ``search``: beyond the results, memory does not grow with the batch
+    search_batch_size = 1 << 12
 
     def __init__(
         self,
@@ -45,14 +153,12 @@ class Index(nn.Module):
         store_ids: bool = True,
     ):
         super().__init__()
-        if dim <= 0:
-            raise ValueError(f"dim must be positive, got {dim}")
+        dim, k = check_int(dim, "dim", 1), check_int(k, "k", 1)
         if metric not in METRICS:
             raise ValueError(f"metric must be 'l2' or 'ip', got {metric!r}")
-        if k <= 0:
-            raise ValueError(f"k must be positive, got {k}")
-        self.dim, self.metric, self.k = int(dim), metric, int(k)
+        self.dim, self.metric, self.k = dim, metric, k
         self.verbose = verbose
+        self._lock = ReadWriteLock()
         if store_ids:  # wrappers that delegate storage (PreTransform) have none of their own
             # int64 [ntotal]; empty while the ids are the row numbers 0 … ntotal - 1 (what
             # add() gives), so sequential ids cost no memory, as in faiss's flat indexes
@@ -111,7 +217,8 @@ class Index(nn.Module):
         return {"dim": self.dim, "metric": self.metric, "k": self.k}
 
     def save(self, path) -> None:
-        """Write the index to ``path`` (safetensors + JSON metadata; see :func:`vq.load_index`)."""
+        """Write the index to ``path`` (safetensors + JSON metadata; see :func:`vq.load_index`):
+        atomically (a crash mid-save leaves the previous file), while searches go on."""
         from vq.index.io import save_index
 
         save_index(self, path)
@@ -131,27 +238,40 @@ class Index(nn.Module):
         if isinstance(x, bool):
             return super().train(x)
         t = as_vectors(x, self.dim, "x")
-        with torch.no_grad():
+        with self._lock.write(), torch.no_grad():
             self._train(t.to(self.device))
         return self
 
     def add(self, x: Any) -> None:
         """Add vectors [n, dim] with ids ``ntotal, ntotal + 1, …`` (faiss's sequential ids)."""
         t = as_vectors(x, self.dim, "x")
-        ids = torch.arange(self.ntotal, self.ntotal + t.shape[0], device=self.device)
-        self._add(t, ids)
+        with self._lock.write():
+            ids = torch.arange(self.ntotal, self.ntotal + t.shape[0], device=self.device)
+            self._check_new_ids(ids, "add: the sequential ids")
+            self._add(t, ids)
 
     def add_with_ids(self, x: Any, ids: Any) -> None:
-        """Add vectors [n, dim] with caller-chosen int64 ids [n]."""
+        """Add vectors [n, dim] with caller-chosen ids [n]: integers in [0, 2**63), distinct
+        from each other and from the ids already stored (search results and ``remove_ids``
+        name vectors by id)."""
         t = as_vectors(x, self.dim, "x")
-        i = as_tensor(ids, "ids")
-        if i.is_floating_point() or i.is_complex() or i.dtype == torch.bool:
-            raise TypeError(f"ids: expected integers, got {str(i.dtype).replace('torch.', '')}")
-        if i.shape != (t.shape[0],):
+        i = as_ids(ids, t.shape[0], "ids")
+        with self._lock.write():
+            i = i.to(self.device)
+            self._check_new_ids(i, "ids")
+            self._add(t, i)
+
+    def _check_new_ids(self, ids: torch.Tensor, what: str) -> None:
+        if not self.ntotal or not ids.numel():
+            return
+        stored = self.stored_ids()
+        taken = torch.isin(ids, stored)
+        if bool(taken.any()):
+            first = int(ids[torch.argmax(taken.to(torch.uint8))])
             raise ValueError(
-                f"ids: expected shape ({t.shape[0]},) to match x, got {tuple(i.shape)}"
+                f"{what}: {int(taken.sum())} of them are already in the index (first: {first}); "
+                "remove_ids them first, or add with new ids"
             )
-        self._add(t, i.to(self.device, torch.int64))
 
     def _add(self, x: torch.Tensor, ids: torch.Tensor) -> None:
         self._require_trained("add")
@@ -176,11 +296,11 @@ class Index(nn.Module):
             self._store({name: torch.cat(ts) for name, ts in parts.items()}, ids)
 
     def remove_ids(self, ids: Any) -> int:
-        """Remove every stored vector whose id is in ``ids``; returns how many were removed."""
-        i = as_tensor(np.asarray(ids) if isinstance(ids, list | tuple) else ids, "ids")
-        if i.is_floating_point() or i.dtype == torch.bool:
-            raise TypeError(f"ids: expected integers, got {str(i.dtype).replace('torch.', '')}")
-        return self._remove(i.reshape(-1).to(self.device, torch.int64))
+        """Remove every stored vector whose id is in ``ids`` (integers: an array, tensor, list
+        or one int; ids not stored are ignored); returns how many were removed."""
+        i = as_ids(ids, None, "ids", unique=False, stored=False)
+        with self._lock.write():
+            return self._remove(i.to(self.device))
 
     def _remove(self, ids: torch.Tensor) -> int:
         stored = self.stored_ids()
@@ -196,10 +316,12 @@ class Index(nn.Module):
         """The ``k`` nearest stored vectors of each query.
 
         Args:
-            queries: float [nq, dim], numpy or torch (any device).
+            queries: float [nq, dim], numpy or torch (any device; float64/float16/bfloat16 are
+                converted to float32, ``search_batch_size`` queries at a time).
             k: neighbours per query (default ``self.k``).
             params: per-call search options of the index type (``nprobe`` for IVF indexes,
-                ``k_factor`` for re-ranking), overriding its attributes for this call.
+                ``k_factor`` for re-ranking; see ``search_options()``), overriding its
+                attributes for this call.
 
         Returns:
             ``(D, I)``: float32 [nq, k] distances (squared L2 ascending, or inner products
@@ -207,13 +329,36 @@ class Index(nn.Module):
             (-inf for "ip"). numpy for numpy queries, tensors on the queries' device otherwise.
         """
         k = self.k if k is None else k
-        if not isinstance(k, int | np.integer) or k <= 0:
+        if isinstance(k, bool) or not isinstance(k, int | np.integer) or k <= 0:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         self._require_trained("search")
-        q = as_vectors(queries, self.dim, "queries").to(self.device)
-        with torch.no_grad():
-            dist, ids = self._search_ids(q, int(k), **params)
+        unknown = sorted(set(params) - set(self.search_options()))
+        if unknown:
+            takes = ", ".join(self.search_options()) or "none"
+            raise TypeError(
+                f"{type(self).__name__}.search() got an unexpected keyword argument "
+                f"{unknown[0]!r}; its search options: {takes}"
+            )
+        q = check_vectors(queries, self.dim, "queries")
+        nq, k, step = q.shape[0], int(k), self.search_batch_size
+        guard = nullcontext() if kernels_threadsafe() else _KERNELS
+        with self._lock.read(), guard, torch.no_grad():
+            if nq <= step:
+                dist, ids = self._search_ids(to_float32(q, "queries").to(self.device), k, **params)
+            else:  # bounded memory: per-chunk tables and buffers, results written in place
+                dist = torch.empty(nq, k, device=self.device)
+                ids = torch.empty(nq, k, dtype=torch.int64, device=self.device)
+                for s in range(0, nq, step):
+                    chunk = to_float32(q[s : s + step], "queries", s).to(self.device)
+                    dist[s : s + step], ids[s : s + step] = self._search_ids(chunk, k, **params)
         return like_input(dist, queries), like_input(ids, queries)
+
+    def search_options(self) -> tuple[str, ...]:
+        """Names of the per-call options ``search`` takes (e.g. ``("nprobe",)``)."""
+        names = _option_names(type(self))
+        if isinstance(self, Wrapper):
+            names = names | set(self.index.search_options())
+        return tuple(sorted(names))
 
     def forward(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``search(queries, self.k)`` for torch queries."""
@@ -253,14 +398,15 @@ class Index(nn.Module):
             )
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # stored data grows with add(): take the incoming sizes before copying
-        for name, buf in list(self._buffers.items()):
-            incoming = state_dict.get(prefix + name)
-            if buf is not None and incoming is not None and incoming.shape != buf.shape:
-                self._buffers[name] = torch.empty(
-                    incoming.shape, dtype=buf.dtype, device=buf.device
-                )
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        with self._lock.write():
+            # stored data grows with add(): take the incoming sizes before copying
+            for name, buf in list(self._buffers.items()):
+                incoming = state_dict.get(prefix + name)
+                if buf is not None and incoming is not None and incoming.shape != buf.shape:
+                    self._buffers[name] = torch.empty(
+                        incoming.shape, dtype=buf.dtype, device=buf.device
+                    )
+            super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 class Wrapper(Index):
@@ -276,3 +422,19 @@ class Wrapper(Index):
     @nprobe.setter
     def nprobe(self, value: int) -> None:
         self.index.nprobe = value
+
+
+_OPTIONS: dict[type, frozenset[str]] = {}
+
+
+def _option_names(cls: type) -> frozenset[str]:
+    """Keyword options of ``cls._search_rows`` and ``cls._search_ids`` (besides q and k)."""
+    names = _OPTIONS.get(cls)
+    if names is None:
+        found = set()
+        for method in (cls._search_rows, cls._search_ids):
+            for p in list(inspect.signature(method).parameters.values())[3:]:  # self, q, k
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                    found.add(p.name)
+        names = _OPTIONS[cls] = frozenset(found)
+    return names

@@ -3,6 +3,18 @@
 Errors say what was expected and what came (``expected vectors of dim 128, got 96``). The checks
 that read tensor values (NaN/Inf, code ranges) run only in eager mode, so that the same functions
 can be traced, compiled and exported with static shapes.
+
+The dtype policy, in one place:
+
+- vectors: float32 is used as it is; float64 is converted to float32 (values beyond float32's
+  range are refused, not turned into infinities); float16/bfloat16 are converted to float32, or
+  kept by callers that accumulate them in float32 a chunk at a time (``keep_half``); integer,
+  bool and complex input is a ``TypeError`` (convert explicitly: integer vectors are often codes
+  or ids passed by mistake).
+- codes and ids: any integer dtype; floating-point codes/ids are a ``TypeError``.
+- numpy arrays and torch tensors on any device are accepted, contiguous or not (numpy input is
+  shared, not copied, where the dtype allows); Python lists are a ``TypeError`` (wrap them with
+  ``np.asarray``), as are sparse and meta tensors.
 """
 
 from __future__ import annotations
@@ -14,6 +26,7 @@ import numpy as np
 import torch
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def is_eager() -> bool:
@@ -24,9 +37,19 @@ def is_eager() -> bool:
     return not (in_export is not None and in_export())
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
 def as_tensor(x: Any, name: str) -> torch.Tensor:
     """A torch view of ``x`` (numpy arrays are shared, not copied, where the dtype allows)."""
     if isinstance(x, torch.Tensor):
+        if x.layout != torch.strided:
+            raise TypeError(
+                f"{name}: expected a dense tensor, got layout {x.layout}; call .to_dense()"
+            )
+        if x.is_meta:
+            raise TypeError(f"{name}: a tensor on the meta device holds no data")
         return x
     if isinstance(x, np.ndarray):
         if x.dtype.byteorder == ">":
@@ -37,7 +60,61 @@ def as_tensor(x: Any, name: str) -> torch.Tensor:
                 return torch.from_numpy(x)
         except TypeError as err:  # object arrays, unsupported dtypes
             raise TypeError(f"{name}: unsupported numpy dtype {x.dtype}") from err
-    raise TypeError(f"{name}: expected a numpy array or torch tensor, got {type(x).__name__}")
+    hint = "; wrap it with np.asarray(...)" if isinstance(x, list | tuple) else ""
+    raise TypeError(f"{name}: expected a numpy array or torch tensor, got {type(x).__name__}{hint}")
+
+
+def check_vectors(x: Any, dim: int | None, name: str = "x", *, matrix: bool = True) -> torch.Tensor:
+    """Validate a batch of vectors without converting it: shape, floating dtype, finite values.
+
+    Args:
+        x: numpy array or torch tensor, ``[n, dim]`` (or ``[..., dim]`` when ``matrix`` is False).
+        dim: expected size of the last axis, or None to accept any (but 0).
+        name: how the argument is called in error messages.
+        matrix: require exactly two axes.
+
+    Returns:
+        ``x`` as a tensor in its own floating dtype, on its own device, detached from autograd.
+        Convert it (a chunk at a time, for big batches) with :func:`to_float32`.
+    """
+    t = as_tensor(x, name)
+    if t.dtype == torch.bool or not t.is_floating_point():
+        raise TypeError(
+            f"{name}: expected floating-point vectors (float32, float16, bfloat16 or float64), "
+            f"got {_dtype_name(t.dtype)}; convert with .astype(np.float32) or .float()"
+        )
+    if matrix and t.dim() != 2:
+        raise ValueError(f"{name}: expected a 2-D array [n, dim], got shape {tuple(t.shape)}")
+    if t.dim() == 0:
+        raise ValueError(f"{name}: expected vectors [..., dim], got a scalar")
+    if dim is not None and t.shape[-1] != dim:
+        raise ValueError(f"{name}: expected vectors of dim {dim}, got {t.shape[-1]}")
+    if t.shape[-1] == 0:
+        raise ValueError(f"{name}: expected vectors of dim >= 1, got shape {tuple(t.shape)}")
+    t = t.detach()
+    if is_eager():
+        check_finite(t, name)
+    return t
+
+
+def to_float32(t: torch.Tensor, name: str = "x", first_row: int = 0) -> torch.Tensor:
+    """float32 copy (or ``t`` itself) of checked vectors; float64 values beyond float32's range
+    are refused, naming the row (``first_row`` is the row number of ``t[0]`` in the caller's
+    array, for chunks)."""
+    if t.dtype == torch.float32:
+        return t
+    out = t.float()
+    if t.dtype == torch.float64 and is_eager() and out.numel():
+        if not bool(torch.isfinite(out.sum())):
+            bad = ~torch.isfinite(out)
+            if bool(bad.any()):
+                rows = bad.reshape(-1, t.shape[-1]).any(dim=1)
+                first = first_row + int(torch.argmax(rows.to(torch.uint8)))
+                raise ValueError(
+                    f"{name}: {int(bad.sum())} float64 values beyond float32's range "
+                    f"(±{_FLOAT32_MAX:.4g}), first in row {first}; rescale the vectors"
+                )
+    return out
 
 
 def as_vectors(
@@ -62,42 +139,45 @@ def as_vectors(
         A tensor on ``x``'s device, detached from autograd (numpy input shares memory when no
         conversion is needed).
     """
-    t = as_tensor(x, name)
-    if t.dtype == torch.bool or not (t.is_floating_point()):
-        raise TypeError(
-            f"{name}: expected floating-point vectors (float32, float16, bfloat16 or float64), "
-            f"got {str(t.dtype).replace('torch.', '')}; convert with .astype(np.float32) "
-            "or .float()"
-        )
-    if matrix and t.dim() != 2:
-        raise ValueError(f"{name}: expected a 2-D array [n, dim], got shape {tuple(t.shape)}")
-    if t.dim() == 0:
-        raise ValueError(f"{name}: expected vectors [..., dim], got a scalar")
-    if dim is not None and t.shape[-1] != dim:
-        raise ValueError(f"{name}: expected vectors of dim {dim}, got {t.shape[-1]}")
-    t = t.detach()
-    if not (keep_half and t.dtype in _FLOAT_DTYPES):
-        t = t.float()
-    if is_eager():
-        check_finite(t, name)
-    return t
+    t = check_vectors(x, dim, name, matrix=matrix)
+    if keep_half and t.dtype in _FLOAT_DTYPES:
+        return t
+    return to_float32(t, name)
 
 
-def check_finite(t: torch.Tensor, name: str) -> None:
-    """Raise ValueError naming the count of NaN/Inf values and the first row holding one."""
-    if t.numel() == 0 or bool(torch.isfinite(t.sum())):
-        return  # one fast pass: a NaN/Inf anywhere makes the sum non-finite
-    bad = ~torch.isfinite(t)  # (a finite sum may also overflow: then this finds nothing)
+def check_finite(t: torch.Tensor, name: str, first_row: int = 0) -> None:
+    """Raise ValueError naming the count of NaN/Inf values and the first row holding one
+    (``first_row`` is the row number of ``t``'s first row in the caller's array)."""
+    if t.numel() == 0:
+        return
+    # one fast pass: a NaN/Inf anywhere makes the sum non-finite (half precision is summed in
+    # float32, which seldom overflows; a finite sum that does overflow finds nothing below)
+    wide = torch.float64 if t.dtype == torch.float64 else torch.float32
+    if bool(torch.isfinite(t.sum(dtype=wide))):
+        return
+    bad = ~torch.isfinite(t)
     if bool(bad.any()):
         rows = bad.reshape(-1, t.shape[-1]).any(dim=1)
-        first = int(torch.argmax(rows.to(torch.uint8)))
+        first = first_row + int(torch.argmax(rows.to(torch.uint8)))
         raise ValueError(
             f"{name}: {int(bad.sum())} NaN/Inf values, first in row {first}; "
             "remove or replace them before quantizing"
         )
 
 
+def check_int(value: Any, name: str, minimum: int | None = None) -> int:
+    """``value`` as a Python int: integers (Python or numpy, not bool) at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    if minimum is not None and value < minimum:
+        what = "positive" if minimum == 1 else f">= {minimum}"
+        raise ValueError(f"{name} must be {what}, got {value}")
+    return int(value)
+
+
 def check_training_size(n: int, k: int, what: str) -> None:
+    if isinstance(k, bool) or not isinstance(k, int | np.integer):
+        raise TypeError(f"{what}: k must be an integer number of centroids, got {k!r}")
     if k <= 0:
         raise ValueError(f"{what}: k must be a positive number of centroids, got {k}")
     if n == 0:
@@ -129,12 +209,17 @@ def code_dtype(codebook_size: int) -> torch.dtype:
     return torch.int64
 
 
+def _integer_tensor(x: Any, name: str, what: str) -> torch.Tensor:
+    t = as_tensor(x, name)
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"{name}: expected {what}, got {_dtype_name(t.dtype)}")
+    return t
+
+
 def as_codes(codes: Any, n_tables: int | None, codebook_size: int, name: str = "codes"):
     """Validate integer codes ``[..., n_tables]`` (``[...]`` when n_tables is None); the integer
     dtype is kept (uint8 codes are not widened)."""
-    t = as_tensor(codes, name)
-    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise TypeError(f"{name}: expected integer codes, got {str(t.dtype).replace('torch.', '')}")
+    t = _integer_tensor(codes, name, "integer codes")
     if n_tables is not None and (t.dim() == 0 or t.shape[-1] != n_tables):
         got = "a scalar" if t.dim() == 0 else f"shape {tuple(t.shape)}"
         raise ValueError(f"{name}: expected codes [..., {n_tables}], got {got}")
@@ -144,4 +229,48 @@ def as_codes(codes: Any, n_tables: int | None, codebook_size: int, name: str = "
             raise ValueError(
                 f"{name}: codes must lie in [0, {codebook_size}), got values in [{lo}, {hi}]"
             )
+    return t
+
+
+def as_ids(
+    ids: Any, n: int | None = None, name: str = "ids", *, unique: bool = True, stored: bool = True
+):
+    """Validate vector ids: int64 [n] (any shape when ``n`` is None, flattened) below 2**63;
+    ``stored`` refuses negative ids (-1 marks a missing result), ``unique`` repeated ones.
+    Python ints, lists and ranges are accepted.
+
+    Returns:
+        int64 Tensor[n] on the ids' device.
+    """
+    if isinstance(ids, int | np.integer | list | tuple | range) and not isinstance(ids, bool):
+        try:
+            ids = np.asarray(ids)
+        except (ValueError, OverflowError) as err:
+            raise TypeError(f"{name}: expected a flat list of integer ids ({err})") from err
+        if ids.dtype == object:
+            raise TypeError(f"{name}: expected integer ids, got Python objects")
+        if ids.size == 0:
+            ids = ids.astype(np.int64)  # np.asarray([]) is float64
+    t = _integer_tensor(ids, name, "integers")
+    if n is not None and tuple(t.shape) != (n,):
+        raise ValueError(f"{name}: expected shape ({n},) to match x, got {tuple(t.shape)}")
+    t = t.reshape(-1)
+    if t.dtype == torch.uint64 and t.numel():  # torch has no max() for uint64
+        top = int(t.cpu().numpy().max())
+        if top >= 1 << 63:
+            raise ValueError(f"{name}: ids must be below 2**63, got {top}")
+    t = t.to(torch.int64)
+    if t.numel() and is_eager():
+        lo = int(t.min())
+        if stored and lo < 0:
+            raise ValueError(f"{name}: ids must be >= 0 (-1 marks a missing result), got {lo}")
+        if unique and t.numel() > 1:
+            s = torch.sort(t).values
+            same = s[1:] == s[:-1]
+            if bool(same.any()):
+                first = int(s[1:][same][0])
+                raise ValueError(
+                    f"{name}: id {first} appears more than once; every stored vector needs its "
+                    "own id"
+                )
     return t
