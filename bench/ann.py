@@ -4,10 +4,11 @@ on the same data, then both are searched with the same parameters and thread cou
     python -m bench.ann [--data synthetic|nsynth|BASE.fvecs|FILE.hdf5] [--n 1000000] [--nq 1000]
 
 Index types: Flat, PQ{M}, IVF{nlist},Flat, IVF{nlist},PQ{M}, OPQ{M},IVF{nlist},PQ{M} and
-IVF{nlist},PQ{M},RFlat, with M = dim // 8 and nlist ~ 4 sqrt(n) (a power of two in [8, 1024])
-unless given. IVF types sweep nprobe; RFlat sweeps k_factor at a fixed nprobe. Every point is a
-k=100 search: r-recall@r for r = 1, 10, 100 against exact neighbours, and QPS timed alternately
-(A B A B, best of --rounds). faiss gets "np" PQ parts (no polysemous training).
+IVF{nlist},PQ{M},RFlat, and the 4-bit fast-scan PQ{2M}x4fs, IVF{nlist},PQ{2M}x4fs(,RFlat)
+(the same bytes per vector), with M = dim // 8 and nlist ~ 4 sqrt(n) (a power of two in [8, 1024])
+unless given. IVF types sweep nprobe; RFlat sweeps k_factor at a fixed nprobe. Every point is
+a k=100 search (--k): r-recall@r for r = 1, 10, 100 against exact neighbours, and QPS timed
+alternately (A B A B, best of --rounds). faiss gets "np" PQ parts (no polysemous training).
 
 Data: "synthetic" (anisotropic Gaussian vectors, whose neighbours an index can find), "nsynth"
 (embeddings of the synthetic NSynth notes: train split = database, test split = queries), a
@@ -45,6 +46,9 @@ def index_types(nlist: int, M: int) -> list[str]:
         f"IVF{nlist},PQ{M}",
         f"OPQ{M},IVF{nlist},PQ{M}",
         f"IVF{nlist},PQ{M},RFlat",
+        f"PQ{2 * M}x4fs",
+        f"IVF{nlist},PQ{2 * M}x4fs",
+        f"IVF{nlist},PQ{2 * M}x4fs,RFlat",
     ]
 
 
@@ -145,10 +149,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--ntrain", type=int, default=100_000, help="training vectors (at most n)")
     p.add_argument("--nlist", type=int, default=None, help="IVF lists (default ~4 sqrt(n))")
     p.add_argument("--M", type=int, default=None, help="PQ sub-quantizers (default dim // 8)")
-    p.add_argument("--index", nargs="+", default=None, help="index types (default: all six)")
+    p.add_argument("--index", nargs="+", default=None, help="index types (default: all nine)")
     p.add_argument("--nprobe", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     p.add_argument("--k-factor", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--refine-nprobe", type=int, default=16, help="nprobe of the RFlat sweep")
+    p.add_argument("--k", type=int, default=K, help="neighbours per search")
     p.add_argument("--threads", type=int, default=2, help="threads for every system")
     p.add_argument("--rounds", type=int, default=3, help="alternating timing rounds (best kept)")
     p.add_argument("--min-seconds", type=float, default=0.1, help="least time per timing sample")
@@ -164,8 +169,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     nlist = args.nlist or default_nlist(n)
     M = args.M or max(1, dim // 8)
     train = x[: min(n, args.ntrain)]
-    truth = ground_truth(x, q, min(K, n))[1]
-    k = min(K, n)
+    k = min(args.k, n)
+    truth = ground_truth(x, q, max(k, min(K, n)))[1]
 
     rows = []
     for desc in args.index or index_types(nlist, M):
@@ -189,7 +194,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         "index": desc,
                         "system": system,
                         "param": param,
-                        **{f"recall@{r}": recall_at(found[system], truth, r) for r in (1, 10, 100)},
+                        **{
+                            f"recall@{r}": recall_at(found[system], truth, r)
+                            if r <= k
+                            else float("nan")
+                            for r in (1, 10, 100)
+                        },
                         "QPS": nq / t[system],
                         "vq / faiss": t["faiss"] / t["vq"],
                         "train s": seconds[system][0],
