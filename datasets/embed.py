@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from vq._checks import check_int
+
 METHODS = ("logmel", "mfcc")
 #: bumped when the embedding computation changes, so that old cache files are not reused
 _EMBED_VERSION = 1
@@ -61,8 +63,17 @@ def embed_nsynth(
         deviation over time of the log-mel (or MFCC) values.
     """
     _check_method(method)
-    if batch_size <= 0:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    for arg, value in (
+        ("sample_rate", sample_rate),
+        ("n_fft", n_fft),
+        ("hop_length", hop_length),
+        ("n_mels", n_mels),
+        ("n_mfcc", n_mfcc),
+        ("batch_size", batch_size),
+    ):
+        check_int(value, arg, 1)
+    if method == "mfcc" and n_mfcc > n_mels:
+        raise ValueError(f"n_mfcc ({n_mfcc}) cannot exceed n_mels ({n_mels})")
     config = {
         "version": _EMBED_VERSION,
         "method": method,
@@ -114,14 +125,26 @@ def _transform(config: dict) -> torch.nn.Module:
 
 
 def _stack(waves: Sequence[torch.Tensor], start: int) -> torch.Tensor:
-    lengths = {int(w.shape[-1]) for w in waves}
+    waves = [torch.as_tensor(w) for w in waves]
+    lengths = {int(w.shape[-1]) if w.dim() else 0 for w in waves}
     if len(lengths) != 1 or any(w.dim() != 1 for w in waves):
         shapes = sorted({tuple(w.shape) for w in waves})
         raise ValueError(
             f"notes {start}…{start + len(waves) - 1}: expected mono waveforms of one length, "
             f"got shapes {shapes}"
         )
-    return torch.stack([w.float() for w in waves])
+    for i, w in enumerate(waves):
+        if not w.is_floating_point():
+            raise TypeError(
+                f"note {start + i}: expected a float waveform in [-1, 1], got {w.dtype} "
+                "(scale integer PCM, e.g. int16 / 32768)"
+            )
+    batch = torch.stack([w.float() for w in waves])
+    finite = torch.isfinite(batch).all(dim=1)
+    if not bool(finite.all()):
+        first = start + int(torch.argmin(finite.to(torch.uint8)))
+        raise ValueError(f"note {first}: its waveform holds NaN/Inf samples")
+    return batch
 
 
 def _summarise(spec: torch.Tensor, method: str) -> torch.Tensor:
@@ -154,7 +177,8 @@ def _read_cache(path: Path, n: int) -> np.ndarray | None:
         x = load_file(str(path))["embeddings"]
     except (SafetensorError, KeyError, OSError):
         return None  # unreadable: recompute and overwrite
-    return x if x.shape[0] == n and x.dtype == np.float32 else None
+    ok = x.ndim == 2 and x.shape[0] == n and x.dtype == np.float32 and np.isfinite(x).all()
+    return x if ok else None  # a stale or damaged cache is recomputed
 
 
 def _write_cache(path: Path, x: np.ndarray, config: dict) -> None:

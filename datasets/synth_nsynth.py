@@ -119,11 +119,17 @@ def synthesize_nsynth(
         raise ValueError(f"split must be None, 'train', 'valid' or 'test', got {split!r}")
     if not isinstance(seed, int | np.integer) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    if isinstance(n_instruments, bool) or not isinstance(n_instruments, int | np.integer):
+        raise TypeError(f"n_instruments must be an integer, got {n_instruments!r}")
     if not 1 <= n_instruments <= _MAX_INSTRUMENTS:
         raise ValueError(f"n_instruments must be in 1–{_MAX_INSTRUMENTS}, got {n_instruments}")
     pitch_set = _check_midi(pitches, 21, 108, "pitches") if pitches is not None else None
     velocity_set = _check_midi(velocities, 1, 127, "velocities")
-    if notes_per_instrument is not None and notes_per_instrument < 1:
+    if notes_per_instrument is not None and (
+        isinstance(notes_per_instrument, bool)
+        or not isinstance(notes_per_instrument, int | np.integer)
+        or notes_per_instrument < 1
+    ):
         raise ValueError(f"notes_per_instrument must be >= 1 or None, got {notes_per_instrument}")
 
     block = _SPLIT_BLOCKS[split]

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+from vq._checks import check_int
 
 
 def clustered_vectors(
@@ -10,8 +14,10 @@ def clustered_vectors(
 ) -> np.ndarray:
     """Gaussian blobs: float32 [n, dim] around ``n_clusters`` unit-normal centres,
     noise std ``spread``."""
-    if n < 0 or dim <= 0 or n_clusters <= 0:
-        raise ValueError(f"need n >= 0, dim > 0, n_clusters > 0; got {n}, {dim}, {n_clusters}")
+    n, dim = check_int(n, "n", 0), check_int(dim, "dim", 1)
+    n_clusters, seed = check_int(n_clusters, "n_clusters", 1), check_int(seed, "seed", 0)
+    if not (isinstance(spread, int | float) and math.isfinite(spread) and spread >= 0):
+        raise ValueError(f"spread must be a finite number >= 0, got {spread!r}")
     rng = np.random.default_rng(seed)
     centres = rng.standard_normal((n_clusters, dim), dtype=np.float32)
     labels = rng.integers(0, n_clusters, n)
@@ -22,8 +28,9 @@ def clustered_vectors(
 def anisotropic_vectors(n: int, dim: int, *, decay: float = 0.9, seed: int = 0) -> np.ndarray:
     """Correlated Gaussian data whose variance falls off geometrically across a random basis:
     float32 [n, dim] with per-direction std ``decay**i`` (what OPQ is meant to fix)."""
-    if n < 0 or dim <= 0 or not 0 < decay <= 1:
-        raise ValueError(f"need n >= 0, dim > 0, 0 < decay <= 1; got {n}, {dim}, {decay}")
+    n, dim, seed = check_int(n, "n", 0), check_int(dim, "dim", 1), check_int(seed, "seed", 0)
+    if not (isinstance(decay, int | float) and 0 < decay <= 1):
+        raise ValueError(f"decay must lie in (0, 1], got {decay!r}")
     rng = np.random.default_rng(seed)
     basis, _ = np.linalg.qr(rng.standard_normal((dim, dim)))
     scales = decay ** np.arange(dim)

@@ -241,6 +241,8 @@ def _write_vecs(path: PathLike, fmt: str, a: np.ndarray) -> None:
     dtype = np.dtype([("d", "<i4"), ("v", _VALUE_DTYPES[fmt], (d,))])
     step = max(1, _WRITE_CHUNK_BYTES // dtype.itemsize)
     directory, base = os.path.split(os.path.abspath(name))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"cannot write {name}: no directory {directory}")
     tmp = os.path.join(directory, f".{base}.{uuid.uuid4().hex[:12]}.tmp")
     # os.open rather than tempfile: the new file gets the usual umask permissions, not 0600
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
@@ -451,6 +453,11 @@ def recall_at(found: np.ndarray, truth: np.ndarray, r: int) -> float:
         r: how many neighbours count.
     """
     found, truth = np.asarray(found), np.asarray(truth)
+    for name, a in (("found", found), ("truth", truth)):
+        if a.dtype.kind not in "iu":
+            raise TypeError(f"{name}: expected integer ids, got {a.dtype}")
+    if isinstance(r, bool) or not isinstance(r, int | np.integer):
+        raise TypeError(f"r must be an integer, got {r!r}")
     if found.ndim != 2 or truth.ndim != 2 or found.shape[0] != truth.shape[0]:
         raise ValueError(
             f"expected found and truth of shape [nq, k] with the same nq, got {found.shape} "

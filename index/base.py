@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from vq._checks import as_ids, as_vectors, check_int, check_vectors, like_input, to_float32
+from vq._checks import as_ids, as_vectors, check_int, check_vectors, like_input
 
 METRICS = ("l2", "ip")
 
@@ -344,12 +344,12 @@ class Index(nn.Module):
         guard = nullcontext() if kernels_threadsafe() else _KERNELS
         with self._lock.read(), guard, torch.no_grad():
             if nq <= step:
-                dist, ids = self._search_ids(to_float32(q, "queries").to(self.device), k, **params)
+                dist, ids = self._search_ids(_rows(q, self.device), k, **params)
             else:  # bounded memory: per-chunk tables and buffers, results written in place
                 dist = torch.empty(nq, k, device=self.device)
                 ids = torch.empty(nq, k, dtype=torch.int64, device=self.device)
                 for s in range(0, nq, step):
-                    chunk = to_float32(q[s : s + step], "queries", s).to(self.device)
+                    chunk = _rows(q[s : s + step], self.device)
                     dist[s : s + step], ids[s : s + step] = self._search_ids(chunk, k, **params)
         return like_input(dist, queries), like_input(ids, queries)
 
@@ -422,6 +422,12 @@ class Wrapper(Index):
     @nprobe.setter
     def nprobe(self, value: int) -> None:
         self.index.nprobe = value
+
+
+def _rows(q: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Checked queries as contiguous float32 on ``device`` (the same results whatever the
+    input's dtype or memory layout: BLAS rounds differently for transposed operands)."""
+    return q.float().to(device).contiguous()
 
 
 _OPTIONS: dict[type, frozenset[str]] = {}

@@ -20,6 +20,7 @@ The dtype policy, in one place:
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,8 @@ def as_tensor(x: Any, name: str) -> torch.Tensor:
     if isinstance(x, np.ndarray):
         if x.dtype.byteorder == ">":
             x = x.astype(x.dtype.newbyteorder("="))
+        if any(stride < 0 for stride in x.strides):  # x[::-1]: torch cannot view it
+            x = np.ascontiguousarray(x)
         try:
             with warnings.catch_warnings():  # read-only arrays (memmaps): we never write to them
                 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -75,7 +78,8 @@ def check_vectors(x: Any, dim: int | None, name: str = "x", *, matrix: bool = Tr
 
     Returns:
         ``x`` as a tensor in its own floating dtype, on its own device, detached from autograd.
-        Convert it (a chunk at a time, for big batches) with :func:`to_float32`.
+        float64 values are known to fit float32: convert with ``.float()`` (a chunk at a time,
+        for big batches).
     """
     t = as_tensor(x, name)
     if t.dtype == torch.bool or not t.is_floating_point():
@@ -94,26 +98,38 @@ def check_vectors(x: Any, dim: int | None, name: str = "x", *, matrix: bool = Tr
     t = t.detach()
     if is_eager():
         check_finite(t, name)
+        if t.dtype == torch.float64:
+            _check_float32_range(t, name)
     return t
 
 
-def to_float32(t: torch.Tensor, name: str = "x", first_row: int = 0) -> torch.Tensor:
-    """float32 copy (or ``t`` itself) of checked vectors; float64 values beyond float32's range
-    are refused, naming the row (``first_row`` is the row number of ``t[0]`` in the caller's
-    array, for chunks)."""
-    if t.dtype == torch.float32:
-        return t
-    out = t.float()
-    if t.dtype == torch.float64 and is_eager() and out.numel():
-        if not bool(torch.isfinite(out.sum())):
-            bad = ~torch.isfinite(out)
-            if bool(bad.any()):
-                rows = bad.reshape(-1, t.shape[-1]).any(dim=1)
-                first = first_row + int(torch.argmax(rows.to(torch.uint8)))
-                raise ValueError(
-                    f"{name}: {int(bad.sum())} float64 values beyond float32's range "
-                    f"(±{_FLOAT32_MAX:.4g}), first in row {first}; rescale the vectors"
-                )
+def _check_float32_range(t: torch.Tensor, name: str) -> None:
+    """float64 vectors become float32: refuse values that would turn into infinities."""
+    if not t.numel():
+        return
+    lo, hi = torch.aminmax(t)
+    if max(-float(lo), float(hi)) <= _FLOAT32_MAX:
+        return
+    bad = t.abs() > _FLOAT32_MAX
+    rows = bad.reshape(-1, t.shape[-1]).any(dim=1)
+    raise ValueError(
+        f"{name}: {int(bad.sum())} float64 values beyond float32's range "
+        f"(±{_FLOAT32_MAX:.4g}), first in row {int(torch.argmax(rows.to(torch.uint8)))}; "
+        "rescale the vectors"
+    )
+
+
+def in_chunks(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: int):
+    """``fn(x)`` computed ``rows`` rows of ``x`` at a time into one output (row i of the output
+    comes from row i of ``x``), so that fn's temporary memory stays that of one chunk. One call
+    when ``x`` has at most ``rows`` rows, or while a graph is being recorded (static shapes)."""
+    if not is_eager() or x.shape[0] <= rows:
+        return fn(x)
+    first = fn(x[:rows])
+    out = first.new_empty((x.shape[0], *first.shape[1:]))
+    out[:rows] = first
+    for s in range(rows, x.shape[0], rows):
+        out[s : s + rows] = fn(x[s : s + rows])
     return out
 
 
@@ -142,12 +158,11 @@ def as_vectors(
     t = check_vectors(x, dim, name, matrix=matrix)
     if keep_half and t.dtype in _FLOAT_DTYPES:
         return t
-    return to_float32(t, name)
+    return t.float()
 
 
-def check_finite(t: torch.Tensor, name: str, first_row: int = 0) -> None:
-    """Raise ValueError naming the count of NaN/Inf values and the first row holding one
-    (``first_row`` is the row number of ``t``'s first row in the caller's array)."""
+def check_finite(t: torch.Tensor, name: str) -> None:
+    """Raise ValueError naming the count of NaN/Inf values and the first row holding one."""
     if t.numel() == 0:
         return
     # one fast pass: a NaN/Inf anywhere makes the sum non-finite (half precision is summed in
@@ -158,7 +173,7 @@ def check_finite(t: torch.Tensor, name: str, first_row: int = 0) -> None:
     bad = ~torch.isfinite(t)
     if bool(bad.any()):
         rows = bad.reshape(-1, t.shape[-1]).any(dim=1)
-        first = first_row + int(torch.argmax(rows.to(torch.uint8)))
+        first = int(torch.argmax(rows.to(torch.uint8)))
         raise ValueError(
             f"{name}: {int(bad.sum())} NaN/Inf values, first in row {first}; "
             "remove or replace them before quantizing"
