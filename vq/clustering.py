@@ -33,7 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from vq import _cpu, kernels
-from vq._checks import as_vectors, check_training_size, like_input
+from vq._checks import as_vectors, check_int, check_training_size, like_input
 from vq.distances import iter_nearest, nearest
 from vq.distributed.checkpoint import TrainingRun, checkpoint_path
 from vq.distributed.shards import Shards
@@ -301,10 +301,8 @@ def _observer(run: TrainingRun, bar: tqdm) -> Observer:
 
 
 def _check_common(niter: int, max_points_per_centroid: int) -> None:
-    if niter < 0:
-        raise ValueError(f"niter must be >= 0, got {niter}")
-    if max_points_per_centroid <= 0:
-        raise ValueError(f"max_points_per_centroid must be positive, got {max_points_per_centroid}")
+    check_int(niter, "niter", 0)
+    check_int(max_points_per_centroid, "max_points_per_centroid", 1)
 
 
 def kmeans(
@@ -469,4 +467,5 @@ def _split_worst(
     parents = centroids[order]
     centroids = centroids.clone()
     centroids[order] = parents + delta
-    return torch.cat([centroids, parents - delta])
+    # rank 0's bits everywhere (randn may round differently on other CPUs)
+    return train.broadcast(torch.cat([centroids, parents - delta]))

@@ -21,6 +21,7 @@ unset or 0), so that the restarted group runs through.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -32,13 +33,14 @@ from typing import Any
 
 import torch
 
-from vq.distributed.shards import Shards
+from vq.distributed.shards import Shards, broadcast_json
 
 FORMAT = "vq.training-checkpoint"
 FORMAT_VERSION = 1
 #: exit status of a process stopped by fault injection
 FAULT_EXIT_STATUS = 75
 
+_log = logging.getLogger("vq.distributed")
 _DTYPES = {str(t).removeprefix("torch."): t for t in (torch.float32, torch.float64, torch.uint8)}
 
 
@@ -152,6 +154,14 @@ class TrainingRun:
         self.gen.set_state(tensors["generator"])
         self.objective = tensors["objective"].tolist()
         self.centroids = tensors["centroids"].to(self.train.local.device)
+        if self.train.is_root:
+            _log.warning(
+                "vq: %s resumed from %s at iteration %d of %d",
+                self.kind,
+                self.path,
+                self.step,
+                self.total_steps,
+            )
         return self.centroids
 
     def iteration_done(self, centroids: torch.Tensor, total: float) -> None:
@@ -275,29 +285,20 @@ def _same_fingerprint(saved: torch.Tensor, ours: torch.Tensor | None) -> bool:
 def _broadcast_state(
     train: Shards, header: dict | None, tensors: dict[str, torch.Tensor]
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Rank 0's header and tensors on every process: the header travels as JSON bytes with the
+    """Rank 0's header and tensors on every process: the header travels as JSON with the
     tensors' names, dtypes and shapes, then each tensor (nothing is pickled)."""
     if not train.distributed:
         assert header is not None
         return header, tensors
     if train.is_root:
         assert header is not None
-        header = {
-            **header,
-            "tensors": {
-                n: [str(t.dtype).removeprefix("torch."), list(t.shape)] for n, t in tensors.items()
-            },
+        shapes = {
+            n: [str(t.dtype).removeprefix("torch."), list(t.shape)] for n, t in tensors.items()
         }
-        blob = torch.frombuffer(bytearray(json.dumps(header).encode()), dtype=torch.uint8)
-        size = torch.tensor([blob.numel()], dtype=torch.int64)
-    else:
-        size = torch.zeros(1, dtype=torch.int64)
-    size = train.broadcast(size)
-    if not train.is_root:
-        blob = torch.zeros(int(size), dtype=torch.uint8)
-    header = json.loads(train.broadcast(blob).numpy().tobytes().decode())
+        header = {**header, "tensors": shapes}
+    header = broadcast_json(train.group, header)
     out = {}
-    for name, (dtype, shape) in sorted(header.pop("tensors", {}).items()):
+    for name, (dtype, shape) in sorted(header.pop("tensors").items()):
         t = tensors[name] if train.is_root else torch.zeros(shape, dtype=_DTYPES[dtype])
         out[name] = train.broadcast(t)
     return header, out

@@ -14,6 +14,7 @@ Collectives run on the backend's device: CPU tensors for gloo, the current CUDA 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -103,22 +104,20 @@ class Shards:
         group = current_group() if group is _DEFAULT else group
         if group is None:
             return cls.whole(x)
-        world, rank = dist.get_world_size(group), dist.get_rank(group)
-        shape = list(x.shape[1:])
-        mine = torch.tensor([x.shape[0], len(shape), *shape[:7]], dtype=torch.int64)
-        mine = torch.nn.functional.pad(mine, (0, 9 - mine.numel()))
-        dev = comm_device(group, x.device)
-        gathered = [torch.empty(9, dtype=torch.int64, device=dev) for _ in range(world)]
-        dist.all_gather(gathered, mine.to(dev), group=group)
-        table = torch.stack(gathered).cpu()
-        for r in range(world):
-            if not torch.equal(table[r, 1:], table[0, 1:]):
-                rows = [f"rank {i}: {_describe(table[i])}" for i in (0, r)]
+        shape = [int(v) for v in x.shape[1:]]
+        if len(shape) > 7:
+            raise ValueError(f"expected rows of at most 7 dimensions, got shape {tuple(x.shape)}")
+        table = all_gather_ints(
+            group, [int(x.shape[0]), len(shape), *shape, *[0] * (7 - len(shape))]
+        )
+        for r, row in enumerate(table):
+            if row[1:] != table[0][1:]:
                 raise ValueError(
-                    "the processes hold rows of different shapes (" + "; ".join(rows) + "); every "
-                    "process must pass vectors of the same dimension"
+                    f"the processes hold rows of different shapes (rank 0: {_describe(table[0])}; "
+                    f"rank {r}: {_describe(row)}); every process must pass vectors of the same "
+                    "dimension"
                 )
-        return cls(x, tuple(int(c) for c in table[:, 0]), rank, group)
+        return cls(x, tuple(row[0] for row in table), dist.get_rank(group), group)
 
     # -- layout ---------------------------------------------------------------------------
     @property
@@ -204,44 +203,17 @@ class Shards:
 
     def gather_rows(self, part: torch.Tensor, counts: tuple[int, ...]) -> torch.Tensor:
         """Concatenate in rank order the ``part`` of every process (``counts[r]`` rows on rank
-        r), on every process. float16/bfloat16 rows travel as float32."""
-        if not self.distributed:
-            return part
-        device = part.device
-        if part.is_floating_point() and part.dtype != torch.float64:
-            part = part.float()
-        dev = comm_device(self.group, device)
-        width = max(counts)
-        padded = part.new_zeros((width, *part.shape[1:]), device=dev)
-        padded[: part.shape[0]] = part.to(dev)
-        out = [torch.empty_like(padded) for _ in counts]
-        dist.all_gather(out, padded, group=self.group)
-        return torch.cat([t[:c] for t, c in zip(out, counts, strict=True)]).to(device)
+        r), on every process."""
+        return gather_rows(self.group, part, counts)
 
-    # -- reductions -----------------------------------------------------------------------
     def all_sum(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The element-wise sums over processes of ``tensors`` (identical on every process),
-        one all_reduce per dtype; the inputs themselves when not distributed."""
-        if not self.distributed:
-            return tensors
-        out: list[torch.Tensor | None] = [None] * len(tensors)
-        for dtype in dict.fromkeys(t.dtype for t in tensors):
-            picks = [i for i, t in enumerate(tensors) if t.dtype == dtype]
-            dev = comm_device(self.group, tensors[picks[0]].device)
-            flat = torch.cat([tensors[i].reshape(-1).to(dev) for i in picks])
-            dist.all_reduce(flat, group=self.group)
-            for i, part in zip(picks, flat.split([tensors[i].numel() for i in picks]), strict=True):
-                out[i] = part.reshape(tensors[i].shape).to(tensors[i].device)
-        return tuple(out)  # type: ignore[arg-type]
+        """The element-wise sums over processes of ``tensors`` (identical on every process); the
+        inputs themselves when not distributed."""
+        return all_sum(self.group, *tensors)
 
     def broadcast(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
-        """``t`` as process ``src`` (rank within the group) holds it, on every process."""
-        if not self.distributed:
-            return t
-        dev = comm_device(self.group, t.device)
-        buf = t.to(dev).contiguous() if dev != t.device else t.contiguous().clone()
-        dist.broadcast(buf, group_src=src, group=self.group)
-        return buf.to(t.device)
+        """``t`` as the process of rank ``src`` holds it, on every process."""
+        return broadcast(self.group, t, src)
 
     def mean(self) -> torch.Tensor:
         """float32 [1, ...]: the mean of every row."""
@@ -257,6 +229,70 @@ class Shards:
         )
 
 
-def _describe(row: torch.Tensor) -> str:
-    ndim = int(row[1])
-    return f"{int(row[0])} rows of shape {tuple(int(v) for v in row[2 : 2 + ndim])}"
+def _describe(row: list[int]) -> str:
+    return f"{row[0]} rows of shape {tuple(row[2 : 2 + row[1]])}"
+
+
+# -- collectives (no-ops for group None) ----------------------------------------------------
+def all_sum(group: Any, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Element-wise sums over the processes of ``group`` of ``tensors``, the same on every
+    process: one all_reduce per dtype (the tensors of a dtype travel as one buffer)."""
+    if group is None:
+        return tensors
+    out: list[torch.Tensor | None] = [None] * len(tensors)
+    for dtype in dict.fromkeys(t.dtype for t in tensors):
+        picks = [i for i, t in enumerate(tensors) if t.dtype == dtype]
+        dev = comm_device(group, tensors[picks[0]].device)
+        flat = torch.cat([tensors[i].reshape(-1).to(dev) for i in picks])
+        dist.all_reduce(flat, group=group)
+        for i, part in zip(picks, flat.split([tensors[i].numel() for i in picks]), strict=True):
+            out[i] = part.reshape(tensors[i].shape).to(tensors[i].device)
+    return tuple(out)  # type: ignore[arg-type]
+
+
+def gather_rows(group: Any, part: torch.Tensor, counts: tuple[int, ...]) -> torch.Tensor:
+    """The ``part`` of every process (``counts[r]`` rows on the process of rank r) concatenated
+    in rank order, on every process; float16/bfloat16 rows travel (and come back) as float32."""
+    if group is None:
+        return part
+    device = part.device
+    if part.dtype in (torch.float16, torch.bfloat16):
+        part = part.float()
+    dev = comm_device(group, device)
+    padded = part.new_zeros((max(counts), *part.shape[1:]), device=dev)
+    padded[: part.shape[0]] = part.to(dev)
+    out = [torch.empty_like(padded) for _ in counts]
+    dist.all_gather(out, padded, group=group)
+    return torch.cat([t[:c] for t, c in zip(out, counts, strict=True)]).to(device)
+
+
+def broadcast(group: Any, t: torch.Tensor, src: int = 0) -> torch.Tensor:
+    """``t`` as the process of rank ``src`` (within ``group``) holds it, on every process."""
+    if group is None:
+        return t
+    dev = comm_device(group, t.device)
+    buf = t.to(dev).contiguous() if dev != t.device else t.contiguous().clone()
+    dist.broadcast(buf, group_src=src, group=group)
+    return buf.to(t.device)
+
+
+def all_gather_ints(group: Any, values: list[int]) -> list[list[int]]:
+    """Every process's list of ``values`` (the same length everywhere), in rank order."""
+    mine = torch.tensor(values, dtype=torch.int64)
+    if group is None:
+        return [values]
+    counts = (1,) * dist.get_world_size(group)
+    return gather_rows(group, mine[None], counts).tolist()
+
+
+def broadcast_json(group: Any, obj: Any) -> Any:
+    """Rank 0's JSON-serialisable ``obj`` on every process (it travels as UTF-8 bytes: nothing is
+    pickled); other processes may pass None."""
+    if group is None:
+        return obj
+    root = dist.get_rank(group) == 0
+    blob = torch.tensor(list(json.dumps(obj).encode()) if root else [], dtype=torch.uint8)
+    size = broadcast(group, torch.tensor([blob.numel()], dtype=torch.int64))
+    if not root:
+        blob = torch.zeros(int(size), dtype=torch.uint8)
+    return json.loads(broadcast(group, blob).numpy().tobytes().decode())

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from vq.clustering import _generator, _kmeans_plus_plus, _sample_rows
+from vq.clustering import _generator, _kmeans_plus_plus
+from vq.distributed.shards import Shards
 from vq.quantizers.base import Metric, Quantizer
 from vq.quantizers.product import ProductQuantizer
 
@@ -102,7 +103,10 @@ class OPQ(Quantizer):
 
     def _fit(self, x: torch.Tensor) -> None:
         gen = _generator(self.seed)
-        train = _sample_rows(x, self.max_train_points, gen).float()
+        # under torch.distributed x is this process's shard: the rotation's (bounded) sample is
+        # gathered, so every process runs the alternations below as one process would
+        data = Shards.of(x)
+        train = data.sample(self.max_train_points, gen).float()
         rotation = eigenvalue_allocation(train, self.M, self.dim_out).to(x.device)
         pq = self.pq
         for it in range(self.niter):
@@ -116,11 +120,15 @@ class OPQ(Quantizer):
                 pq.lloyd(y, self.niter_pq, gen)
             y_hat = pq._decode(pq._assign(y)[0].long())
             rotation = procrustes(train, y_hat)
+        # rank 0's bits everywhere (LAPACK may round differently on other CPUs)
+        rotation = data.broadcast(rotation)
+        pq.codebooks.copy_(data.broadcast(pq.codebooks))
         self.rotation.copy_(rotation)
         # final PQ on (a PQ-sized sample of) the rotated data, warm-started when possible
-        pq_train = _sample_rows(x, pq.ksub * pq.max_points_per_centroid, gen).float() @ rotation.T
+        pq_train = data.subsample(pq.ksub * pq.max_points_per_centroid, gen).float()
+        pq_train = pq_train.with_local(pq_train.local @ rotation.T)
         if self.niter == 0:
-            pq._fit(pq_train)
+            pq._fit(pq_train.local)
         else:
             pq.lloyd(pq_train, pq.niter, gen)
         pq._mark_trained()

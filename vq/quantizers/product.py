@@ -10,8 +10,9 @@ import torch
 
 from vq import _cpu, kernels
 from vq._checks import is_eager
-from vq.clustering import _generator, _kmeans_plus_plus, _sample_rows, _update
+from vq.clustering import _generator, _kmeans_plus_plus, _update
 from vq.distances import chunk_rows
+from vq.distributed.shards import Shards
 from vq.quantizers.base import Metric, Quantizer
 
 
@@ -78,37 +79,44 @@ class ProductQuantizer(Quantizer):
     # -- training ---------------------------------------------------------------------------
     def _fit(self, x: torch.Tensor) -> None:
         gen = _generator(self.seed)
-        train = _sample_rows(x, self.ksub * self.max_points_per_centroid, gen).float()
-        subs = train.reshape(-1, self.M, self.dsub)
+        # under torch.distributed x is this process's shard (see vq.distributed.Shards)
+        train = Shards.of(x).subsample(self.ksub * self.max_points_per_centroid, gen).float()
+        subs = train.local.reshape(-1, self.M, self.dsub)
         init = torch.empty_like(self.codebooks, dtype=torch.float32)
         for m in range(self.M):
             if self.init == "random":
-                init[m] = _sample_rows(subs[:, m], self.ksub, gen)
+                init[m] = train.with_local(subs[:, m]).sample(self.ksub, gen)
             else:
-                init[m] = _kmeans_plus_plus(subs[:, m], self.ksub, gen)
+                init[m] = _kmeans_plus_plus(train.with_local(subs[:, m]), self.ksub, gen)
         self.codebooks.copy_(init)
         self._mark_trained()
         self.lloyd(train, self.niter, gen)
 
-    def lloyd(self, x: torch.Tensor, niter: int, gen: torch.Generator | None = None) -> list[float]:
+    def lloyd(
+        self, x: torch.Tensor | Shards, niter: int, gen: torch.Generator | None = None
+    ) -> list[float]:
         """Run ``niter`` Lloyd iterations from the current codebooks (warm start, used by OPQ).
 
         Args:
-            x: float32 Tensor[n, dim] on the module's device.
+            x: float32 Tensor[n, dim] on the module's device, or :class:`vq.distributed.Shards`
+                of such rows (trains with the other processes on all their rows).
 
         Returns:
             The total squared error at each assignment step.
         """
         gen = gen if gen is not None else _generator(self.seed)
+        shards = x if isinstance(x, Shards) else Shards.whole(x)
+        x = shards.local
         M, ksub, dsub = self.codebooks.shape
         rows = x.reshape(-1, dsub)  # sub-vectors, in the order of the flattened codes
         objective = []
         for _ in range(niter):
             codes, err = self._assign(x)
-            objective.append(float(err.double().sum()))
             flat = (codes.long() + self._offsets).reshape(-1)
             sums = torch.zeros(M * ksub, dsub, device=x.device).index_add_(0, flat, rows)
             counts = torch.bincount(flat, minlength=M * ksub).to(torch.float32)
+            sums, counts, total = shards.all_sum(sums, counts, err.double().sum())
+            objective.append(float(total))
             old = self.codebooks.float()
             sums, counts = sums.reshape(M, ksub, dsub), counts.reshape(M, ksub)
             new = torch.stack([_update(old[m], sums[m], counts[m], gen) for m in range(M)])

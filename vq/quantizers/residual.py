@@ -16,8 +16,9 @@ import torch
 
 from vq import _cpu, kernels
 from vq._checks import is_eager
-from vq.clustering import _generator, _sample_rows, kmeans
+from vq.clustering import _generator, kmeans
 from vq.distances import nearest
+from vq.distributed.shards import Shards
 from vq.quantizers.base import Metric, Quantizer
 
 
@@ -81,7 +82,8 @@ class ResidualVQ(Quantizer):
     def _fit(self, x: torch.Tensor) -> None:
         # every stage's k-means would subsample to this many vectors anyway
         gen = _generator(self.seed)
-        x = _sample_rows(x, self.codebook_size * self.max_points_per_centroid, gen)
+        # under torch.distributed x is this process's shard: keep its part of the global sample
+        x = Shards.of(x).subsample(self.codebook_size * self.max_points_per_centroid, gen).local
         n = x.shape[0]
         codes = torch.zeros(n, 1, 0, dtype=torch.long, device=x.device)
         residuals = x[:, None, :].clone()  # [n, beam, d]
@@ -109,6 +111,7 @@ class ResidualVQ(Quantizer):
         """Re-fit each stage's codewords to the mean of ``x`` minus the other stages
         (codes held fixed)."""
         k = self.codebook_size
+        shards = Shards.of(x)  # this process's rows under torch.distributed
         residual = x - self._decode(codes)
         for m in range(self.num_quantizers):
             cb = self.codebooks[m]
@@ -117,6 +120,7 @@ class ResidualVQ(Quantizer):
             counts = torch.zeros(k, device=x.device).index_add_(
                 0, codes[:, m], torch.ones(x.shape[0], device=x.device)
             )
+            sums, counts = shards.all_sum(sums, counts)
             new = torch.where(counts[:, None] > 0, sums / counts.clamp_min(1.0)[:, None], cb)
             residual = target - new.index_select(0, codes[:, m])
             cb.copy_(new)
