@@ -97,17 +97,45 @@ def pq_search(tables: torch.Tensor, packed: PackedCodes, n: int, k: int):
 
 def ivf_search(
     tables: torch.Tensor,
+    list_tables: torch.Tensor,
     bias: torch.Tensor,
     lists: torch.Tensor,
     packed: PackedCodes,
     offsets: torch.Tensor,
     k: int,
 ):
-    """Fast-scan of CSR inverted lists: tables float32 [nq, nprobe, M, 16] and bias float32
-    [nq, nprobe] per probe (smaller is nearer), lists int64 [nq, nprobe] → distances float32
-    [nq, k] and rows int64 [nq, k]."""
-    nq, _, M, _ = tables.shape
-    luts, bias_q, scale, offset = _quantize(tables, bias)
+    """Fast-scan of CSR inverted lists (smaller is nearer). Probe p of query q uses the table
+    ``tables[q, t] + list_tables[lists[q, p]]`` plus ``bias[q, p]``.
+
+    Args:
+        tables: float32 [nq, T, M, 16] with T = 1 (one table per query) or nprobe.
+        list_tables: float32 [nlist, M, 16] or [0, M, 16] (nothing per list).
+        bias: float32 [nq, nprobe]; lists: int64 [nq, nprobe].
+
+    Returns:
+        distances float32 [nq, k] and rows int64 [nq, k].
+    """
+    nq, T, M, _ = tables.shape
+    nprobe = lists.shape[1]
+    if T == 1:  # tables built per query inside the kernel
+        luts = np.empty((nq, nprobe, M // 2, 32), dtype=np.uint8)
+        bias_q = np.empty((nq, nprobe), dtype=np.int32)
+        scale = np.empty(nq, dtype=np.float32)
+        offset = np.empty(nq, dtype=np.float32)
+        fastscan.quantize_ivf_tables(
+            tables[:, 0].contiguous().numpy(),
+            list_tables.contiguous().numpy(),
+            lists.contiguous().numpy(),
+            bias.contiguous().numpy(),
+            luts,
+            bias_q,
+            scale,
+            offset,
+        )
+    else:
+        if list_tables.shape[0]:
+            tables = tables + list_tables[lists]
+        luts, bias_q, scale, offset = _quantize(tables, bias)
     dist = np.empty((nq, k), dtype=np.float32)
     rows = _cpu.empty((nq, k), torch.int64)
     scanner = fastscan.ivf_fastscan_scanner(M // 2, fastscan.has_avx2())

@@ -211,8 +211,7 @@ class IVFPQ(IVFIndex):
         for s in range(0, q.shape[0], step):
             e = s + step
             tables, list_tables, base = self._tables(q[s:e], coarse[s:e], lists[s:e])
-            tables = tables.expand(-1, nprobe, -1, -1)
-            if list_tables.shape[0]:
-                tables = tables + list_tables[lists[s:e]]
-            dist, rows = fastscan.ivf_search(tables, base, lists[s:e], packed, self.offsets, k)
+            dist, rows = fastscan.ivf_search(
+                tables, list_tables, base, lists[s:e], packed, self.offsets, k
+            )
             out_dist[s:e], out_rows[s:e] = dist, rows

@@ -381,3 +381,33 @@ def pack_lists(codes: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.n
             codes[offsets[lst] : offsets[lst + 1]]
         )
     return packed.reshape(-1, 32), list_blocks
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def quantize_ivf_tables(
+    query_tables, list_tables, probes, bias, out_luts, out_bias, out_scale, out_offset
+):
+    """:func:`quantize_all` for IVF probes whose tables are a per-query table plus a per-list
+    one, built per query in a scratch buffer (never as a [nq, nprobe, M, 16] array).
+
+    Args:
+        query_tables: float32 [nq, M, 16]; list_tables: float32 [nlist, M, 16], or [0, M, 16]
+            when the lists add nothing; probes: int64 [nq, nprobe] (-1: skip); bias: float32
+            [nq, nprobe]. Outputs as :func:`quantize_all`.
+    """
+    nq, M, ksub = query_tables.shape
+    nprobe = probes.shape[1]
+    has_lists = list_tables.shape[0] > 0
+    for q in prange(nq):
+        scratch = np.empty((nprobe, M, ksub), dtype=np.float32)
+        for p in range(nprobe):
+            lst = max(probes[q, p], 0)
+            for m in range(M):
+                for j in range(ksub):
+                    v = query_tables[q, m, j]
+                    if has_lists:
+                        v += list_tables[lst, m, j]
+                    scratch[p, m, j] = v
+        s, o = quantize_tables(scratch, bias[q], out_luts[q], out_bias[q])
+        out_scale[q] = s
+        out_offset[q] = o
