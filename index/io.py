@@ -262,7 +262,15 @@ def _check_shapes(config: dict, tensors: dict[str, torch.Tensor], path: Path) ->
     tensors with the file's, so that a forged config (a huge nlist or dim) cannot make the
     real construction allocate more than the file holds."""
     with torch.device("meta"):
-        expected = _build(config, path).state_dict()
+        index = _build(config, path)
+    built = {"class": type(index).__name__, **index.config()}
+    odd = _settings_not_taken(config, built)
+    if odd:
+        raise ValueError(
+            f"{path}: the configuration holds settings a {config.get('class')} does not take: "
+            f"{', '.join(odd)}"
+        )
+    expected = index.state_dict()
     for name, t in expected.items():
         if name.rsplit(".", 1)[-1] in _GROWING:
             continue
@@ -273,6 +281,24 @@ def _check_shapes(config: dict, tensors: dict[str, torch.Tensor], path: Path) ->
                 f"{path}: the tensors do not match a {config.get('class')}: {name!r} is {got}, "
                 f"its configuration needs {tuple(t.shape)}"
             )
+
+
+def _settings_not_taken(saved: dict, built: dict, where: str = "") -> list[str]:
+    """Entries of a saved configuration that the index built from it does not hold as they are
+    (unknown names, or values the constructor changed): a file vq wrote has none."""
+    odd = []
+    for key, value in saved.items():
+        mine = built.get(key, _MISSING)
+        if isinstance(value, dict) and isinstance(mine, dict):
+            odd += _settings_not_taken(value, mine, f"{where}{key}.")
+        elif mine is _MISSING:
+            odd.append(f"{where}{key} (unknown)")
+        elif type(value) is not type(mine) or value != mine:
+            odd.append(f"{where}{key}={value!r}")
+    return odd
+
+
+_MISSING = object()
 
 
 def _check_consistent(index, path: Path) -> None:
