@@ -1,0 +1,136 @@
+"""``to_onnx``: quantizers and indexes to ONNX files with static shapes (``pip install
+'vq[export]'``: onnx, onnxscript; onnxruntime to run them)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from vq.export.modules import export_module
+
+#: ONNX opset used unless ``opset`` says otherwise (what torch 2.11's exporter targets)
+DEFAULT_OPSET = 20
+
+
+def to_onnx(
+    obj,
+    path: str | os.PathLike,
+    *,
+    batch_size: int,
+    what: str | None = None,
+    k: int | None = None,
+    nprobe: int | None = None,
+    k_factor: int | None = None,
+    capacity: int | None = None,
+    code_dtype: torch.dtype | str | None = None,
+    dynamic_batch: bool = False,
+    opset: int | None = None,
+) -> Path:
+    """Write the ``what`` graph of a quantizer or index to an ONNX file.
+
+    Every shape in the graph is static: inputs ``[batch_size, …]``, inverted lists padded to a
+    fixed capacity and masked with +inf, ids gathered from a padded table; the ops are
+    Gemm/MatMul, Gather, ArgMin, TopK and elementwise ones (check with :func:`vq.export.audit`).
+    The model carries metadata (``vq_version``, ``what``, ``source``, ``dim``, ``batch_size``,
+    and for search ``k``, ``nprobe``, ``capacity``, ``metric``, ``ntotal``, the index config),
+    readable with ``onnx.load(path).metadata_props`` or ONNX Runtime's
+    ``session.get_modelmeta().custom_metadata_map``.
+
+    Inputs and outputs are named: encode ``vectors`` → ``codes``; decode ``codes`` →
+    ``vectors``; search ``queries`` → ``distances``, ``ids``.
+
+    Args:
+        obj: a trained quantizer or a trained, filled index (see :func:`export_module`).
+        path: the ``.onnx`` file to write (a model over 2 GiB also writes ``<path>.data``).
+        batch_size: rows per call (pad smaller batches with :func:`vq.export.pad_batch`).
+        what: "encode" / "decode" (quantizers, default "encode") or "search" (indexes).
+        k, nprobe, k_factor, capacity, code_dtype: as :func:`export_module`.
+        dynamic_batch: make the batch axis symbolic ("batch") for runtimes that handle it;
+            shapes that depend on it are then dynamic too (the audit lists them).
+        opset: ONNX opset version (default 20).
+
+    Returns:
+        The path written.
+    """
+    import onnx
+
+    batch_size = _positive(batch_size, "batch_size")
+    opset = DEFAULT_OPSET if opset is None else _positive(opset, "opset")
+    module = export_module(
+        obj,
+        what,
+        k=k,
+        nprobe=nprobe,
+        k_factor=k_factor,
+        capacity=capacity,
+        code_dtype=code_dtype,
+    )
+    path = Path(path)
+    # a symbolic batch cannot be traced from 1 row (torch.export specialises sizes 0 and 1)
+    example = module.example_input(max(batch_size, 2) if dynamic_batch else batch_size)
+    input_names = [spec.name for spec in module.inputs]
+    dynamic_shapes = None
+    if dynamic_batch:
+        dynamic_shapes = ({0: torch.export.Dim("batch", min=1)},)
+    with _quiet(), torch.no_grad():
+        program = torch.onnx.export(
+            module,
+            (example,),
+            dynamo=True,
+            input_names=input_names,
+            output_names=[spec.name for spec in module.outputs],
+            opset_version=opset,
+            dynamic_shapes=dynamic_shapes,
+            optimize=True,
+            verbose=False,
+        )
+    metadata = {
+        "vq_version": _version(),
+        **module.metadata,
+        "batch_size": "dynamic" if dynamic_batch else str(batch_size),
+        "opset": str(opset),
+    }
+    program.model.metadata_props.update(metadata)
+    program.model.producer_name = "vq"
+    program.model.producer_version = _version()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbytes = sum(b.numel() * b.element_size() for b in module.buffers())
+    program.save(path, external_data=nbytes > (1 << 31) - (1 << 26))
+    onnx.checker.check_model(str(path))
+    return path
+
+
+def _version() -> str:
+    import vq
+
+    return vq.__version__
+
+
+def _positive(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence the exporter's progress lines and its notes about optional packages."""
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with (
+            open(os.devnull, "w") as sink,
+            contextlib.redirect_stdout(sink),
+            warnings.catch_warnings(),
+        ):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)

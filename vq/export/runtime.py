@@ -1,0 +1,105 @@
+"""``OnnxRunner``: an exported model in ONNX Runtime, fed batches of any size."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vq.export.padding import pad_batch
+
+_ORT_DTYPES = {
+    "tensor(float)": np.float32,
+    "tensor(uint8)": np.uint8,
+    "tensor(int16)": np.int16,
+    "tensor(int32)": np.int32,
+    "tensor(int64)": np.int64,
+}
+
+
+class OnnxRunner:
+    """Runs a model written by :func:`vq.export.to_onnx` with ONNX Runtime.
+
+    Rows are sent in chunks of the model's static batch size, the last chunk padded with
+    :func:`vq.export.pad_batch`, and the outputs trimmed back to the rows given, so any number
+    of rows works with a fixed-shape model.
+
+        >>> runner = OnnxRunner("ivfpq.onnx")
+        >>> D, I = runner(queries)          # float32 [nq, k], int64 [nq, k]
+
+    Args:
+        model: path of the ``.onnx`` file.
+        providers: ONNX Runtime execution providers (default ``["CPUExecutionProvider"]``).
+        threads: intra-op threads (default: ONNX Runtime's choice).
+
+    Attributes:
+        path: the model file.
+        session: the ``onnxruntime.InferenceSession``.
+        batch_size: the model's static batch size (None for a dynamic batch axis).
+        metadata: the model's metadata (``dim``, ``k``, ``nprobe``, ``vq_version``, …).
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike,
+        providers: list[str] | None = None,
+        threads: int | None = None,
+    ):
+        import onnxruntime as ort
+
+        self.path = Path(model)
+        options = ort.SessionOptions()
+        if threads is not None:
+            options.intra_op_num_threads = int(threads)
+            options.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(
+            str(model), options, providers=providers or ["CPUExecutionProvider"]
+        )
+        (spec,) = self.session.get_inputs()
+        self.input_name, self.input_shape = spec.name, tuple(spec.shape)
+        self.input_dtype = _ORT_DTYPES.get(spec.type)
+        batch = spec.shape[0]
+        self.batch_size = batch if isinstance(batch, int) else None
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.metadata = dict(self.session.get_modelmeta().custom_metadata_map)
+
+    def __call__(self, x: Any) -> Any:
+        """Outputs for the rows of ``x`` ``[n, *input_shape[1:]]`` (numpy or torch).
+
+        Returns:
+            One array for a single-output model (codes, vectors), else a tuple (distances,
+            ids); numpy for numpy input, CPU tensors for tensor input.
+        """
+        data = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+        trailing = tuple(self.input_shape[1:])
+        if data.ndim != len(self.input_shape) or data.shape[1:] != trailing:
+            raise ValueError(
+                f"{self.input_name}: expected shape [n, {', '.join(map(str, trailing))}], "
+                f"got {list(data.shape)}"
+            )
+        if self.input_dtype is not None:
+            data = np.ascontiguousarray(data, dtype=self.input_dtype)
+        if self.batch_size is None:
+            chunks = [self.session.run(None, {self.input_name: data})] if len(data) else []
+        else:
+            chunks = []
+            for start in range(0, len(data), self.batch_size):
+                padded, n = pad_batch(data[start : start + self.batch_size], (self.batch_size,))
+                outs = self.session.run(None, {self.input_name: padded})
+                chunks.append([o[:n] for o in outs])
+        if chunks:
+            outputs = [np.concatenate(parts) for parts in zip(*chunks, strict=True)]
+        else:  # no rows: empty outputs of the right trailing shape
+            outputs = [
+                np.zeros(
+                    (0, *(d if isinstance(d, int) else 0 for d in o.shape[1:])),
+                    _ORT_DTYPES.get(o.type, np.float32),
+                )
+                for o in self.session.get_outputs()
+            ]
+        if isinstance(x, torch.Tensor):
+            outputs = [torch.from_numpy(o) for o in outputs]
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
