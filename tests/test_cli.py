@@ -125,3 +125,84 @@ def test_help_and_unknown_commands(capsys):
     with pytest.raises(SystemExit):
         cli.main(["frobnicate"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+# -- vq export ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def exported_model(files):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    import vq
+    from vq.datasets import read_fvecs
+
+    index = vq.index_factory(32, "IVF16,PQ8")
+    x = read_fvecs(files / "base.fvecs")
+    index.train(x)
+    index.add(x)
+    index.save(files / "export.vq")
+    return files / "export.vq"
+
+
+def test_export_checks_and_audits(files, exported_model, capsys):
+    onnx_path = files / "export.onnx"
+    code, out, err = run(
+        capsys,
+        "export",
+        exported_model,
+        "-o",
+        onnx_path,
+        "--batch-size",
+        "8",
+        "-k",
+        "5",
+        "--nprobe",
+        "4",
+        "--check",
+        files / "queries.fvecs",
+    )
+    assert code == 0, err
+    assert "IVFPQ, 3000 vectors; queries: float32[8, 32] -> distances: float32[8, 5]" in out
+    assert "audit: static" in out
+    check = re.search(
+        r"check: 60 queries.*identical ids ([0-9.]+), differences not explained "
+        r"by ties (\d+), max \|distance difference\| (\S+)",
+        out,
+    )
+    assert check and float(check[1]) > 0.9 and check[2] == "0" and float(check[3]) < 1e-3
+    code, out, _ = run(capsys, "export", "--audit", onnx_path)
+    assert code == 0 and "static: every shape is fixed" in out and "TopK" in out
+    dynamic = files / "dynamic.onnx"
+    run(capsys, "export", exported_model, "-o", dynamic, "--dynamic-batch")
+    code, out, _ = run(capsys, "export", "--audit", onnx_path, dynamic)
+    assert code == 1 and "queries: [batch, 32]" in out  # one model is not static: exit 1
+
+
+def test_export_reads_faiss_index_files(files, capsys):
+    faiss = pytest.importorskip("faiss")
+    pytest.importorskip("onnxscript")
+    from vq.datasets import read_fvecs
+
+    findex = faiss.IndexFlatIP(32)
+    findex.add(read_fvecs(files / "base.fvecs")[:500])
+    faiss.write_index(findex, str(files / "flat.faiss"))
+    code, out, err = run(
+        capsys, "export", files / "flat.faiss", "-o", files / "flat.onnx", "-k", "3"
+    )
+    assert code == 0, err
+    assert "FlatIndex, 500 vectors; queries: float32[1, 32] -> distances: float32[1, 3]" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["export", "{d}/missing.vq", "-o", "{d}/x.onnx"], "no index file"),
+        (["export", "{d}/queries.fvecs", "-o", "{d}/x.onnx"], "neither a vq index nor a faiss"),
+        (["export", "--audit", "{d}/queries.fvecs"], "not an ONNX model"),
+        (["export", "{d}/export.vq", "-o", "{d}/x.onnx", "--batch-size", "0"], "batch_size must"),
+        (["export", "{d}/export.vq", "-o", "{d}/x.onnx", "--k-factor", "2"], "k_factor applies"),
+    ],
+)
+def test_export_bad_input_is_one_line_and_exit_2(files, exported_model, capsys, argv, message):
+    pytest.importorskip("faiss")
+    code, _, err = run(capsys, *[a.format(d=files) for a in argv])
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and message in err

@@ -606,3 +606,16 @@ def test_audit_passes_a_static_graph_and_checks_its_input(ort, tmp_path):
         audit(tmp_path / "junk.onnx")
     with pytest.raises(TypeError, match="expected a path or an onnx.ModelProto, got int"):
         audit(3)
+
+
+def test_missing_optional_packages_say_how_to_install(monkeypatch, tmp_path, quantizers):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "onnxscript" else real(name, *a),
+    )
+    with pytest.raises(ImportError, match=r"to_onnx needs onnxscript: pip install 'vq\[export\]'"):
+        to_onnx(quantizers["ProductQuantizer"], tmp_path / "x.onnx", batch_size=1)

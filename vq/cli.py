@@ -2,6 +2,8 @@
 
     vq build --data X.fvecs --index "OPQ16,IVF1024,PQ16" -o index.vq   train and fill an index
     vq search index.vq --queries Q.fvecs -k 10 [--gt GT.ivecs]         search; recall with --gt
+    vq export index.vq -o search.onnx --batch-size 64                  static-shape ONNX search
+    vq export --audit model.onnx             op counts, dynamic shapes, data-dependent ops
     vq nsynth [options]      the main job: vq against faiss on NSynth embeddings
     vq validate [options]    quantizer and index checks against faiss on generated vectors
     vq bench [name ...]      the benchmarks (from a source checkout: bench/ is not installed)
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-COMMANDS = ("build", "search", "nsynth", "validate", "bench")
+COMMANDS = ("build", "search", "export", "nsynth", "validate", "bench")
 
 
 class InputError(Exception):
@@ -207,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
             return search(rest)
         if command == "bench":
             return bench(rest)
+        if command == "export":
+            from vq.export import cli as export_cli
+
+            return export_cli.main(rest, prog="vq export")
         if command == "nsynth":
             from vq import nsynth
 

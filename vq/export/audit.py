@@ -19,6 +19,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vq.export.base import require
+
 #: ops whose output shape depends on the values of their inputs, always
 DATA_DEPENDENT = {
     "NonZero": "output length is the number of non-zero elements",
@@ -126,6 +128,7 @@ def audit(model) -> AuditReport:
         TypeError: neither a path nor a ModelProto.
         ValueError: the file is not a readable ONNX model.
     """
+    require("vq.export.audit", "onnx")
     import onnx
     from google.protobuf.message import DecodeError
 

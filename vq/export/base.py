@@ -3,6 +3,7 @@ shapes, and the metadata written into an exported model."""
 
 from __future__ import annotations
 
+import importlib.util
 from typing import NamedTuple
 
 import torch
@@ -75,3 +76,10 @@ def describe(obj: nn.Module) -> str:
     if isinstance(inner, nn.Module):
         facts.append(describe(inner))
     return f"{name}({', '.join(facts)})"
+
+
+def require(what: str, *modules: str) -> None:
+    """Raise ImportError naming the missing optional packages and how to install them."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ImportError(f"{what} needs {' and '.join(missing)}: pip install 'vq[export]'")

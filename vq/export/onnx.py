@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from vq.export.base import require
 from vq.export.modules import export_module
 
 #: ONNX opset used unless ``opset`` says otherwise (what torch 2.11's exporter targets)
@@ -58,6 +59,7 @@ def to_onnx(
     Returns:
         The path written.
     """
+    require("vq.export.to_onnx", "onnx", "onnxscript")
     import onnx
 
     batch_size = _positive(batch_size, "batch_size")

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vq.export.base import require
 from vq.export.padding import pad_batch
 
 _ORT_DTYPES = {
@@ -48,6 +49,7 @@ class OnnxRunner:
         providers: list[str] | None = None,
         threads: int | None = None,
     ):
+        require("vq.export.OnnxRunner", "onnxruntime")
         import onnxruntime as ort
 
         self.path = Path(model)
