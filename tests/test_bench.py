@@ -104,3 +104,21 @@ def test_memory(results):
     assert [r["system"] for r in rows] == ["vq", "faiss"]
     for r in rows:  # 2 code bytes per vector, plus ids and codebooks
         assert 2 <= float(r["file bytes/vector"]) < 40
+
+
+def test_export(results):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from bench import export
+
+    argv = (
+        "--n 2000 --dim 16 --M 4 --rvq-stages 2 --nlist 8 --nprobe 2 --ntrain 2000 "
+        "--encode-batches 4 --search-batches 3 --rounds 1 --min-seconds 0.001"
+    )
+    rows = export.main(argv.split())
+    columns = ["operation", "batch", "ONNX Runtime ms", "torch eager ms", "eager / ONNX Runtime"]
+    csv_rows = read_csv(results / "export.csv", [*columns, "vq (numba) ms", "identical rows"])
+    assert len(csv_rows) == len(rows) == 3  # PQ and RVQ encode, IVFPQ search
+    assert [int(r["batch"]) for r in csv_rows] == [4, 4, 3]
+    assert all(float(r["identical rows"]) == 1.0 for r in csv_rows)  # same graph, two runtimes
+    assert (results / "export.png").exists()
