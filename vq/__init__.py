@@ -18,7 +18,11 @@ from vq.index import (
     load_index,
 )
 from vq.quantizers import (
+    EMA,
+    FSQ,
     OPQ,
+    Gradient,
+    Learning,
     ProductQuantizer,
     Quantizer,
     QuantizerOutput,
@@ -29,14 +33,18 @@ from vq.quantizers import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "EMA",
+    "FSQ",
     "IVFPQ",
     "OPQ",
     "FlatIndex",
+    "Gradient",
     "IVFFlat",
     "PQIndex",
     "PreTransform",
     "Refine",
     "KMeansResult",
+    "Learning",
     "ProductQuantizer",
     "Quantizer",
     "QuantizerOutput",

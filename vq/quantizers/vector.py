@@ -1,4 +1,4 @@
-"""Plain vector quantization: one k-means codebook."""
+"""Plain vector quantization: one codebook, trained with k-means or as a layer."""
 
 from __future__ import annotations
 
@@ -6,21 +6,33 @@ import torch
 
 from vq.clustering import kmeans
 from vq.distances import nearest
-from vq.quantizers.base import Metric, Quantizer
+from vq.quantizers.base import Metric, Quantizer, Step
+from vq.quantizers.learning import Learning
 
 
 class VectorQuantizer(Quantizer):
-    """One codebook of ``codebook_size`` centroids, trained with :func:`vq.kmeans`.
+    """One codebook of ``codebook_size`` centroids, trained with :func:`vq.kmeans` (``fit``)
+    or, as a VQ-VAE layer, in ``forward`` (``learning="ema"`` or ``"grad"``).
 
     Args:
         dim: vector dimension d.
         codebook_size: number of centroids K.
-        niter, init, seed, max_points_per_centroid: k-means settings (see :func:`vq.kmeans`).
+        niter, init, seed, max_points_per_centroid: k-means settings of ``fit`` (see
+            :func:`vq.kmeans`).
+        learning, commitment_weight, rotation_trick, cosine, codebook_dim, channel_first:
+            layer options (see :class:`vq.Quantizer`).
 
     Buffers:
-        codebook: float32 [K, d].
+        codebook: float32 [K, code_dim] (an ``nn.Parameter`` under gradient learning), where
+        code_dim is ``codebook_dim`` or d.
 
     Codes are ``[...]`` (one integer per vector); ``distance_tables`` is ``[nq, 1, K]``.
+
+    Example (a VQ-VAE bottleneck: EMA codebook, k-means on the first batch, dead-code
+    restart)::
+
+        vq_layer = vq.VectorQuantizer(256, 1024, learning=vq.EMA(dead_code_threshold=2.0))
+        out = vq_layer(z)  # z [B, T, 256] → out.quantized, out.codes [B, T], out.loss
     """
 
     def __init__(
@@ -32,11 +44,26 @@ class VectorQuantizer(Quantizer):
         init: str = "k-means++",
         seed: int = 1234,
         max_points_per_centroid: int = 256,
+        learning: str | Learning | None = None,
+        commitment_weight: float = 1.0,
+        rotation_trick: bool = False,
+        cosine: bool = False,
+        codebook_dim: int | None = None,
+        channel_first: bool = False,
     ):
-        super().__init__(dim, codebook_size, ())
+        super().__init__(
+            dim,
+            codebook_size,
+            (),
+            commitment_weight=commitment_weight,
+            rotation_trick=rotation_trick,
+            cosine=cosine,
+            codebook_dim=codebook_dim,
+            channel_first=channel_first,
+        )
         self.niter, self.init, self.seed = niter, init, seed
         self.max_points_per_centroid = max_points_per_centroid
-        self.register_buffer("codebook", torch.zeros(codebook_size, dim))
+        self._init_codebooks("codebook", (codebook_size, self.code_dim), learning)
 
     def _fit(self, x: torch.Tensor) -> None:
         result = kmeans(
@@ -50,13 +77,25 @@ class VectorQuantizer(Quantizer):
         self.codebook.copy_(result.centroids)
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
-        return nearest(x, self.codebook.float()).indices
+        return nearest(x, self.codebook.detach().float()).indices
 
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
-        return self.codebook.float().index_select(0, codes.reshape(-1).long())
+        return self.codebook.detach().float().index_select(0, codes.reshape(-1).long())
+
+    def _codebook_groups(self) -> torch.Tensor:
+        return self.codebook[None]
+
+    def _group_rows(self, z: torch.Tensor) -> torch.Tensor:
+        return z[None]
+
+    def _ungroup(self, slices: torch.Tensor) -> torch.Tensor:
+        return slices[0]
+
+    def _quantize(self, z, weight, lead, update) -> Step:
+        return self._quantize_groups(z, weight, update)
 
     def _tables(self, queries: torch.Tensor, metric: Metric) -> torch.Tensor:
-        c = self.codebook.float()
+        c = self._output_codebooks()[0]
         dots = queries @ c.T
         if metric == "ip":
             return dots[:, None, :]

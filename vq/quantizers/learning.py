@@ -1,0 +1,396 @@
+"""How a quantizer's codebooks learn while it trains as a layer of a network (a VQ-VAE, a codec).
+
+Two rules, chosen with the quantizer's ``learning`` argument:
+
+- :class:`EMA` (``learning="ema"``): each codeword is the exponential moving average of the
+  vectors assigned to it, ``e_k = m_k / ñ_k`` with ``n_k ← γ n_k + (1-γ) count_k``,
+  ``m_k ← γ m_k + (1-γ) Σ_{x→k} x`` and Laplace-smoothed counts
+  ``ñ_k = (n_k + ε) / (N + Kε) · N`` (van den Oord et al. 2017, appendix; Razavi et al. 2019).
+- :class:`Gradient` (``learning="grad"``): the codebook is an ``nn.Parameter`` trained by the
+  optimizer through the codebook loss ``||sg(z) - e||²``.
+
+Both share where codebooks start (k-means on the first training batch, or random) and dead-code
+restart: a code whose moving-average usage falls below a threshold is replaced by a vector of the
+current batch and its statistics reset. The state lives in buffers of :class:`CodebookLearner`
+(``initted``, ``cluster_size``, ``embed_sum``), registered at construction and updated with
+tensor operations only: the k-means initialisation runs under ``torch.cond`` on the ``initted``
+flag when compiled (a Python branch eagerly), dead codes are replaced with ``torch.where`` from
+a fixed-size random draw, counts use ``index_add_``. A compiled training step therefore has one
+graph, before and after initialisation.
+
+Under torch.distributed, updates all-reduce the batch statistics, the k-means initialisation
+runs on every process's vectors (gathered) and is broadcast from rank 0, and dead-code
+candidates are gathered so that every process writes the same codewords (see :mod:`.sync`).
+
+References:
+    A. van den Oord, O. Vinyals, K. Kavukcuoglu, "Neural discrete representation learning",
+    NeurIPS 2017. A. Razavi, A. van den Oord, O. Vinyals, "Generating diverse high-fidelity
+    images with VQ-VAE-2", NeurIPS 2019. N. Zeghidour et al., "SoundStream", 2021 (k-means
+    initialisation, dead-code restart).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vq._checks import is_eager
+from vq.clustering import kmeans
+from vq.quantizers import sync
+from vq.quantizers.functional import code_counts
+
+
+@dataclass(frozen=True, kw_only=True)
+class Learning:
+    """What both learning rules share: how codebooks start, and when dead codes restart.
+
+    Args:
+        kmeans_init: initialise the codebooks by k-means (:func:`vq.kmeans`) on the first
+            training batch; False starts from random codewords (uniform in ±1/K; unit vectors
+            for cosine codebooks) and the layer can encode before it has seen data.
+        kmeans_iters: Lloyd iterations of that k-means (after k-means++ seeding).
+        dead_code_threshold: a code whose moving-average usage (expected uses per batch) falls
+            below this is replaced by a random vector of the current batch, and its usage reset
+            to the threshold; 0 disables restarts.
+    """
+
+    kmeans_init: bool = True
+    kmeans_iters: int = 10
+    dead_code_threshold: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kmeans_iters < 0:
+            raise ValueError(f"kmeans_iters must be >= 0, got {self.kmeans_iters}")
+        if not self.dead_code_threshold >= 0:
+            raise ValueError(
+                f"dead_code_threshold must be >= 0 (0 disables restarts), "
+                f"got {self.dead_code_threshold}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class EMA(Learning):
+    """Codewords as exponential moving averages of their assigned vectors.
+
+    Args:
+        decay: γ in [0, 1), the weight of the past (0.99 is usual; 0.8–0.9 learns faster).
+        eps: ε of the Laplace smoothing of the counts (keeps unused codes finite).
+        kmeans_init, kmeans_iters, dead_code_threshold: see :class:`Learning`.
+    """
+
+    decay: float = 0.99
+    eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 <= self.decay < 1.0:
+            raise ValueError(f"decay must lie in [0, 1), got {self.decay}")
+        if not self.eps > 0:
+            raise ValueError(f"eps must be positive, got {self.eps}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gradient(Learning):
+    """Codewords as parameters, learned by the optimizer through the codebook loss.
+
+    Args:
+        codebook_weight: weight of ``||sg(z) - e||²`` in the layer's ``loss``.
+        usage_decay: decay of the moving-average code usage that dead-code restart reads.
+        kmeans_init, kmeans_iters, dead_code_threshold: see :class:`Learning`.
+    """
+
+    codebook_weight: float = 1.0
+    usage_decay: float = 0.99
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.codebook_weight >= 0:
+            raise ValueError(f"codebook_weight must be >= 0, got {self.codebook_weight}")
+        if not 0.0 <= self.usage_decay < 1.0:
+            raise ValueError(f"usage_decay must lie in [0, 1), got {self.usage_decay}")
+
+
+def as_learning(learning: str | Learning | None) -> Learning | None:
+    """``"ema"`` → :class:`EMA()`, ``"grad"`` → :class:`Gradient()`; instances and None pass."""
+    if learning is None or isinstance(learning, Learning):
+        return learning
+    if learning == "ema":
+        return EMA()
+    if learning == "grad":
+        return Gradient()
+    raise ValueError(
+        f"learning must be None (codebooks from fit), 'ema', 'grad', vq.EMA(...) or "
+        f"vq.Gradient(...), got {learning!r}"
+    )
+
+
+def random_codebooks(groups: int, size: int, dim: int, cosine: bool) -> torch.Tensor:
+    """Starting codewords without data: uniform in ±1/K, or random unit vectors for cosine."""
+    if cosine:
+        return F.normalize(torch.randn(groups, size, dim), dim=-1)
+    return torch.empty(groups, size, dim).uniform_(-1.0 / size, 1.0 / size)
+
+
+class CodebookLearner(nn.Module):
+    """Training state and update rule of G codebooks of K codewords of dimension d.
+
+    The codewords themselves stay in the quantizer (``codebook``/``codebooks``, a buffer for
+    EMA and a parameter for gradient learning); every method takes a ``[G', K, d]`` view of them
+    (``G'`` = the groups being updated, selected by ``groups``) and writes it in place.
+
+    Buffers:
+        initted: bool [G], whether each codebook has been initialised.
+        cluster_size: float32 [G, K], moving-average code usage (EMA: the ``n_k`` above).
+        embed_sum: float32 [G, K, d], moving-average sum of assigned vectors (EMA only).
+    """
+
+    def __init__(self, learning: Learning, codebooks: torch.Tensor, cosine: bool = False):
+        super().__init__()
+        groups, size, _ = codebooks.shape
+        self.learning, self.cosine, self.codebook_size = learning, cosine, size
+        self.register_buffer("initted", torch.full((groups,), not learning.kmeans_init))
+        self.register_buffer("cluster_size", torch.ones(groups, size))
+        if self.by_ema:
+            smoothed = self._smoothed(self.cluster_size)[..., None]
+            self.register_buffer("embed_sum", codebooks.detach().float() * smoothed)
+
+    @property
+    def by_ema(self) -> bool:
+        return isinstance(self.learning, EMA)
+
+    @property
+    def by_gradient(self) -> bool:
+        return isinstance(self.learning, Gradient)
+
+    def _smoothed(self, cluster_size: torch.Tensor) -> torch.Tensor:
+        """Laplace-smoothed counts ``(n + ε) / (N + Kε) · N`` (EMA only)."""
+        eps = self.learning.eps
+        total = cluster_size.sum(-1, keepdim=True)
+        return (cluster_size + eps) / (total + self.codebook_size * eps) * total
+
+    # -- initialisation ---------------------------------------------------------------------
+    def initialize(
+        self,
+        codebooks: torch.Tensor,
+        x: torch.Tensor,
+        weight: torch.Tensor | None,
+        groups: slice,
+        synced: bool,
+    ) -> None:
+        """k-means initialisation of the selected codebooks from ``x``, once.
+
+        Args:
+            codebooks: Tensor[G', K, d], a view of the selected codebooks (written in place).
+            x: float32 Tensor[G', n, d], the batch's vectors for each codebook (detached).
+            weight: float Tensor[n], 0 for padding (excluded), or None.
+            groups: which of the G codebooks ``codebooks`` holds.
+            synced: initialise from every process's vectors and broadcast rank 0's result.
+        """
+        if not self.learning.kmeans_init:
+            return
+        weight = torch.ones(x.shape[1], device=x.device) if weight is None else weight.float()
+        k, niter = self.codebook_size, self.learning.kmeans_iters
+        state = [codebooks.detach(), self.cluster_size[groups]]
+        if self.by_ema:
+            state.append(self.embed_sum[groups])
+
+        def current(x, weight, *state):
+            return tuple(t.clone() for t in state)
+
+        def fresh(x, weight, *state):
+            centroids, counts = _kmeans_init_op(x, weight, k, niter, self.cosine, synced)
+            centroids = centroids.to(state[0].dtype)
+            if self.by_ema:
+                return centroids, counts, centroids.float() * self._smoothed(counts)[..., None]
+            return centroids, counts
+
+        done = self.initted[groups].all()
+        if is_eager():  # a Python branch: torch.cond would trace both functions on every call
+            if bool(done):
+                return
+            new = fresh(x, weight, *state)
+        else:  # one graph before and after initialisation
+            new = torch.cond(done, current, fresh, (x, weight, *state))
+        with torch.no_grad():
+            for target, value in zip(state, new, strict=True):  # state[0] aliases codebooks
+                target.copy_(value)
+            self.initted[groups] = True
+
+    def reset_(self, codebooks: torch.Tensor, counts: torch.Tensor) -> None:
+        """Adopt codebooks trained elsewhere (``fit``): initialised, with usage ``counts``.
+
+        Args:
+            codebooks: Tensor[G, K, d]; counts: float Tensor[G, K] (code counts on the fit data).
+        """
+        with torch.no_grad():
+            self.initted.fill_(True)
+            self.cluster_size.copy_(counts)
+            if self.by_ema:
+                self.embed_sum.copy_(codebooks.float() * self._smoothed(counts)[..., None])
+
+    # -- one training step ------------------------------------------------------------------
+    def update(
+        self,
+        codebooks: torch.Tensor,
+        x: torch.Tensor,
+        codes: torch.Tensor,
+        weight: torch.Tensor | None,
+        groups: slice,
+        synced: bool,
+    ) -> None:
+        """Fold one batch into the statistics, update EMA codewords, restart dead codes.
+
+        Args:
+            codebooks: Tensor[G', K, d], a view of the selected codebooks (written in place).
+            x: float32 Tensor[G', n, d], the vectors each codebook quantized (detached).
+            codes: integer Tensor[G', n], their codes.
+            weight: float Tensor[n] (0 = padding or a dropped stage), or None.
+            groups: which of the G codebooks ``codebooks`` holds.
+            synced: all-reduce the statistics and share restart candidates across processes.
+        """
+        size, dim = codebooks.shape[1], codebooks.shape[2]
+        counts = code_counts(codes, size, weight)  # [G', K]
+        if self.by_ema:
+            offsets = torch.arange(codes.shape[0], device=codes.device)[:, None] * size
+            rows = x if weight is None else x * weight[:, None]
+            sums = torch.zeros(codes.shape[0] * size, dim, device=x.device)
+            sums = sums.index_add_(0, (codes.long() + offsets).reshape(-1), rows.reshape(-1, dim))
+            sums = sums.reshape(-1, size, dim)
+            if synced:  # one collective for both
+                packed = sync.all_reduce_sum(torch.cat([counts[..., None], sums], dim=-1))
+                counts, sums = packed[..., 0], packed[..., 1:]
+        elif synced:
+            counts = sync.all_reduce_sum(counts)
+        rate = 1.0 - (self.learning.decay if self.by_ema else self.learning.usage_decay)
+        with torch.no_grad():
+            cluster_size = self.cluster_size[groups]
+            cluster_size.lerp_(counts, rate)
+            if self.by_ema:
+                embed_sum = self.embed_sum[groups]
+                embed_sum.lerp_(sums, rate)
+                new = embed_sum / self._smoothed(cluster_size)[..., None]
+                codebooks.copy_(F.normalize(new, dim=-1) if self.cosine else new)
+            if self.learning.dead_code_threshold > 0:
+                self._restart_dead_codes(codebooks, x, weight, groups, synced)
+
+    def _restart_dead_codes(self, codebooks, x, weight, groups: slice, synced: bool) -> None:
+        """Replace codes used less than the threshold by random batch vectors (fixed-size draw:
+        K candidates per codebook every step, kept only where a code is dead)."""
+        n_groups, size, dim = codebooks.shape
+        n = x.shape[1]
+        keys = torch.rand(n_groups, n, device=x.device)
+        if weight is not None:
+            keys = keys + weight  # real vectors (keys >= 1) come before padding (keys < 1)
+        take = min(n, size)
+        idx = keys.topk(take, dim=1).indices  # distinct rows while the batch has enough
+        if take < size:
+            idx = idx.repeat(1, math.ceil(size / take))[:, :size]
+        candidates = x.gather(1, idx[..., None].expand(n_groups, size, dim))
+        valid = torch.ones_like(idx, dtype=torch.float32) if weight is None else weight[idx]
+        if synced:  # every process takes code k's candidate from process k mod world size
+            world = torch.distributed.get_world_size()
+            src = torch.arange(size, device=x.device) % world
+            codes = torch.arange(size, device=x.device)
+            candidates = sync.all_gather(candidates)[src, :, codes].transpose(0, 1)
+            valid = sync.all_gather(valid)[src, :, codes].transpose(0, 1)
+        if self.cosine:
+            candidates = F.normalize(candidates, dim=-1)
+        threshold = self.learning.dead_code_threshold
+        cluster_size = self.cluster_size[groups]
+        dead = (cluster_size < threshold) & (valid > 0)
+        codebooks.copy_(torch.where(dead[..., None], candidates.to(codebooks.dtype), codebooks))
+        cluster_size.copy_(torch.where(dead, threshold, cluster_size))
+        if self.by_ema:  # so that e_k = m_k / ñ_k holds for the new codeword
+            embed_sum = self.embed_sum[groups]
+            fresh = candidates.float() * self._smoothed(cluster_size)[..., None]
+            embed_sum.copy_(torch.where(dead[..., None], fresh, embed_sum))
+
+
+# -- k-means initialisation (an opaque op, so that compiled graphs call it as it is) ------------
+def kmeans_init(
+    x: torch.Tensor, weight: torch.Tensor, k: int, niter: int, cosine: bool, synced: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """k-means centroids of the rows of ``x`` whose weight is positive, per group.
+
+    Args:
+        x: float32 Tensor[G, n, d]; weight: float Tensor[n].
+        k: centroids per group; niter: Lloyd iterations; cosine: cluster unit vectors.
+        synced: use every process's rows; rank 0 trains and broadcasts.
+
+    Returns:
+        ``(centroids, counts)``: float32 Tensor[G, k, d] and the cluster sizes [G, k].
+    """
+    if synced:
+        x, weight = sync.gather_rows(x, weight)
+    centroids = x.new_zeros(x.shape[0], k, x.shape[2])
+    counts = x.new_zeros(x.shape[0], k)
+    # drawn on every process (keeps their generators in step); torch.manual_seed fixes it
+    seed = int(torch.randint(1 << 30, ()))
+    if not synced or sync.rank() == 0:
+        rows = x[:, weight > 0]
+        for g in range(x.shape[0]):
+            centroids[g], counts[g] = _kmeans_rows(rows[g], k, niter, seed + g, cosine)
+    if synced:
+        sync.broadcast_(centroids)
+        sync.broadcast_(counts)
+    return centroids, counts
+
+
+def _kmeans_rows(rows: torch.Tensor, k: int, niter: int, seed: int, cosine: bool):
+    if rows.shape[0] == 0:
+        raise ValueError(
+            "k-means initialisation got no vectors (every position of the first training batch "
+            "is masked); give a batch with unmasked vectors first, or call fit(x)"
+        )
+    if cosine:
+        rows = F.normalize(rows, dim=-1)
+    if rows.shape[0] < k:
+        warnings.warn(
+            f"k-means initialisation got {rows.shape[0]} vectors for {k} codes: the missing "
+            "codes start as noisy copies of them (dead-code restart spreads them later); a "
+            "larger first batch, or fit(x), gives a better start",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        gen = torch.Generator().manual_seed(seed)
+        pick = torch.randint(rows.shape[0], (k - rows.shape[0],), generator=gen).to(rows.device)
+        spread = rows.std(dim=0, keepdim=True).nan_to_num(0.0) * 0.01 + 1e-6
+        noise = torch.randn(k - rows.shape[0], rows.shape[1], generator=gen).to(rows.device)
+        centroids = torch.cat([rows, rows[pick] + noise * spread])
+        counts = torch.ones(k, device=rows.device)
+    else:
+        with _single_process():  # our own syncing: every process's rows are already here
+            result = kmeans(rows, k, niter=niter, seed=seed)
+        centroids = result.centroids
+        counts = torch.bincount(result.assignments, minlength=k).float()
+    if cosine:
+        centroids = F.normalize(centroids, dim=-1)
+    return centroids, counts
+
+
+def _single_process():
+    """Keep :func:`vq.kmeans` on this process's rows even under torch.distributed."""
+    try:
+        from vq.distributed import use_group
+    except ImportError:  # a vq without distributed k-means
+        return nullcontext()
+    return use_group(None)
+
+
+@torch.library.custom_op("vq::kmeans_init", mutates_args=())
+def _kmeans_init_op(
+    x: torch.Tensor, weight: torch.Tensor, k: int, niter: int, cosine: bool, synced: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    centroids, counts = kmeans_init(x, weight, k, niter, cosine, synced)
+    return centroids, counts
+
+
+@_kmeans_init_op.register_fake
+def _(x, weight, k, niter, cosine, synced):
+    return x.new_empty(x.shape[0], k, x.shape[2]), x.new_empty(x.shape[0], k)
