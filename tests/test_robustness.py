@@ -291,6 +291,34 @@ NEEDS_TORCHAUDIO = [
 # fmt: on
 
 
+# fmt: off
+EXPORT_CASES = [
+    case("export-what", lambda e, x: x.export_module(e.pq, what="search"),
+         ValueError, r"a ProductQuantizer exports what='encode' or 'decode'; search needs an"),
+    case("export-untrained", lambda e, x: x.export_module(vq.ProductQuantizer(D, 4), what="encode"),
+         ValueError, r"the ProductQuantizer is not trained; call fit\(x\) before exporting"),
+    case("export-empty-index", lambda e, x: x.export_module(vq.FlatIndex(D), what="search", k=5),
+         ValueError, r"the FlatIndex is empty; add vectors before exporting its search"),
+    case("onnx-batch-size",
+         lambda e, x: x.to_onnx(e.pq, e.tmp / "a.onnx", batch_size=0, what="encode"),
+         ValueError, r"batch_size must be a positive integer, got 0"),
+    case("audit-not-onnx", lambda e, x: x.audit(e.tmp / "a.fvecs"),
+         ValueError, r"a.fvecs: not an ONNX model"),
+    case("pad-batch-too-big", lambda e, x: x.pad_batch(e.x[:100], sizes=[8, 64]),
+         ValueError, r"a batch of 100 rows exceeds the largest size 64; split it"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("call, error, message", EXPORT_CASES)
+def test_bad_export_input(env, call, error, message):
+    pytest.importorskip("onnx")
+    import vq.export
+
+    with pytest.raises(error, match=message):
+        call(env, vq.export)
+
+
 @pytest.mark.parametrize("call, error, message", CASES)
 def test_bad_input(env, call, error, message):
     with pytest.raises(error, match=message):
@@ -348,7 +376,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(cli_files, capsys, argv, message):
 
 
 def test_the_table_is_large_enough():
-    assert len(CASES) + len(NEEDS_TORCHAUDIO) + len(CLI_CASES) >= 40
+    assert len(CASES) + len(NEEDS_TORCHAUDIO) + len(CLI_CASES) + len(EXPORT_CASES) >= 40
 
 
 # -- the dtype and layout policy -------------------------------------------------------------------
