@@ -108,6 +108,10 @@ def make_index(name, x):
         "IVFPQ-direct-ip": lambda: _filled(
             vq.IVFPQ(DIM, 8, 4, 6, by_residual=False, metric="ip", coarse_niter=4, niter=4), x
         ),
+        "PQ-fastscan-l2": lambda: _filled(vq.PQIndex(DIM, 4, 4, niter=4, fast_scan=True), x),
+        "IVFPQ-fastscan-ip": lambda: _filled(
+            vq.IVFPQ(DIM, 8, 4, 4, metric="ip", fast_scan=True, coarse_niter=4, niter=4), x
+        ),
         "OPQ-IVFPQ-RFlat-l2": lambda: _filled(_opq_refine(x), x, odd_ids),
         "OPQ-IVFPQ-RFlat-ip": lambda: _filled(_opq_refine(x, "ip"), x),
     }
@@ -125,6 +129,8 @@ INDEXES = [
     "IVFPQ-ip-ids",
     "IVFPQ-direct-l2",
     "IVFPQ-direct-ip",
+    "PQ-fastscan-l2",
+    "IVFPQ-fastscan-ip",
     "OPQ-IVFPQ-RFlat-l2",
     "OPQ-IVFPQ-RFlat-ip",
 ]
@@ -229,9 +235,12 @@ def test_search_graphs_equal_the_torch_path(indexes, queries, name):
     nprobes = (1, 3) if "IVF" in name else (None,)
     for nprobe, k in [(p, k) for p in nprobes for k in (1, 10)]:
         params = {} if nprobe is None else {"nprobe": nprobe}
-        D, I = export_module(index, k=k, **params)(q)
-        assert_same_search(D, I, *torch_path(index, "search", q, k=k, **params))
-        if "RFlat" not in name:  # (Refine's numba path re-ranks the numba candidates)
+        module = export_module(index, k=k, **params)
+        D, I = module(q)
+        D_ref, I_ref = torch_path(index, "search", q, k=k, **params)
+        assert_same_search(D, I, D_ref, I_ref)
+        assert_same_search(*module(q[:1]), D_ref[:1], I_ref[:1])  # (one query: other gathers)
+        if "RFlat" not in name and "fastscan" not in name:  # (approximate numba paths)
             assert_same_search(D, I, *index.search(q, k, **params))
 
 
@@ -374,6 +383,15 @@ def test_strict_torch_export_and_tracing(quantizers, data, what):
             else (inp.long() + 1).remainder(q.codebook_size).to(inp.dtype)
         )
         assert torch.equal(traced(other), module(other)), name
+
+
+def test_strict_torch_export_of_search(indexes, queries):
+    q = torch.from_numpy(queries[:8])
+    for name in ("IVFPQ-ip-ids", "OPQ-IVFPQ-RFlat-l2"):
+        module = export_module(indexes(name), nprobe=3)
+        program = torch.export.export(module, (q,), strict=True)
+        for a, b in zip(program.module()(q + 0.5), module(q + 0.5), strict=True):
+            assert torch.equal(a, b), name
 
 
 # -- ONNX Runtime ----------------------------------------------------------------------------

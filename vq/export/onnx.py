@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import warnings
@@ -81,10 +82,9 @@ def to_onnx(
     if dynamic_batch:
         dynamic_shapes = ({0: torch.export.Dim("batch", min=1)},)
     with _quiet(), torch.no_grad():
-        program = torch.onnx.export(
+        program = _export(
             module,
             (example,),
-            dynamo=True,
             input_names=input_names,
             output_names=[spec.name for spec in module.outputs],
             opset_version=opset,
@@ -92,6 +92,8 @@ def to_onnx(
             optimize=True,
             verbose=False,
         )
+    if dynamic_batch:  # name the symbolic batch axis "batch" wherever it appears
+        program.rename_axes({program.model.graph.inputs[0].shape[0]: "batch"})
     metadata = {
         "vq_version": _version(),
         **module.metadata,
@@ -106,6 +108,26 @@ def to_onnx(
     program.save(path, external_data=nbytes > (1 << 31) - (1 << 26))
     onnx.checker.check_model(str(path))
     return path
+
+
+def _export(module: torch.nn.Module, args: tuple, **options):
+    """``torch.onnx.export(module, args, dynamo=True, **options)``, with the exporter's table of
+    ONNX translations built once per process and opset: torch rebuilds it on every call (about
+    2 s, from the source of ~500 functions), more than exporting a vq graph takes. Falls back to
+    the public call when torch's internals differ from 2.11's."""
+    try:
+        from torch.onnx._internal.exporter import _constants, _core, _registration
+    except ImportError:
+        _core = None
+    opset = options["opset_version"]
+    if _core is None or not hasattr(_core, "export") or opset < _constants.TORCHLIB_OPSET:
+        return torch.onnx.export(module, args, dynamo=True, **options)
+    return _core.export(module, args, registry=_registry(_registration, opset), **options)
+
+
+@functools.cache
+def _registry(registration, opset: int):
+    return registration.ONNXRegistry.from_torchlib(opset_version=opset)
 
 
 def _version() -> str:

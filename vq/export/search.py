@@ -170,10 +170,19 @@ class PQSearch(SearchModule):
 
     def forward(self, queries: torch.Tensor):
         tables = self.tables(queries)  # [M, B, ksub]
-        scores = tables[0].index_select(1, self.codes_t[0].long())  # [B, ntotal]
+        n = queries.shape[0]
+        if isinstance(n, int) and n == 1:
+            # one query: element-wise gathers (GatherElements, ~10x a Gather in ONNX Runtime)
+            scores = torch.gather(tables[0], 1, self.codes_t[:1].long())  # [1, ntotal]
+            for m in range(1, self.M):
+                scores = scores + torch.gather(tables[m], 1, self.codes_t[m : m + 1].long())
+            return self._results(scores, None if self.sequential else self.id_table)
+        # a batch: rows of the transposed tables, B contiguous values per code (~4x faster)
+        tables = tables.transpose(1, 2)  # [M, ksub, B]
+        scores = tables[0].index_select(0, self.codes_t[0].long())  # [ntotal, B]
         for m in range(1, self.M):
-            scores = scores + tables[m].index_select(1, self.codes_t[m].long())
-        return self._results(scores, None if self.sequential else self.id_table)
+            scores = scores + tables[m].index_select(0, self.codes_t[m].long())
+        return self._results(scores.T, None if self.sequential else self.id_table)
 
 
 def padded_rows(offsets: torch.Tensor, capacity: int) -> torch.Tensor:
@@ -283,17 +292,16 @@ class IVFPQSearch(IVFSearch):
     def forward(self, queries: torch.Tensor):
         coarse, lists = self.probe(queries)
         n, c = queries.shape[0], self.nprobe * self.capacity
-        tables = self.tables(queries).reshape(self.M, -1)  # [M, B * ksub]
-        # per-query offsets into the flattened tables: one plain gather per sub-quantizer
-        base = torch.arange(n, device=queries.device)[:, None] * self.ksub  # [B, 1]
+        tables = self.tables(queries)  # [M, B, ksub]
         scores = self.gather_lists(self.slot_bias, lists)  # [B, C]
         if self.by_residual:  # the coarse term of each probe, over its capacity slots
-            scores = (scores.reshape(n, self.nprobe, self.capacity) + coarse[:, :, None]).reshape(
-                n, c
-            )
+            per_probe = scores.reshape(n, self.nprobe, self.capacity) + coarse[:, :, None]
+            scores = per_probe.reshape(n, c)
+        # one element-wise gather per sub-quantizer: GatherElements in ONNX, which ONNX Runtime
+        # ran several times faster here than a Gather from flattened tables at offset indices
         for m in range(self.M):
-            codes = self.gather_lists(self.list_codes[m], lists).long() + base  # [B, C]
-            scores = scores + tables[m].index_select(0, codes.reshape(-1)).reshape(n, c)
+            codes = self.gather_lists(self.list_codes[m], lists).long()  # [B, C]
+            scores = scores + torch.gather(tables[m], 1, codes)
         return self._results(scores, self.gather_lists(self.list_ids, lists))
 
 
