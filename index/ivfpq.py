@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from vq import kernels
-from vq.index import fastscan
 from vq.index.fastscan import PackedCodes, check_fast_scan
 from vq.index.ivf import IVFIndex
+from vq.kernels import fastscan as fastscan_kernels
 from vq.quantizers import ProductQuantizer
 
 
@@ -147,26 +147,24 @@ class IVFPQ(IVFIndex):
         return max(1, (1 << 26) // (nprobe * self.pq.M * self.pq.ksub))
 
     # -- scans ----------------------------------------------------------------------------
-    def _scan_numba(self, q, coarse, lists, out_dist, out_rows) -> None:
-        if self.fast_scan:
-            return self._fast_scan(q, coarse, lists, out_dist, out_rows)
-        # the kernel builds each query's tables itself (see kernels.ivfpq_scanner)
-        cb = self.pq.codebooks.float()
-        codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)
-        empty = torch.zeros(0, self.pq.M * self.pq.ksub)
-        list_tables, base, alpha = empty, coarse, -1.0
+    def _kernel_tables(self, coarse: torch.Tensor):
+        """How the numba kernels build the look-up tables (see ``kernels.ivfpq_scanner``):
+        ``(kind, alpha, list_tables [nlist or 0, M * ksub], base [nq, nprobe])``."""
+        list_tables = torch.zeros(0, self.pq.M * self.pq.ksub)
         if not self.by_residual:
             kind = kernels.IP_TABLE if self.metric == "ip" else kernels.L2_TABLE
-            base = torch.zeros_like(coarse)
-        elif self.metric == "ip":
-            kind = kernels.IP_TABLE
-        elif self._uses_precomputed():
-            kind, alpha = kernels.IP_TABLE, -2.0
-            list_tables = self._list_tables().reshape(self.nlist, -1)
-        else:
-            kind, base = kernels.RESIDUAL_L2_TABLE, torch.zeros_like(coarse)
-        kernels.ivfpq_scanner(self.pq.M, words, self.pq.dsub)(
-            q.contiguous().numpy(),
+            return kind, -1.0, list_tables, torch.zeros_like(coarse)
+        if self.metric == "ip":
+            return kernels.IP_TABLE, -1.0, list_tables, coarse
+        if self._uses_precomputed():
+            return kernels.IP_TABLE, -2.0, self._list_tables().reshape(self.nlist, -1), coarse
+        return kernels.RESIDUAL_L2_TABLE, -1.0, list_tables, torch.zeros_like(coarse)
+
+    def _scan_numba(self, q, coarse, lists, out_dist, out_rows) -> None:
+        # the kernels build each query's tables themselves
+        cb = self.pq.codebooks.float()
+        kind, alpha, list_tables, base = self._kernel_tables(coarse)
+        tables = (
             cb.transpose(1, 2).contiguous().numpy(),
             (cb * cb).sum(-1).numpy(),
             self.quantizer.codebook.float().contiguous().numpy(),
@@ -175,6 +173,31 @@ class IVFPQ(IVFIndex):
             np.float32(alpha),
             base.contiguous().numpy(),
             lists.contiguous().numpy(),
+        )
+        if self.fast_scan:
+            packed = self._packed.get(self.codes, self.offsets)
+            scale, offset = np.empty(q.shape[0], np.float32), np.empty(q.shape[0], np.float32)
+            dist = np.empty(tuple(out_dist.shape), np.float32)
+            scan = fastscan_kernels.ivf_fastscan_lists(
+                self.pq.M // 2, self.pq.dsub, fastscan_kernels.has_avx2()
+            )
+            scan(
+                q.contiguous().numpy(),
+                *tables,
+                packed.list_blocks,
+                self.offsets.numpy(),
+                packed.packed,
+                dist,
+                out_rows.numpy(),
+                scale,
+                offset,
+            )
+            out_dist.copy_(torch.from_numpy(dist / scale[:, None] + offset[:, None]))
+            return
+        codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)
+        kernels.ivfpq_scanner(self.pq.M, words, self.pq.dsub)(
+            q.contiguous().numpy(),
+            *tables,
             codes,
             self.offsets.numpy(),
             out_dist.numpy(),
@@ -203,15 +226,3 @@ class IVFPQ(IVFIndex):
             scores = looked_up.reshape(b, nprobe, capacity, M).sum(-1) + base[:, :, None]
             out.append(self._top_candidates(scores.flatten(1), rows.flatten(1), k))
         return torch.cat([d for d, _ in out]), torch.cat([r for _, r in out])
-
-    def _fast_scan(self, q, coarse, lists, out_dist, out_rows) -> None:
-        packed = self._packed.get(self.codes, self.offsets)
-        nprobe, k = lists.shape[1], out_dist.shape[1]
-        step = max(1, (1 << 22) // (nprobe * self.pq.M * self.pq.ksub))
-        for s in range(0, q.shape[0], step):
-            e = s + step
-            tables, list_tables, base = self._tables(q[s:e], coarse[s:e], lists[s:e])
-            dist, rows = fastscan.ivf_search(
-                tables, list_tables, base, lists[s:e], packed, self.offsets, k
-            )
-            out_dist[s:e], out_rows[s:e] = dist, rows

@@ -312,59 +312,6 @@ def pq_fastscan_scanner(n_pairs: int, n_queries: int, simd: bool):
     return scan
 
 
-@functools.cache
-def ivf_fastscan_scanner(n_pairs: int, simd: bool):
-    """Fast-scan of CSR inverted lists of packed codes, parallel over queries, fused with
-    top-k.
-
-    ``scan(luts, bias, probes, list_blocks, offsets, packed, out_dist, out_idx)``: luts uint8
-    [nq, nprobe, n_pairs, 32] and bias int32 [nq, nprobe] from :func:`quantize_all`; probes
-    int64 [nq, nprobe] (-1: skip); list l's codes are blocks ``list_blocks[l] ..
-    list_blocks[l + 1]`` of packed uint8 [nblocks * n_pairs, 32] and its rows ``offsets[l] ..
-    offsets[l + 1]``; out_dist float32 [nq, k] quantized distances, out_idx int64 rows.
-    """
-    block = _shuffle_block(n_pairs, 1) if simd else None
-
-    @njit(parallel=True, nogil=True)
-    def scan(luts, bias, probes, list_blocks, offsets, packed, out_dist, out_idx):
-        nq, nprobe = probes.shape
-        k = out_dist.shape[1]
-        flat_luts = luts.reshape(nq * nprobe * n_pairs, 32)
-        for q in prange(nq):
-            heap_d = np.full((1, k), np.inf, dtype=np.float32)
-            heap_i = np.full((1, k), -1, dtype=np.int64)
-            thr = np.empty(1, dtype=np.int32)
-            dist = np.empty((1, BLOCK), dtype=np.uint16)
-            mask = np.empty(1, dtype=np.int32)
-            for p in range(nprobe):
-                lst = probes[q, p]
-                if lst < 0:
-                    continue
-                shift = bias[q, p]
-                top = np.int64(heap_d[0, 0]) if heap_d[0, 0] < 65536 else 65535
-                thr[0] = min(top, 65535) - shift
-                if thr[0] <= 0:
-                    continue
-                lut_row = (q * nprobe + p) * n_pairs
-                first, end = offsets[lst], offsets[lst + 1]
-                for b in range(list_blocks[lst], list_blocks[lst + 1]):
-                    if simd:
-                        block(packed, b * n_pairs, flat_luts, lut_row, thr, dist, mask)
-                    else:
-                        _portable_block(
-                            packed, b * n_pairs, flat_luts, lut_row, n_pairs, thr, dist, mask
-                        )
-                    if mask[0] != 0:
-                        m = np.int64(mask[0]) & np.int64(0xFFFFFFFF)
-                        row0 = first + (b - list_blocks[lst]) * BLOCK
-                        thr[0] = _offer(heap_d[0], heap_i[0], dist[0], m, shift, row0, end, shift)
-                        if thr[0] <= 0:
-                            break
-            _heap_sorted(heap_d[0], heap_i[0], out_dist[q], out_idx[q])
-
-    return scan
-
-
 def pack_lists(codes: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Pack CSR inverted lists of 4-bit codes list by list, each padded to whole blocks.
 
@@ -383,31 +330,161 @@ def pack_lists(codes: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.n
     return packed.reshape(-1, 32), list_blocks
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def quantize_ivf_tables(
-    query_tables, list_tables, probes, bias, out_luts, out_bias, out_scale, out_offset
-):
-    """:func:`quantize_all` for IVF probes whose tables are a per-query table plus a per-list
-    one, built per query in a scratch buffer (never as a [nq, nprobe, M, 16] array).
+#: (query, probe) pairs sharing one pass over a list's blocks in the IVF scan
+IVF_QUERY_BLOCK = 3
 
-    Args:
-        query_tables: float32 [nq, M, 16]; list_tables: float32 [nlist, M, 16], or [0, M, 16]
-            when the lists add nothing; probes: int64 [nq, nprobe] (-1: skip); bias: float32
-            [nq, nprobe]. Outputs as :func:`quantize_all`.
+
+@functools.cache
+def ivf_fastscan_lists(n_pairs: int, dsub: int, simd: bool):
+    """IVF fast-scan, list-major: every list is read once per group of
+    ``IVF_QUERY_BLOCK`` (query, probe) pairs that probe it, the way faiss serves batches.
+
+    The returned ``scan(queries, codebooks_t, norms, centroids, list_tables, kind, alpha,
+    base, probes, list_blocks, offsets, packed, out_dist, out_idx, out_scale, out_offset)``
+    takes the arguments of :func:`vq.kernels.ivfpq_scanner` (16-entry tables; ``kind`` one of
+    its IP_TABLE / L2_TABLE / RESIDUAL_L2_TABLE) plus the packed lists of
+    :func:`pack_lists`, and writes quantized distances ascending (+inf padding) and rows
+    (-1 padding) [nq, k], with the per-query ``out_scale`` and ``out_offset`` that map them
+    back (``d / scale + offset``).
+
+    Three parallel passes: tables (per query: build the float tables of every probe,
+    quantize them with one scale), scans (per group of pairs: a top-k heap per pair), merge
+    (per query: the k best of its probes' heaps). Among equal distances the
+    earlier probe, then the lower row, wins (as a sequential scan keeps them).
     """
-    nq, M, ksub = query_tables.shape
-    nprobe = probes.shape[1]
-    has_lists = list_tables.shape[0] > 0
-    for q in prange(nq):
-        scratch = np.empty((nprobe, M, ksub), dtype=np.float32)
-        for p in range(nprobe):
-            lst = max(probes[q, p], 0)
-            for m in range(M):
-                for j in range(ksub):
-                    v = query_tables[q, m, j]
-                    if has_lists:
-                        v += list_tables[lst, m, j]
-                    scratch[p, m, j] = v
-        s, o = quantize_tables(scratch, bias[q], out_luts[q], out_bias[q])
-        out_scale[q] = s
-        out_offset[q] = o
+    from vq.kernels.scan import IP_TABLE, L2_TABLE, _inner_product_table, _l2_table
+
+    n_pairs, dsub, simd = int(n_pairs), int(dsub), bool(simd)
+    Q = IVF_QUERY_BLOCK
+    M = 2 * n_pairs
+    block = _shuffle_block(n_pairs, Q) if simd else None
+
+    @njit(parallel=True, nogil=True)
+    def scan(
+        queries,
+        codebooks_t,
+        norms,
+        centroids,
+        list_tables,
+        kind,
+        alpha,
+        base,
+        probes,
+        list_blocks,
+        offsets,
+        packed,
+        out_dist,
+        out_idx,
+        out_scale,
+        out_offset,
+    ):
+        nq, nprobe = probes.shape
+        k = out_dist.shape[1]
+        summed = list_tables.shape[0] > 0
+        luts = np.empty((nq * nprobe, n_pairs, 32), dtype=np.uint8)
+        shifts = np.empty((nq, nprobe), dtype=np.int32)
+        # 1. tables, quantized per query
+        for q in prange(nq):
+            table = np.empty(M * 16, dtype=np.float32)
+            residual = np.empty(queries.shape[1], dtype=np.float32)
+            scratch = np.empty((nprobe, M, 16), dtype=np.float32)
+            x = queries[q]
+            if kind == IP_TABLE:
+                _inner_product_table(x, codebooks_t, table, M, dsub, alpha)
+            elif kind == L2_TABLE:
+                _l2_table(x, codebooks_t, norms, table, M, dsub)
+            for p in range(nprobe):
+                lst = max(probes[q, p], 0)
+                if kind != IP_TABLE and kind != L2_TABLE:  # residual tables, one per probe
+                    for s in range(x.shape[0]):
+                        residual[s] = x[s] - centroids[lst, s]
+                    _l2_table(residual, codebooks_t, norms, table, M, dsub)
+                for m in range(M):
+                    for j in range(16):
+                        v = table[m * 16 + j]
+                        if summed:
+                            v += list_tables[lst, m * 16 + j]
+                        scratch[p, m, j] = v
+            s, o = quantize_tables(scratch, base[q], luts[q * nprobe : (q + 1) * nprobe], shifts[q])
+            out_scale[q] = s
+            out_offset[q] = o
+        # 2. group the (query, probe) pairs by list, Q to a group
+        pairs = probes.ravel()
+        order = np.argsort(pairs, kind="mergesort")
+        n_groups = 0
+        start = 0
+        while start < order.shape[0]:
+            end = start
+            while end < order.shape[0] and pairs[order[end]] == pairs[order[start]]:
+                end += 1
+            if pairs[order[start]] >= 0:
+                n_groups += (end - start + Q - 1) // Q
+            start = end
+        group_start = np.empty(n_groups, dtype=np.int64)
+        group_size = np.empty(n_groups, dtype=np.int64)
+        g = 0
+        start = 0
+        while start < order.shape[0]:
+            end = start
+            while end < order.shape[0] and pairs[order[end]] == pairs[order[start]]:
+                end += 1
+            if pairs[order[start]] >= 0:
+                for s in range(start, end, Q):
+                    group_start[g] = s
+                    group_size[g] = min(Q, end - s)
+                    g += 1
+            start = end
+        heap_d = np.full((nq * nprobe, k), np.inf, dtype=np.float32)
+        heap_i = np.full((nq * nprobe, k), -1, dtype=np.int64)
+        # 3. scans: one pass over a list's blocks per group
+        for g in prange(n_groups):
+            lut = np.zeros((Q * n_pairs, 32), dtype=np.uint8)
+            thr = np.zeros(Q, dtype=np.int32)
+            dist = np.empty((Q, BLOCK), dtype=np.uint16)
+            mask = np.empty(Q, dtype=np.int32)
+            size = group_size[g]
+            pair = np.empty(Q, dtype=np.int64)
+            for t in range(size):
+                pair[t] = order[group_start[g] + t]
+                lut[t * n_pairs : (t + 1) * n_pairs] = luts[pair[t]]
+                thr[t] = 65535 - shifts.ravel()[pair[t]]
+            lst = pairs[pair[0]]
+            first, end = offsets[lst], offsets[lst + 1]
+            for b in range(list_blocks[lst], list_blocks[lst + 1]):
+                if simd:
+                    block(packed, b * n_pairs, lut, 0, thr, dist, mask)
+                else:
+                    _portable_block(packed, b * n_pairs, lut, 0, n_pairs, thr, dist, mask)
+                row0 = first + (b - list_blocks[lst]) * BLOCK
+                for t in range(size):
+                    if mask[t] != 0:
+                        m = np.int64(mask[t]) & np.int64(0xFFFFFFFF)
+                        shift = shifts.ravel()[pair[t]]
+                        thr[t] = max(
+                            _offer(
+                                heap_d[pair[t]],
+                                heap_i[pair[t]],
+                                dist[t],
+                                m,
+                                shift,
+                                row0,
+                                end,
+                                shift,
+                            ),
+                            0,
+                        )
+        # 4. merge each query's probes
+        for q in prange(nq):
+            hd = np.full(k, np.inf, dtype=np.float32)
+            hi = np.full(k, -1, dtype=np.int64)
+            sd = np.empty(k, dtype=np.float32)
+            si = np.empty(k, dtype=np.int64)
+            for p in range(nprobe):
+                r = q * nprobe + p
+                _heap_sorted(heap_d[r], heap_i[r], sd, si)  # scan order among equal distances
+                for e in range(k):
+                    if sd[e] < hd[0]:
+                        _heap_replace_top(hd, hi, sd[e], si[e])
+            _heap_sorted(hd, hi, out_dist[q], out_idx[q])
+
+    return scan
