@@ -257,6 +257,28 @@ def test_search_graph_pads_missing_results(data, queries):
         assert_same_search(D, I, D_ref, I_ref)
 
 
+def test_code_dtype_of_search_graphs(indexes, queries):
+    q = torch.from_numpy(queries)
+    for name in ("PQ-ip-ids", "OPQ-IVFPQ-RFlat-l2"):
+        narrow = (
+            export_module(indexes(name), nprobe=2)
+            if "IVF" in name
+            else export_module(indexes(name))
+        )
+        params = {"nprobe": 2} if "IVF" in name else {}
+        wide = export_module(indexes(name), code_dtype="int32", **params)
+        stored = [
+            b for n, b in wide.named_buffers() if n.endswith("codes_t") or n.endswith("list_codes")
+        ]
+        assert len(stored) == 1 and stored[0].dtype == torch.int32
+        assert wide.metadata["code_dtype"] == "int32"
+        assert all(torch.equal(a, b) for a, b in zip(narrow(q), wide(q), strict=True))
+    with pytest.raises(
+        ValueError, match="code_dtype applies to encode/decode and to indexes storing"
+    ):
+        export_module(indexes("IVFFlat-ip"), code_dtype="int32")
+
+
 def test_capacity_pads_more_without_changing_results(indexes, queries):
     index = indexes("IVFPQ-l2")
     q = torch.from_numpy(queries)
@@ -465,7 +487,10 @@ ONNX_INDEXES = [
 def test_onnx_search_equals_torch(exported, indexes, queries, name):
     index = indexes(name)
     params = {"nprobe": 3} if "IVF" in name else {}
+    if name == "IVFPQ-direct-l2":  # code tables as int32, for runtimes without uint8 gathers
+        params["code_dtype"] = "int32"
     path = exported(index, batch_size=8, k=10, **params)
+    params.pop("code_dtype", None)
     runner = OnnxRunner(path)
     D_ref, I_ref = torch_path(index, "search", queries, k=10, **params)
     for n in (1, 8, 21):

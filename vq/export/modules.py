@@ -7,6 +7,7 @@ import torch
 from vq.export.base import ExportModule
 from vq.export.codecs import decoder, encoder
 from vq.export.search import searcher
+from vq.index import IVFPQ, PQIndex
 from vq.index.base import Index
 from vq.quantizers import Quantizer
 
@@ -44,9 +45,10 @@ def export_module(
         nprobe: inverted lists probed (IVF search; default the index's ``nprobe``).
         k_factor: re-ranking candidates per result (Refine; default the index's).
         capacity: slots per padded inverted list (IVF; default and minimum: the longest list).
-        code_dtype: integer dtype of the codes (encode output, decode input); default the
-            quantizer's ``code_dtype`` (uint8 up to 256 codewords), e.g. ``torch.int64`` for
-            runtimes that prefer it.
+        code_dtype: integer dtype of the codes: the encode output, the decode input, or the
+            code tables inside a PQIndex / IVFPQ search graph; default the quantizer's
+            ``code_dtype`` (uint8 up to 256 codewords). ``"int32"`` suits runtimes that take
+            uint8 for inputs and outputs only (TensorRT).
 
     Raises:
         TypeError: ``obj`` is not a supported quantizer or index.
@@ -76,7 +78,13 @@ def _search_module(index, what, k, nprobe, k_factor, capacity, code_dtype) -> Ex
             f"(e.g. index.pq) instead of the {name}"
         )
     if code_dtype is not None:
-        raise ValueError("code_dtype applies to encode/decode, not to what='search'")
+        holder = next((m for m in index.modules() if isinstance(m, PQIndex | IVFPQ)), None)
+        if holder is None:
+            raise ValueError(
+                f"code_dtype applies to encode/decode and to indexes storing PQ codes, not to a "
+                f"{name}"
+            )
+        code_dtype = _code_dtype(code_dtype, holder.pq)
     if not index.is_trained:
         raise ValueError(f"the {name} is not trained; call train(x) and add(x) before exporting")
     if index.ntotal == 0:
@@ -88,7 +96,7 @@ def _search_module(index, what, k, nprobe, k_factor, capacity, code_dtype) -> Ex
     if capacity is not None and not any(hasattr(m, "nlist") for m in index.modules()):
         raise ValueError(f"capacity applies to IVF indexes, not to a {name}")
     with torch.no_grad():
-        return searcher(index, index.k if k is None else k, nprobe, k_factor, capacity)
+        return searcher(index, index.k if k is None else k, nprobe, k_factor, capacity, code_dtype)
 
 
 def _codec_module(quantizer, what, k, nprobe, k_factor, capacity, code_dtype) -> ExportModule:

@@ -147,25 +147,28 @@ class LookupTables(torch.nn.Module):
         return sq.clamp_min(0.0)
 
 
-def _pq_codes(index) -> torch.Tensor:
-    """The stored codes [ntotal, M] of a PQ or IVFPQ index (one code per sub-quantizer)."""
+def _pq_codes(index, dtype: torch.dtype | None) -> torch.Tensor:
+    """The stored codes [ntotal, M] of a PQ or IVFPQ index (one code per sub-quantizer), as
+    ``dtype`` (default: as stored)."""
     codes, pq = index.codes, index.pq
     if codes.dim() != 2 or codes.shape[1] != pq.M:
         raise NotImplementedError(
             f"{type(index).__name__} stores codes of shape {tuple(codes.shape)}; the export "
             f"reads one code per sub-quantizer, [ntotal, {pq.M}]"
         )
-    return codes.detach()
+    return codes.detach().to(dtype or codes.dtype)
 
 
 class PQSearch(SearchModule):
     """:class:`vq.PQIndex`: tables per query, summed over the stored codes, then a top-k."""
 
-    def __init__(self, index: PQIndex, k: int):
+    def __init__(self, index: PQIndex, k: int, code_dtype: torch.dtype | None = None):
         super().__init__(index, k)
         self.M, self.ksub = index.pq.M, index.pq.ksub
         self.tables = LookupTables(index.pq, "l2" if index.metric == "l2" else "-ip")
-        self.register_buffer("codes_t", _pq_codes(index).T.contiguous())  # [M, ntotal]
+        codes = _pq_codes(index, code_dtype)
+        self.register_buffer("codes_t", codes.T.contiguous())  # [M, ntotal]
+        self.metadata["code_dtype"] = str(codes.dtype).removeprefix("torch.")
         self._ids_buffer(index)
 
     def forward(self, queries: torch.Tensor):
@@ -266,7 +269,14 @@ class IVFPQSearch(IVFSearch):
     precomputed ``||r||² + 2⟨c, r⟩`` for L2 residuals, +inf for padding) and, by residual,
     the coarse term of each probe."""
 
-    def __init__(self, index: IVFPQ, k: int, nprobe: int, capacity: int | None = None):
+    def __init__(
+        self,
+        index: IVFPQ,
+        k: int,
+        nprobe: int,
+        capacity: int | None = None,
+        code_dtype: torch.dtype | None = None,
+    ):
         super().__init__(index, k, nprobe, capacity)
         pq = index.pq
         self.M, self.ksub, self.by_residual = pq.M, pq.ksub, index.by_residual
@@ -275,12 +285,13 @@ class IVFPQSearch(IVFSearch):
         else:
             kind = "-2ip" if index.by_residual else "l2"
         self.tables = LookupTables(pq, kind)
-        codes = _pq_codes(index)
+        codes = _pq_codes(index, code_dtype)
+        self.metadata["code_dtype"] = str(codes.dtype).removeprefix("torch.")
         rows = padded_rows(index.offsets, self.capacity)
         padded = torch.where(rows[..., None] < 0, 0, codes[rows.clamp_min(0)]).to(codes.dtype)
         self.register_buffer("list_codes", padded.permute(2, 0, 1).contiguous())  # [M, nlist, cap]
         if kind == "-2ip":  # ||r||² + 2⟨c, r⟩ of every stored vector, r its decoded residual
-            r = torch.as_tensor(pq.decode(codes))
+            r = torch.as_tensor(pq.decode(index.codes.detach()))
             lists = torch.repeat_interleave(
                 torch.arange(index.nlist, device=codes.device), index.list_sizes()
             )
@@ -350,6 +361,7 @@ def searcher(
     nprobe: int | None = None,
     k_factor: int | None = None,
     capacity: int | None = None,
+    code_dtype: torch.dtype | None = None,
 ) -> SearchModule:
     """The search graph of a trained, filled index (wrappers recursively).
 
@@ -359,22 +371,25 @@ def searcher(
         nprobe: lists probed (IVF; default the index's ``nprobe``, at most nlist).
         k_factor: candidates per result for Refine (default the index's ``k_factor``).
         capacity: slots per padded inverted list (IVF; default the longest list).
+        code_dtype: integer dtype of the stored codes inside the graph (PQ, IVFPQ; default
+            as the index stores them).
     """
     k = _positive(k, "k")
     if isinstance(index, Refine):
         k_factor = index.k_factor if k_factor is None else _positive(k_factor, "k_factor")
-        inner = searcher(index.index, k * k_factor, nprobe, None, capacity)
+        inner = searcher(index.index, k * k_factor, nprobe, None, capacity, code_dtype)
         return RefineSearch(index, inner, k, k_factor)
     if isinstance(index, PreTransform):
-        return PreTransformSearch(index, searcher(index.index, k, nprobe, k_factor, capacity))
+        inner = searcher(index.index, k, nprobe, k_factor, capacity, code_dtype)
+        return PreTransformSearch(index, inner)
     if isinstance(index, IVFIndex):
         nprobe = index.nprobe if nprobe is None else _positive(nprobe, "nprobe")
         if isinstance(index, IVFPQ):
-            return IVFPQSearch(index, k, nprobe, capacity)
+            return IVFPQSearch(index, k, nprobe, capacity, code_dtype)
         if isinstance(index, IVFFlat):
             return IVFFlatSearch(index, k, nprobe, capacity)
     if isinstance(index, PQIndex):
-        return PQSearch(index, k)
+        return PQSearch(index, k, code_dtype)
     if isinstance(index, FlatIndex):
         return FlatSearch(index, k)
     raise TypeError(
