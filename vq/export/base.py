@@ -58,26 +58,6 @@ class ExportModule(nn.Module):
         return next(self.buffers()).device
 
 
-def describe(obj: nn.Module) -> str:
-    """A short name of a quantizer or index, such as ``"IVFPQ(nlist=64, M=8, l2)"``."""
-    name = type(obj).__name__
-    facts = []
-    for attr in ("num_quantizers", "nlist", "M", "nbits", "codebook_size", "dim_out"):
-        value = getattr(obj, attr, None)
-        if isinstance(value, int) and not (attr == "codebook_size" and hasattr(obj, "M")):
-            facts.append(f"{attr}={value}")
-    if getattr(obj, "beam_size", 1) > 1:
-        facts.append(f"beam_size={obj.beam_size}")
-    if hasattr(obj, "by_residual"):
-        facts.append(f"by_residual={obj.by_residual}")
-    if hasattr(obj, "metric"):
-        facts.append(obj.metric)
-    inner = getattr(obj, "index", None)
-    if isinstance(inner, nn.Module):
-        facts.append(describe(inner))
-    return f"{name}({', '.join(facts)})"
-
-
 def require(what: str, *modules: str) -> None:
     """Raise ImportError naming the missing optional packages and how to install them."""
     missing = [m for m in modules if importlib.util.find_spec(m) is None]

@@ -82,6 +82,8 @@ class OnnxRunner:
                 f"{self.input_name}: expected shape [n, {', '.join(map(str, trailing))}], "
                 f"got {list(data.shape)}"
             )
+        if self.input_dtype is not None and np.issubdtype(self.input_dtype, np.integer):
+            self._check_codes(data)
         if self.input_dtype is not None:
             data = np.ascontiguousarray(data, dtype=self.input_dtype)
         if self.batch_size is None:
@@ -105,3 +107,14 @@ class OnnxRunner:
         if isinstance(x, torch.Tensor):
             outputs = [torch.from_numpy(o) for o in outputs]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _check_codes(self, data: np.ndarray) -> None:
+        """Integer codes within [0, codebook_size): a cast must not wrap them silently."""
+        if not np.issubdtype(data.dtype, np.integer):
+            raise TypeError(f"{self.input_name}: expected integer codes, got {data.dtype}")
+        size = int(self.metadata.get("codebook_size", np.iinfo(self.input_dtype).max + 1))
+        if data.size and (int(data.min()) < 0 or int(data.max()) >= size):
+            raise ValueError(
+                f"{self.input_name}: codes must lie in [0, {size}), got values in "
+                f"[{int(data.min())}, {int(data.max())}]"
+            )
