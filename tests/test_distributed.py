@@ -135,8 +135,10 @@ def _worker_train(out: Path) -> None:
 def _worker(argv: list[str]) -> None:
     import torch.distributed as dist
 
+    from vq.distributed import init_process_group
+
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    assert init_process_group("gloo")
     _worker_train(Path(argv[1]))
     dist.barrier()  # nobody tears the group down while another process still uses it
     dist.destroy_process_group()
@@ -242,7 +244,7 @@ def test_a_worker_killed_mid_training_restarts_and_resumes(two_process_run, tmp_
     fault = {"VQ_FAULT_ITERATION": "5", "VQ_FAULT_RANK": "1"}
     proc = torchrun(*argv, "--quiet", "--keep-checkpoints", restarts=1, env=fault)
     log = proc.stdout + proc.stderr
-    assert "fault injection: rank 1 exits after iteration 5" in log
+    assert log.count("fault injection: rank 1 exits after iteration 5") == 1
     assert "kmeans resumed from" in log and "at iteration 4 of 10" in log
     assert "6000 vectors of dim 32 in 2 shard(s)" in log
     both = ShardedIndex.load(tmp_path / "shards")
@@ -410,6 +412,34 @@ def test_merge_topk_orders_by_distance_then_id_and_puts_missing_last():
     assert D.tolist() == [[-0.5, -0.5, -1.0]]
     D, ids = merge_topk(d[:, :, :1], i[:, :, :1], 4, "l2")  # fewer than k: padded
     assert ids.tolist() == [[4, 7, -1, -1]] and D[0, 2:].tolist() == [inf, inf]
+
+
+def test_entry_point_reports_bad_input_in_one_line(tmp_path, capsys):
+    from vq.distributed.__main__ import main
+
+    assert (
+        main(["build", "--data", str(tmp_path / "none.fvecs"), "--index", "Flat", "-o", "x"]) == 2
+    )
+    assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'none.fvecs'}: no such file"
+    (tmp_path / "x.txt").write_text("1 2 3")
+    assert main(["search", str(tmp_path), "--queries", str(tmp_path / "x.txt")]) == 2
+    assert "no sharded index at" in capsys.readouterr().err
+    assert main(["frobnicate"]) == 2
+
+
+def test_benchmark_runs_at_a_tiny_size(tmp_path, monkeypatch):
+    pytest.importorskip("faiss")  # the benchmark header names faiss's version
+    import bench.common
+    from bench import distributed_kmeans
+
+    monkeypatch.setattr(bench.common, "RESULTS", tmp_path)
+    rows = distributed_kmeans.main("--n 3000 --dim 8 --k 16 --niter 3 --rounds 1".split())
+    assert [r["processes x threads"] for r in rows] == ["1 x 2", "1 x 1", "2 x 1"]
+    two = rows[2]
+    assert two["all_reduce KiB / iteration"] >= 16 * 9 * 4 / 1024  # at least k·(d+1)·4 bytes
+    assert two["max abs centroid diff"] < 1e-4 and abs(two["objective / 1 x 2"] - 1) < 1e-5
+    assert (tmp_path / "distributed_kmeans.csv").exists()
+    assert (tmp_path / "distributed_kmeans_projection.csv").exists()
 
 
 if __name__ == "__main__":

@@ -91,11 +91,19 @@ def _kmeans_plus_plus(x: torch.Tensor | Shards, k: int, gen: torch.Generator) ->
     products of pool and candidates are one small GEMM per step everywhere.
 
     ``x`` is a tensor (this process's data) or :class:`Shards`: then the pool is drawn from the
-    global rows and gathered, every process seeds from it, and rank 0's centroids are broadcast
-    (so that every process holds the same bits)."""
+    global rows and gathered, and rank 0 seeds from it for everyone."""
     shards = x if isinstance(x, Shards) else Shards.whole(x)
     pool = shards.sample(max(k * _SEEDING_POINTS_PER_CENTROID, 4096), gen).float().contiguous()
-    return shards.broadcast(_seed_from_pool(pool, k, gen))
+    if not shards.distributed:
+        return _seed_from_pool(pool, k, gen)
+    # the seeding is sequential: rank 0 runs it, the others take its centroids and generator
+    # state (rather than repeat the work on the same cores)
+    if shards.is_root:
+        centroids = _seed_from_pool(pool, k, gen)
+    else:
+        centroids = pool.new_empty((k, pool.shape[1]))
+    gen.set_state(shards.broadcast(gen.get_state()))
+    return shards.broadcast(centroids)
 
 
 def _seed_from_pool(pool: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:

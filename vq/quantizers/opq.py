@@ -109,7 +109,9 @@ class OPQ(Quantizer):
         train = data.sample(self.max_train_points, gen).float()
         rotation = eigenvalue_allocation(train, self.M, self.dim_out).to(x.device)
         pq = self.pq
-        for it in range(self.niter):
+        # one process learns the rotation (the others would repeat its work), all get it below
+        alternations = self.niter if data.is_root else 0
+        for it in range(alternations):
             y = train @ rotation.T
             if it == 0:
                 subs = y.reshape(-1, self.M, pq.dsub)
@@ -120,9 +122,9 @@ class OPQ(Quantizer):
                 pq.lloyd(y, self.niter_pq, gen)
             y_hat = pq._decode(pq._assign(y)[0].long())
             rotation = procrustes(train, y_hat)
-        # rank 0's bits everywhere (LAPACK may round differently on other CPUs)
         rotation = data.broadcast(rotation)
         pq.codebooks.copy_(data.broadcast(pq.codebooks))
+        gen.set_state(data.broadcast(gen.get_state()))
         self.rotation.copy_(rotation)
         # final PQ on (a PQ-sized sample of) the rotated data, warm-started when possible
         pq_train = data.subsample(pq.ksub * pq.max_points_per_centroid, gen).float()
