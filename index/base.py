@@ -199,6 +199,13 @@ class Index(nn.Module):
             return torch.arange(self.ntotal, device=self.ids.device)
         return self.ids
 
+    def _sequential_ids(self) -> bool:
+        """Whether the stored ids are the row numbers 0 … ntotal - 1 (kept implicit)."""
+        ids = self._buffers.get("ids")
+        if ids is None:  # a wrapper that stores nothing itself (PreTransform)
+            return self.index._sequential_ids()
+        return ids.shape[0] != self.ntotal
+
     def _append_ids(self, ids: torch.Tensor) -> None:
         """Record the ids of rows about to be appended (call before the storage grows)."""
         n0 = self.ntotal
@@ -262,10 +269,13 @@ class Index(nn.Module):
             self._add(t, i)
 
     def _check_new_ids(self, ids: torch.Tensor, what: str) -> None:
+        """Refuse ids (non-negative, distinct) that are already stored."""
         if not self.ntotal or not ids.numel():
             return
-        stored = self.stored_ids()
-        taken = torch.isin(ids, stored)
+        if self._sequential_ids():  # the stored ids are 0 … ntotal - 1: no search needed
+            taken = ids < self.ntotal
+        else:
+            taken = torch.isin(ids, self.stored_ids())
         if bool(taken.any()):
             first = int(ids[torch.argmax(taken.to(torch.uint8))])
             raise ValueError(
