@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -114,7 +115,16 @@ def run_config(args: argparse.Namespace, processes: int, threads: int, out: Path
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         cmd += [f"--nproc_per_node={processes}", "-m", "bench.distributed_kmeans", *flags]
-    subprocess.run(cmd, env=env, check=True, cwd=Path(__file__).resolve().parent.parent)
+    # a session of its own, so that an interrupted benchmark stops the workers too
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=Path(__file__).resolve().parent.parent, start_new_session=True
+    )
+    try:
+        if proc.wait() != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed with status {proc.returncode}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
     return json.loads(out.read_text())
 
 

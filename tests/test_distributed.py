@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -164,9 +165,23 @@ def torchrun(*args: str, restarts: int = 0, env: dict | None = None, timeout: in
         "PYTHONWARNINGS": "ignore",
         **(env or {}),
     }
-    proc = subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{proc.stderr[-12000:]}"
-    return proc
+    # a session of its own, so that a timeout stops the workers too, not only torchrun
+    proc = subprocess.Popen(
+        cmd,
+        env=run_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"torchrun timed out after {timeout} s:\n{stderr[-12000:]}")
+    assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{stderr[-12000:]}"
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 # -- two processes ------------------------------------------------------------------------------
