@@ -32,7 +32,9 @@ from vq.quantizers.functional import (
     code_counts,
     masked_mse,
     rotation_trick,
+    row_norms,
     straight_through,
+    straight_through_loss,
     usage_statistics,
 )
 from vq.quantizers.learning import CodebookLearner, Learning, as_learning, random_codebooks
@@ -438,9 +440,7 @@ class Quantizer(nn.Module):
         offsets = torch.arange(groups, device=z.device)[:, None] * size
         flat = codebooks.float().reshape(groups * size, d)
         q = flat.index_select(0, (by_group + offsets).reshape(-1)).reshape(groups, n, d)
-        z_slices, q_detached = self._group_rows(z), q.detach()
-        quantized = self._ungroup(self._estimate(z_slices, q_detached))
-        commitment = masked_mse(z_slices, q_detached, weight)
+        q_detached = q.detach()
         if learner is not None and learner.by_gradient:
             codebook_loss = masked_mse(slices, q, weight)
         else:
@@ -448,7 +448,26 @@ class Quantizer(nn.Module):
         counts = code_counts(by_group, size, weight)
         if update:
             learner.update(codebooks.detach(), slices, by_group, weight, slice(None), synced)
+        # commitment Σ w ||z - sg(q)||² / N: value and gradient (2 / N) w (z - q) from one residual
+        residual = slices - q_detached
+        if weight is None:
+            squares = torch.dot(residual.reshape(-1), residual.reshape(-1))
+            denom = z.new_tensor(float(max(n * groups * d, 1)))
+        else:
+            squares = (row_norms(residual) * weight).sum()
+            denom = (weight.sum() * groups * d).clamp_min(1.0)
+            residual.mul_(weight[:, None])
+        quantized, commitment = self._output(z, q_detached, squares / denom, residual, 2 / denom)
         return Step(quantized, codes, commitment, codebook_loss, counts)
+
+    def _output(self, z, q, commitment, direction, scale) -> tuple[torch.Tensor, torch.Tensor]:
+        """Quantized rows [n, code_dim] and commitment with their gradients to ``z``, from
+        grouped ``q`` and ``direction`` [G, n, d] (∂commitment/∂z = scale · direction)."""
+        q_rows, direction = self._ungroup(q), self._ungroup(direction)
+        quantized, commitment = straight_through_loss(z, q_rows, commitment, direction, scale)
+        if self.rotation_trick:
+            quantized = self._ungroup(rotation_trick(self._group_rows(z), q))
+        return quantized, commitment
 
     def _group_rows(self, z: torch.Tensor) -> torch.Tensor:
         """Code-space rows [n, code_dim] → the slice each codebook quantizes, [G, n, d]."""

@@ -26,6 +26,48 @@ def straight_through(z: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return z + (q - z).detach()
 
 
+class _StraightThroughLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(z, q, loss, direction, scale):
+        return q, loss
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[3], inputs[4])
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, grad_q, grad_loss):
+        direction, scale = ctx.saved_tensors
+        if grad_loss is None:
+            return grad_q, None, None, None, None
+        if grad_q is None:
+            return direction * (grad_loss * scale), None, None, None, None
+        return torch.addcmul(grad_q, direction, grad_loss * scale), None, None, None, None
+
+
+def straight_through_loss(
+    z: torch.Tensor,
+    q: torch.Tensor,
+    loss: torch.Tensor,
+    direction: torch.Tensor,
+    scale: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The straight-through output and the commitment loss as one autograd node.
+
+    ``(q, loss)`` in value; the gradient reaches ``z`` as the identity through ``q`` and as
+    ``scale · direction`` (= ∂loss/∂z, precomputed) through ``loss``. Equivalent to
+    ``(z + sg(q - z), ||z - sg(q)||² / N)`` with ``direction = z - q`` and ``scale = 2 / N``,
+    without the [n, d] temporaries those build in the forward pass and their sum in the
+    backward pass.
+
+    Args:
+        z: Tensor[n, d] with gradient; q: detached Tensor[n, d]; loss: detached scalar;
+        direction: detached Tensor[n, d]; scale: detached scalar tensor.
+    """
+    return _StraightThroughLoss.apply(z, q, loss, direction, scale)
+
+
 def rotation_trick(z: torch.Tensor, q: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """``q`` in value; the gradient reaches ``z`` through the rotation and rescaling that maps
     ``z`` onto ``q`` (held constant), so it keeps its angle to the codeword (Fifty et al. 2025).
@@ -45,6 +87,11 @@ def rotation_trick(z: torch.Tensor, q: torch.Tensor, eps: float = 1e-6) -> torch
     rotated = z - 2.0 * (z * w).sum(-1, keepdim=True) * w + 2.0 * (z * u).sum(-1, keepdim=True) * v
     out = rotated * (q_norm / z_norm)
     return out + (q - out).detach()
+
+
+def row_norms(x: torch.Tensor) -> torch.Tensor:
+    """``||x_i||²`` of the rows of Tensor[..., d] → [...], without an [..., d] temporary."""
+    return torch.einsum("...d,...d->...", x, x)
 
 
 def masked_mse(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:

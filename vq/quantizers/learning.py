@@ -43,6 +43,7 @@ from torch import nn
 from vq._checks import is_eager
 from vq.clustering import kmeans
 from vq.quantizers import sync
+from vq.quantizers.cluster_sums import cluster_sums
 from vq.quantizers.functional import code_counts
 
 
@@ -51,9 +52,10 @@ class Learning:
     """What both learning rules share: how codebooks start, and when dead codes restart.
 
     Args:
-        kmeans_init: initialise the codebooks by k-means (:func:`vq.kmeans`) on the first
-            training batch; False starts from random codewords (uniform in ±1/K; unit vectors
-            for cosine codebooks) and the layer can encode before it has seen data.
+        kmeans_init: initialise the codebooks by k-means (:func:`vq.kmeans`: k-means++
+            seeding, Lloyd iterations) on the first training batch; False starts from random
+            codewords (uniform in ±1/K; unit vectors for cosine codebooks) and the layer can
+            encode before it has seen data.
         kmeans_iters: Lloyd iterations of that k-means (after k-means++ seeding).
         dead_code_threshold: a code whose moving-average usage (expected uses per batch) falls
             below this is replaced by a random vector of the current batch, and its usage reset
@@ -257,11 +259,12 @@ class CodebookLearner(nn.Module):
         size, dim = codebooks.shape[1], codebooks.shape[2]
         counts = code_counts(codes, size, weight)  # [G', K]
         if self.by_ema:
-            offsets = torch.arange(codes.shape[0], device=codes.device)[:, None] * size
-            rows = x if weight is None else x * weight[:, None]
-            sums = torch.zeros(codes.shape[0] * size, dim, device=x.device)
-            sums = sums.index_add_(0, (codes.long() + offsets).reshape(-1), rows.reshape(-1, dim))
-            sums = sums.reshape(-1, size, dim)
+            n_groups = codes.shape[0]
+            offsets = torch.arange(n_groups, device=codes.device)[:, None] * size
+            w = None if weight is None else weight.float().repeat(n_groups)
+            flat = (codes.long() + offsets).reshape(-1)
+            sums = cluster_sums(x.reshape(-1, dim), flat, n_groups * size, w)
+            sums = sums.reshape(n_groups, size, dim)
             if synced:  # one collective for both
                 packed = sync.all_reduce_sum(torch.cat([counts[..., None], sums], dim=-1))
                 counts, sums = packed[..., 0], packed[..., 1:]

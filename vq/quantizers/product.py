@@ -1,5 +1,8 @@
 """Product quantization: M independent sub-quantizers on M slices of the vector.
 
+As a layer (``learning=...``), each of the M sub-codebooks learns from its own slice of the
+input: one codebook per group.
+
 Reference: H. Jégou, M. Douze, C. Schmid, "Product quantization for nearest neighbor search",
 IEEE TPAMI 2011.
 """
@@ -13,7 +16,8 @@ from vq._checks import is_eager
 from vq.clustering import _generator, _kmeans_plus_plus, _update
 from vq.distances import chunk_rows
 from vq.distributed.shards import Shards
-from vq.quantizers.base import Metric, Quantizer
+from vq.quantizers.base import Metric, Quantizer, Step
+from vq.quantizers.learning import Learning
 
 
 class ProductQuantizer(Quantizer):
@@ -27,9 +31,12 @@ class ProductQuantizer(Quantizer):
         init: "k-means++" or "random" seeding of each sub-codebook.
         seed: seeds sampling and seeding.
         max_points_per_centroid: train on at most ``2**nbits * max_points_per_centroid`` vectors.
+        learning, commitment_weight, rotation_trick, cosine, channel_first: layer options (see
+            :class:`vq.Quantizer`); cosine codebooks normalise every sub-vector. (No
+            ``codebook_dim``: put a linear layer before the quantizer to change dimension.)
 
     Buffers:
-        codebooks: float32 [M, 2**nbits, d / M].
+        codebooks: float32 [M, 2**nbits, d / M] (an ``nn.Parameter`` under gradient learning).
 
     Codes are ``[..., M]``; ``distance_tables`` is ``[nq, M, 2**nbits]`` and summing
     ``table[m, code_m]`` gives ``||q - x̂||²`` (l2) or ``⟨q, x̂⟩`` (ip) exactly.
@@ -45,6 +52,11 @@ class ProductQuantizer(Quantizer):
         init: str = "k-means++",
         seed: int = 1234,
         max_points_per_centroid: int = 256,
+        learning: str | Learning | None = None,
+        commitment_weight: float = 1.0,
+        rotation_trick: bool = False,
+        cosine: bool = False,
+        channel_first: bool = False,
     ):
         if M <= 0 or dim % M != 0:
             raise ValueError(
@@ -54,11 +66,19 @@ class ProductQuantizer(Quantizer):
             raise ValueError(f"nbits must be between 1 and 16, got {nbits}")
         if init not in ("k-means++", "random"):
             raise ValueError(f"init must be 'k-means++' or 'random', got {init!r}")
-        super().__init__(dim, 1 << nbits, (M,))
+        super().__init__(
+            dim,
+            1 << nbits,
+            (M,),
+            commitment_weight=commitment_weight,
+            rotation_trick=rotation_trick,
+            cosine=cosine,
+            channel_first=channel_first,
+        )
         self.M, self.nbits, self.dsub = M, nbits, dim // M
         self.niter, self.init, self.seed = niter, init, seed
         self.max_points_per_centroid = max_points_per_centroid
-        self.register_buffer("codebooks", torch.zeros(M, 1 << nbits, dim // M))
+        self._init_codebooks("codebooks", (M, 1 << nbits, dim // M), learning)
         self.register_buffer("_offsets", torch.arange(M) * (1 << nbits), persistent=False)
 
     @property
@@ -129,7 +149,7 @@ class ProductQuantizer(Quantizer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Codes [n, M] (``code_dtype`` on the CPU fast path, int64 otherwise) and the squared
         reconstruction errors float32 [n] (empty when ``with_errors`` is False on CPU)."""
-        cb = self.codebooks.float()
+        cb = self.codebooks.detach().float()
         if _cpu.fast_path(x):
             x = x.contiguous()
             codes = _cpu.empty((x.shape[0], self.M), self.code_dtype)
@@ -160,18 +180,38 @@ class ProductQuantizer(Quantizer):
         return self._assign(x, with_errors=False)[0]
 
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
+        cb = self.codebooks.detach().float()
         if _cpu.fast_path(codes):
             out = _cpu.empty((codes.shape[0], self.dim))
             kernels.pq_decoder(self.dsub)(
-                codes.contiguous().numpy(), self.codebooks.float().contiguous().numpy(), out.numpy()
+                codes.contiguous().numpy(), cb.contiguous().numpy(), out.numpy()
             )
             return out
         flat = (codes.long() + self._offsets).reshape(-1)
-        sub = self.codebooks.float().reshape(-1, self.dsub).index_select(0, flat)
+        sub = cb.reshape(-1, self.dsub).index_select(0, flat)
         return sub.reshape(-1, self.dim)
 
+    # -- the layer --------------------------------------------------------------------------
+    def _codebook_groups(self) -> torch.Tensor:
+        return self.codebooks
+
+    # stack/cat rather than reshape + transpose: AOT autograd turns the backward of a reshape
+    # into a view, which fails on the transposed gradient under torch.compile
+    def _group_rows(self, z: torch.Tensor) -> torch.Tensor:
+        return torch.stack(z.split(self.dsub, dim=-1))
+
+    def _ungroup(self, slices: torch.Tensor) -> torch.Tensor:
+        return torch.cat(slices.unbind(0), dim=-1)
+
+    def _normalize(self, z: torch.Tensor) -> torch.Tensor:
+        subs = torch.nn.functional.normalize(z.reshape(*z.shape[:-1], self.M, self.dsub), dim=-1)
+        return subs.reshape(z.shape)
+
+    def _quantize(self, z, weight, lead, update) -> Step:
+        return self._quantize_groups(z, weight, update)
+
     def _tables(self, queries: torch.Tensor, metric: Metric) -> torch.Tensor:
-        cb = self.codebooks.float()
+        cb = self.codebooks.detach().float()
         subs = queries.reshape(-1, self.M, self.dsub).transpose(0, 1)  # [M, nq, dsub]
         dots = torch.bmm(subs, cb.transpose(1, 2))  # [M, nq, ksub]
         if metric == "ip":

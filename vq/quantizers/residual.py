@@ -2,24 +2,39 @@
 
 Stage m quantizes what stages 0..m-1 left over; x̂ is the sum of one codeword per stage.
 Beam search keeps the ``beam_size`` best partial encodings at each stage instead of the single
-greedy one (faiss ResidualQuantizer's ``max_beam_size``).
+greedy one (faiss ResidualQuantizer's ``max_beam_size``). As a layer (``learning=...``) every
+stage learns from the residuals it sees, and quantizer dropout trains bitrate-scalable codes.
 
 References:
     B.-H. Juang, A. H. Gray, "Multiple stage vector quantization for speech coding", ICASSP 1982.
     Y. Chen, T. Guan, C. Wang, "Approximate nearest neighbor search by residual vector
     quantization", Sensors 2010.
+    N. Zeghidour et al., "SoundStream: an end-to-end neural audio codec", IEEE/ACM TASLP 2021;
+    R. Kumar et al., "High-fidelity audio compression with improved RVQGAN" (DAC), NeurIPS 2023
+    (quantizer dropout).
 """
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import torch
 
 from vq import _cpu, kernels
-from vq._checks import is_eager
+from vq._checks import as_codes, is_eager, like_input
 from vq.clustering import _generator, kmeans
 from vq.distances import nearest
 from vq.distributed.shards import Shards
-from vq.quantizers.base import Metric, Quantizer
+from vq.quantizers import sync
+from vq.quantizers.base import Metric, Quantizer, Step
+from vq.quantizers.functional import (
+    code_counts,
+    rotation_trick,
+    row_norms,
+    straight_through_loss,
+)
+from vq.quantizers.learning import Learning
 
 
 class ResidualVQ(Quantizer):
@@ -35,9 +50,21 @@ class ResidualVQ(Quantizer):
             and re-fitting every stage's codewords as the mean of what the other stages leave
             (block coordinate descent on the reconstruction error; never increases it).
         niter, init, seed, max_points_per_centroid: k-means settings of every stage.
+        quantizer_dropout: probability that a training sample is quantized by only its first
+            ``n`` stages, ``n`` uniform in [dropout_min_stages, Q] per sample (SoundStream,
+            DAC): the decoder learns to reconstruct from any prefix, so one model serves every
+            bitrate (``decode(codes, num_stages=n)``). Applies in training mode only.
+        dropout_min_stages: the fewest stages a dropped-out sample keeps.
+        learning, commitment_weight, rotation_trick, codebook_dim, channel_first: layer
+            options (see :class:`vq.Quantizer`); one projection pair surrounds the whole stack.
+            Cosine codebooks do not apply: residuals carry their norms.
 
     Buffers:
-        codebooks: float32 [Q, K, d].
+        codebooks: float32 [Q, K, code_dim] (an ``nn.Parameter`` under gradient learning).
+
+    As a layer, ``forward`` in training mode assigns greedily stage by stage (each stage
+    k-means-initialised on its first residuals and updated on them); encoding, and ``forward``
+    in eval mode, use ``beam_size``.
 
     Codes are ``[..., Q]``. ``distance_tables`` is ``[nq, Q, K]``: for "ip" the tables sum to
     ⟨q, x̂⟩; for "l2" they sum to ``||q||² - 2⟨q, x̂⟩ + Σ_m ||c_m||²``, which lacks the cross terms
@@ -58,12 +85,35 @@ class ResidualVQ(Quantizer):
         init: str = "k-means++",
         seed: int = 1234,
         max_points_per_centroid: int = 256,
+        quantizer_dropout: float = 0.0,
+        dropout_min_stages: int = 1,
+        learning: str | Learning | None = None,
+        commitment_weight: float = 1.0,
+        rotation_trick: bool = False,
+        codebook_dim: int | None = None,
+        channel_first: bool = False,
     ):
         if num_quantizers < 1:
             raise ValueError(f"num_quantizers must be >= 1, got {num_quantizers}")
         if beam_size < 1:
             raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-        super().__init__(dim, codebook_size, (num_quantizers,))
+        if not 0.0 <= quantizer_dropout <= 1.0:
+            raise ValueError(f"quantizer_dropout must lie in [0, 1], got {quantizer_dropout}")
+        if not 1 <= dropout_min_stages <= num_quantizers:
+            raise ValueError(
+                f"dropout_min_stages must lie in [1, num_quantizers={num_quantizers}], "
+                f"got {dropout_min_stages}"
+            )
+        super().__init__(
+            dim,
+            codebook_size,
+            (num_quantizers,),
+            commitment_weight=commitment_weight,
+            rotation_trick=rotation_trick,
+            codebook_dim=codebook_dim,
+            channel_first=channel_first,
+        )
+        self.quantizer_dropout, self.dropout_min_stages = quantizer_dropout, dropout_min_stages
         if refine_iters < 0:
             raise ValueError(f"refine_iters must be >= 0, got {refine_iters}")
         self.num_quantizers, self.beam_size, self.refine_iters = (
@@ -73,7 +123,7 @@ class ResidualVQ(Quantizer):
         )
         self.niter, self.init, self.seed = niter, init, seed
         self.max_points_per_centroid = max_points_per_centroid
-        self.register_buffer("codebooks", torch.zeros(num_quantizers, codebook_size, dim))
+        self._init_codebooks("codebooks", (num_quantizers, codebook_size, self.code_dim), learning)
         self.register_buffer(
             "_offsets", torch.arange(num_quantizers) * codebook_size, persistent=False
         )
@@ -89,7 +139,7 @@ class ResidualVQ(Quantizer):
         residuals = x[:, None, :].clone()  # [n, beam, d]
         for m in range(self.num_quantizers):
             result = kmeans(
-                residuals.reshape(-1, self.dim),
+                residuals.reshape(-1, self.code_dim),
                 self.codebook_size,
                 niter=self.niter,
                 init=self.init,
@@ -176,18 +226,130 @@ class ResidualVQ(Quantizer):
         return codes[:, 0]
 
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
+        cb = self.codebooks.detach().float()
         if _cpu.fast_path(codes):
-            out = _cpu.empty((codes.shape[0], self.dim))
-            kernels.additive_decode(
-                codes.contiguous().numpy(), self.codebooks.float().contiguous().numpy(), out.numpy()
-            )
+            out = _cpu.empty((codes.shape[0], self.code_dim))
+            codes_np, cb_np = codes.contiguous().numpy(), cb.contiguous().numpy()
+            kernels.additive_decode(codes_np, cb_np, out.numpy())
             return out
         flat = (codes.long() + self._offsets).reshape(-1)
-        words = self.codebooks.float().reshape(-1, self.dim).index_select(0, flat)
-        return words.reshape(-1, self.num_quantizers, self.dim).sum(dim=1)
+        words = cb.reshape(-1, self.code_dim).index_select(0, flat)
+        return words.reshape(-1, self.num_quantizers, self.code_dim).sum(dim=1)
+
+    def decode(self, codes: Any, num_stages: int | None = None) -> Any:
+        """Reconstructions of integer ``codes`` [..., Q] → float [..., dim].
+
+        Args:
+            codes: integer codes [..., Q] (numpy or torch), or [..., num_stages].
+            num_stages: decode from the first ``num_stages`` stages only (the coarser
+                bitrates a model trained with quantizer dropout serves); None uses all Q.
+        """
+        if num_stages is None:
+            return super().decode(codes)
+        q = self.num_quantizers
+        if not 1 <= num_stages <= q:
+            raise ValueError(f"num_stages must lie in [1, {q}], got {num_stages}")
+        self._require_trained("decode")
+        c = as_codes(codes, None, self.codebook_size)
+        if c.dim() == 0 or c.shape[-1] not in (q, num_stages):
+            raise ValueError(
+                f"codes: expected codes [..., {q}] or [..., {num_stages}] for num_stages="
+                f"{num_stages}, got shape {tuple(c.shape)}"
+            )
+        lead = c.shape[:-1]
+        c = c[..., :num_stages].reshape(-1, num_stages).to(self.device).long()
+        with torch.no_grad():
+            cb = self.codebooks.detach().float()[:num_stages].reshape(-1, self.code_dim)
+            words = cb.index_select(0, (c + self._offsets[:num_stages]).reshape(-1))
+            x_hat = self._output_space(words.reshape(-1, num_stages, self.code_dim).sum(dim=1))
+        return like_input(x_hat.reshape(*lead, self.dim), codes)
+
+    # -- the layer --------------------------------------------------------------------------
+    def _codebook_groups(self) -> torch.Tensor:
+        return self.codebooks
+
+    def _stage_mask(
+        self, lead: tuple[int, ...], device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Quantizer dropout: stages per sample, int64 [B] (B = the first axis of the batch),
+        and which stages each row keeps, float [n, Q] (None when every row keeps all)."""
+        q = self.num_quantizers
+        batch = lead[0] if lead else 1
+        per_sample = math.prod(lead[1:]) if lead else 1
+        stages = torch.full((batch,), q, dtype=torch.long, device=device)
+        if not (self.training and self.quantizer_dropout > 0):
+            return stages, None
+        drop = torch.rand(batch, device=device) < self.quantizer_dropout
+        fewer = torch.randint(self.dropout_min_stages, q + 1, (batch,), device=device)
+        stages = torch.where(drop, fewer, stages)
+        keep = (torch.arange(q, device=device) < stages[:, None]).float()  # [B, Q]
+        return stages, keep[:, None, :].expand(batch, per_sample, q).reshape(-1, q)
+
+    def _quantize(self, z, weight, lead, update) -> Step:
+        """Stage by stage: stage m quantizes r_m = z - (stages 0..m-1) and, when learning,
+        initialises on and learns from r_m. The commitment loss is the mean over stages of
+        ``||z - sg(P_m)||²`` (P_m: the reconstruction through stage m), as in EnCodec; its
+        gradient ``2 Σ_m (z - P_m) / N`` accumulates in place, stage by stage."""
+        n, d = z.shape
+        learner, size = self.learner, self.codebook_size
+        synced = update and sync.active()
+        stages, keep = self._stage_mask(lead, z.device)
+        codebooks = self._codebook_groups()
+        zd = z.detach()
+        if not update:
+            with torch.no_grad():
+                fixed = self._encode(zd).long()  # beam search when configured
+        residual = zd.clone()  # r_m, updated in place
+        pull = torch.zeros_like(zd)  # Σ_m w_m r_{m+1}
+        kept = None if keep is None else torch.zeros_like(zd)  # the stages each row keeps
+        squares, cb_squares, count = zd.new_zeros(()), zd.new_zeros(()), zd.new_zeros(())
+        codes, counts = [], []
+        for m in range(self.num_quantizers):
+            w = weight if keep is None else (keep[:, m] if weight is None else keep[:, m] * weight)
+            own = slice(m, m + 1)
+            if update:
+                learner.initialize(codebooks[own].detach(), residual[None], w, own, synced)
+                with torch.no_grad():
+                    cb = codebooks[m].detach().float()
+                    c = nearest(residual, cb, x_norms=row_norms(residual)).indices
+            else:
+                c = fixed[:, m]
+            q = codebooks[m].float().index_select(0, c)
+            if learner is not None and learner.by_gradient:
+                cb_err = ((residual - q) ** 2).sum(-1)
+                cb_squares = cb_squares + (cb_err if w is None else cb_err * w).sum()
+            codes.append(c)
+            counts.append(code_counts(c[None], size, w))
+            if update:  # r_m and its codes, before r_m moves on
+                learner.update(codebooks[own].detach(), residual[None], c[None], w, own, synced)
+            q = q.detach()
+            residual.sub_(q)  # r_{m+1}
+            if w is None:
+                flat = residual.reshape(-1)
+                squares, count = squares + torch.dot(flat, flat), count + n
+                pull.add_(residual)
+            else:
+                squares, count = squares + (row_norms(residual) * w).sum(), count + w.sum()
+                pull.addcmul_(residual, w[:, None])
+            if kept is not None:
+                kept.addcmul_(q, keep[:, m, None])
+        if kept is None:
+            kept = zd - residual  # every stage: z - r_Q
+        denom = (count * d).clamp_min(1.0)
+        quantized, commitment = straight_through_loss(z, kept, squares / denom, pull, 2 / denom)
+        if self.rotation_trick:
+            quantized = rotation_trick(z, kept)
+        return Step(
+            quantized,
+            torch.stack(codes, dim=1),
+            commitment,
+            cb_squares / denom,
+            torch.cat(counts),
+            stages,
+        )
 
     def _tables(self, queries: torch.Tensor, metric: Metric) -> torch.Tensor:
-        cb = self.codebooks.float()  # [Q, K, d]
+        cb = self._output_codebooks()  # [Q, K, d]
         dots = torch.einsum("nd,qkd->nqk", queries, cb)
         if metric == "ip":
             return dots
@@ -203,5 +365,5 @@ class ResidualVQ(Quantizer):
     def codeword_norm_sums(self, codes) -> torch.Tensor:
         """``Σ_m ||c_m||²`` over the codewords named by ``codes`` [..., Q] → float32 [...]."""
         c = torch.as_tensor(codes).long().to(self.device)
-        norms = (self.codebooks.float() ** 2).sum(-1).reshape(-1)
+        norms = (self._output_codebooks() ** 2).sum(-1).reshape(-1)
         return norms[c + self._offsets].sum(-1)

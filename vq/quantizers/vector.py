@@ -7,6 +7,7 @@ import torch
 from vq.clustering import kmeans
 from vq.distances import nearest
 from vq.quantizers.base import Metric, Quantizer, Step
+from vq.quantizers.functional import row_norms
 from vq.quantizers.learning import Learning
 
 
@@ -77,7 +78,7 @@ class VectorQuantizer(Quantizer):
         self.codebook.copy_(result.centroids)
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
-        return nearest(x, self.codebook.detach().float()).indices
+        return nearest(x, self.codebook.detach().float(), x_norms=row_norms(x)).indices
 
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
         return self.codebook.detach().float().index_select(0, codes.reshape(-1).long())
