@@ -429,6 +429,37 @@ def test_merge_topk_orders_by_distance_then_id_and_puts_missing_last():
     assert ids.tolist() == [[4, 7, -1, -1]] and D[0, 2:].tolist() == [inf, inf]
 
 
+def test_one_process_sharded_index_saves_loads_and_refuses_mixed_files(tmp_path):
+    x, q = database()[:500], queries()
+    sharded = ShardedIndex(vq.FlatIndex(DIM))  # no process group: one shard, this process
+    sharded.add(x[:300])
+    sharded.add_with_ids(x[300:], np.arange(1000, 1200))
+    assert sharded.ntotal == 500 and sharded.remove_ids([0, 1, 1000]) == 3
+    ref = vq.FlatIndex(DIM)
+    ref.add_with_ids(x, np.r_[np.arange(300), np.arange(1000, 1200)])
+    ref.remove_ids([0, 1, 1000])
+    D, ids = sharded.search(q, 7)
+    assert_same_neighbours(D, ids, *ref.search(q, 7))
+    sharded.save(tmp_path / "a")
+    loaded = ShardedIndex.load(tmp_path / "a")
+    assert loaded.ntotal == 497 and np.array_equal(loaded.search(q, 7)[1], ids)
+    other = ShardedIndex(vq.FlatIndex(DIM))
+    other.add(x[:10])
+    other.save(tmp_path / "b")
+    (tmp_path / "a" / "shard-00000.index").write_bytes(
+        (tmp_path / "b" / "shard-00000.index").read_bytes()
+    )
+    with pytest.raises(ValueError, match="not the shard the manifest lists"):
+        ShardedIndex.load(tmp_path / "a")
+    (tmp_path / "b" / "manifest.json").write_text('{"format": "something else"}')
+    with pytest.raises(ValueError, match="not a vq sharded-index manifest"):
+        ShardedIndex.load(tmp_path / "b")
+    with pytest.raises(FileNotFoundError, match="no sharded index at"):
+        ShardedIndex.load(tmp_path / "c")
+    with pytest.raises(ValueError, match="k must be a positive integer"):
+        sharded.search(q, 0)
+
+
 def test_entry_point_reports_bad_input_in_one_line(tmp_path, capsys):
     from vq.distributed.__main__ import main
 

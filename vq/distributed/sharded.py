@@ -292,7 +292,7 @@ class ShardedIndex:
 
     # -- helpers --------------------------------------------------------------------------
     def _require_one_shard(self, what: str) -> None:
-        if self.num_shards is not None and self.num_shards != self.world_size:
+        if self.num_shards != self.world_size:
             raise ValueError(
                 f"{what} needs one shard per process; this index has {self.num_shards} shards on "
                 f"{self.world_size} processes (load it with as many processes as shards)"
