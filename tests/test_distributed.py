@@ -106,6 +106,7 @@ def _worker_train(out: Path) -> None:
     rank = dist.get_rank()
     x, q = dataset(), queries()
     results = training_jobs(x[:SPLIT] if rank == 0 else x[SPLIT:])
+    results["kmeans, rank 0 empty"] = vq.kmeans(x[:0] if rank == 0 else x, 70, niter=5).centroids
     # sharded indexes, on the rows the CLI test's build gives each process (an even split):
     # global ids, global top-k, saved per shard
     xb = database()
@@ -198,7 +199,9 @@ def two_process_run(tmp_path_factory):
 
 def test_two_processes_train_what_one_process_trains_on_all_rows(two_process_run):
     _, (r0, r1), _ = two_process_run
-    single = training_jobs(dataset())
+    x = dataset()
+    single = training_jobs(x)
+    single["kmeans, rank 0 empty"] = vq.kmeans(x, 70, niter=5).centroids
     for name, ref in single.items():
         # every process holds the same bits...
         np.testing.assert_array_equal(r0[name], r1[name], err_msg=name)
