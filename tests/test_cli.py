@@ -172,7 +172,10 @@ def test_export_checks_and_audits(files, exported_model, capsys):
     code, out, _ = run(capsys, "export", "--audit", onnx_path)
     assert code == 0 and "static: every shape is fixed" in out and "TopK" in out
     dynamic = files / "dynamic.onnx"
-    run(capsys, "export", exported_model, "-o", dynamic, "--dynamic-batch")
+    code, _, err = run(
+        capsys, "export", exported_model, "-o", dynamic, "--dynamic-batch", "--code-dtype", "int32"
+    )
+    assert code == 0, err
     code, out, _ = run(capsys, "export", "--audit", onnx_path, dynamic)
     assert code == 1 and "queries: [batch, 32]" in out  # one model is not static: exit 1
 

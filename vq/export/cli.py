@@ -1,4 +1,4 @@
-"""``vq export``: a saved index (vq or faiss file) to ONNX, or the audit of ONNX models.
+"""vq export: a saved index (vq or faiss file) to ONNX, or the audit of ONNX models.
 
 vq export my.index -o search.onnx --batch-size 64 -k 10 --nprobe 16   [--check queries.fvecs]
 vq export faiss.index -o search.onnx --batch-size 1                   (a faiss.write_index file)
@@ -31,6 +31,12 @@ def main(argv: list[str], prog: str = "vq export") -> int:
     p.add_argument("--k-factor", type=int, default=None, help="re-ranking factor (default: saved)")
     p.add_argument(
         "--capacity", type=int, default=None, help="slots per padded list (default: longest list)"
+    )
+    p.add_argument(
+        "--code-dtype",
+        choices=["uint8", "int16", "int32", "int64"],
+        default=None,
+        help="dtype of the code tables in the graph (int32 for TensorRT; default: as stored)",
     )
     p.add_argument("--dynamic-batch", action="store_true", help="symbolic batch axis")
     p.add_argument("--opset", type=int, default=None, help="ONNX opset (default 20)")
@@ -98,6 +104,7 @@ def _export(args) -> int:
         nprobe=args.nprobe,
         k_factor=args.k_factor,
         capacity=args.capacity,
+        code_dtype=args.code_dtype,
         dynamic_batch=args.dynamic_batch,
         opset=args.opset,
     )
