@@ -550,8 +550,19 @@ def test_onnx_dynamic_batch(exported, indexes, queries):
     ) in report.dynamic
 
 
-def test_onnx_faiss_index_imported(exported, data, queries):
+@pytest.fixture
+def faiss_one_thread():
+    """faiss on one OpenMP thread: on a busy 2-core machine its spinning threads make training
+    these tiny indexes take seconds instead of milliseconds."""
     faiss = pytest.importorskip("faiss")
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    yield faiss
+    faiss.omp_set_num_threads(threads)
+
+
+def test_onnx_faiss_index_imported(exported, data, queries, faiss_one_thread):
+    faiss = faiss_one_thread
     for description, metric in (
         ("IVF8,PQ4x6np", faiss.METRIC_L2),
         ("OPQ4,IVF8,PQ4x6np,RFlat", faiss.METRIC_INNER_PRODUCT),
