@@ -6,7 +6,15 @@
 >>> x_hat = pq.decode(codes)        # float32 [n, 128]
 """
 
-from vq.clustering import KMeansResult, kmeans, lbg
+import os as _os
+
+# torch and numba each bring an OpenMP runtime; with the default active wait, one's threads
+# spin after every parallel region and starve the other's, and a search alternates torch and
+# numba steps (a small IVF search ran 10x slower on 2 cores). Passive waiting fixes it; it
+# only applies to runtimes loaded after this line, and an explicit setting is kept.
+_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from vq.clustering import KMeansResult, kmeans, lbg  # noqa: E402
 from vq.index import (
     IVFPQ,
     FlatIndex,

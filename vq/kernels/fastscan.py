@@ -94,6 +94,7 @@ def quantize_tables(tables, bias, out_luts, out_bias):
     """
     P, M, ksub = tables.shape
     span = np.float32(0.0)
+    lows = np.empty((P, M), dtype=np.float32)
     lo_total = np.empty(P, dtype=np.float32)
     hi_total = np.empty(P, dtype=np.float32)
     for p in range(P):
@@ -106,6 +107,7 @@ def quantize_tables(tables, bias, out_luts, out_bias):
                 v = tables[p, m, j]
                 lo = min(lo, v)
                 hi = max(hi, v)
+            lows[p, m] = lo
             span = max(span, hi - lo)
             lo_sum += lo
             hi_sum += hi
@@ -123,17 +125,14 @@ def quantize_tables(tables, bias, out_luts, out_bias):
     if not np.isfinite(scale):
         scale = np.float32(1.0)
     for p in range(P):
-        acc = np.float32(0.0)
         for m in range(M):
-            lo = tables[p, m, 0]
-            for j in range(1, ksub):
-                lo = min(lo, tables[p, m, j])
-            acc += lo
+            lo = lows[p, m]
             half = (m & 1) * 16
             for j in range(ksub):
-                q = np.floor((tables[p, m, j] - lo) * scale + np.float32(0.5))
-                out_luts[p, m >> 1, half + j] = np.uint8(min(q, np.float32(255.0)))
-        b = np.floor((bias[p] + acc - offset) * scale + np.float32(0.5))
+                # non-negative, so truncation rounds half up
+                v = (tables[p, m, j] - lo) * scale + np.float32(0.5)
+                out_luts[p, m >> 1, half + j] = np.uint8(min(v, np.float32(255.0)))
+        b = np.floor((lo_total[p] - offset) * scale + np.float32(0.5))
         out_bias[p] = np.int32(min(max(b, np.float32(0.0)), np.float32(_U16_MAX - M * 255)))
     return scale, offset
 
@@ -437,6 +436,10 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, simd: bool):
         heap_d = np.full((nq * nprobe, k), np.inf, dtype=np.float32)
         heap_i = np.full((nq * nprobe, k), -1, dtype=np.int64)
         # 3. scans: one pass over a list's blocks per group
+        # a query's k-th best distance so far, over all its pairs: every full heap bounds it.
+        # Threads share it without locks; a lost update only prunes less. Candidates equal to
+        # it still enter, so ties resolve as in a sequential scan.
+        bound = np.full(nq, 65535, dtype=np.int64)
         for g in prange(n_groups):
             lut = np.zeros((Q * n_pairs, 32), dtype=np.uint8)
             thr = np.zeros(Q, dtype=np.int32)
@@ -444,13 +447,23 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, simd: bool):
             mask = np.empty(Q, dtype=np.int32)
             size = group_size[g]
             pair = np.empty(Q, dtype=np.int64)
+            shift = np.zeros(Q, dtype=np.int64)
             for t in range(size):
                 pair[t] = order[group_start[g] + t]
                 lut[t * n_pairs : (t + 1) * n_pairs] = luts[pair[t]]
-                thr[t] = 65535 - shifts.ravel()[pair[t]]
+                shift[t] = shifts[pair[t] // nprobe, pair[t] % nprobe]
             lst = pairs[pair[0]]
             first, end = offsets[lst], offsets[lst + 1]
             for b in range(list_blocks[lst], list_blocks[lst + 1]):
+                live = False
+                for t in range(size):
+                    top = heap_d[pair[t], 0]
+                    own = np.int64(top) if top < 65536 else 65535
+                    limit = min(own, bound[pair[t] // nprobe] + 1) - shift[t]
+                    thr[t] = max(limit, 0)
+                    live = live or limit > 0
+                if not live:
+                    break
                 if simd:
                     block(packed, b * n_pairs, lut, 0, thr, dist, mask)
                 else:
@@ -459,20 +472,11 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, simd: bool):
                 for t in range(size):
                     if mask[t] != 0:
                         m = np.int64(mask[t]) & np.int64(0xFFFFFFFF)
-                        shift = shifts.ravel()[pair[t]]
-                        thr[t] = max(
-                            _offer(
-                                heap_d[pair[t]],
-                                heap_i[pair[t]],
-                                dist[t],
-                                m,
-                                shift,
-                                row0,
-                                end,
-                                shift,
-                            ),
-                            0,
-                        )
+                        r = pair[t]
+                        _offer(heap_d[r], heap_i[r], dist[t], m, shift[t], row0, end, 0)
+                        if heap_d[r, 0] < 65536:
+                            q = r // nprobe
+                            bound[q] = min(bound[q], np.int64(heap_d[r, 0]))
         # 4. merge each query's probes
         for q in prange(nq):
             hd = np.full(k, np.inf, dtype=np.float32)
