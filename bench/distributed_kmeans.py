@@ -6,8 +6,9 @@ bytes every Lloyd iteration all-reduces, and what that projects to on many nodes
 Every configuration runs in fresh processes (``python -m torch.distributed.run`` for several),
 each process generating the same data and keeping its contiguous share of the rows; the times are
 the best of ``--rounds`` calls of :func:`vq.kmeans` after a warm-up. The collectives are counted
-by wrapping ``torch.distributed``'s all_reduce / all_gather / broadcast. Prints markdown tables
-and writes bench/results/distributed_kmeans.csv and distributed_kmeans_projection.csv.
+by wrapping ``torch.distributed``'s all_reduce / all_gather / broadcast. OpenMP threads wait
+passively (``OMP_WAIT_POLICY=PASSIVE`` unless set), as suits a shared machine. Prints markdown
+tables and writes bench/results/distributed_kmeans.csv and distributed_kmeans_projection.csv.
 """
 
 from __future__ import annotations
@@ -110,6 +111,9 @@ def run_config(args: argparse.Namespace, processes: int, threads: int, out: Path
     settings = {**vars(args), "threads": threads, "out": str(out)}
     flags = ["worker", json.dumps(settings)]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore"}
+    # idle OpenMP threads sleep instead of spinning: on a machine shared with other jobs, spinning
+    # threads take each other's cores (a 2-thread k-means ran 3x slower here with them spinning)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if processes == 1:
         cmd = [sys.executable, "-m", "bench.distributed_kmeans", *flags]
     else:
