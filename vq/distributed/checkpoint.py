@@ -10,7 +10,8 @@ one, or the node given ``--node_rank 0``).
 
 A checkpoint records the loop's settings and a fingerprint of its training sample (per-column
 sums): resuming from a checkpoint of other settings or other data is a ``ValueError``, never a
-silent mix of two runs.
+silent mix of two runs. A resume is logged (a warning of the ``vq.distributed`` logger, which
+Python prints to stderr unless logging is configured otherwise).
 
 Fault injection, for tests: with ``VQ_FAULT_ITERATION=i`` (and ``VQ_FAULT_RANK=r``, default 1)
 in the environment, the process of rank r exits (status 75) right after iteration i of the
@@ -190,7 +191,7 @@ class TrainingRun:
             "format_version": str(FORMAT_VERSION),
             "vq_version": vq.__version__,
             "kind": self.kind,
-            "config": json.dumps(self.config, sort_keys=True),
+            "config": _config_json(self.config),
             "step": str(self.step),
         }
 
@@ -234,7 +235,7 @@ class TrainingRun:
             return _error(f"{path}: not a vq training checkpoint; {fix}"), {}
         if int(meta.get("format_version", "0")) > FORMAT_VERSION:
             return _error(f"{path}: written by a newer vq ({meta.get('vq_version')}); {fix}"), {}
-        ours = json.dumps(self.config, sort_keys=True)
+        ours = _config_json(self.config)
         if meta.get("kind") != self.kind or meta.get("config") != ours:
             return _error(
                 f"{path}: a checkpoint of another training ({meta.get('kind')} "
@@ -254,6 +255,11 @@ class TrainingRun:
             ), {}
         del tensors["fingerprint"]
         return {"status": "ok"}, tensors
+
+
+def _config_json(config: dict[str, Any]) -> str:
+    """The settings as canonical JSON (numpy scalars as plain numbers)."""
+    return json.dumps(config, sort_keys=True, default=lambda v: v.item())
 
 
 def _error(message: str) -> dict[str, Any]:
