@@ -104,12 +104,12 @@ class OPQ(Quantizer):
     def _fit(self, x: torch.Tensor) -> None:
         gen = _generator(self.seed)
         # under torch.distributed x is this process's shard: the rotation's (bounded) sample is
-        # gathered, so every process runs the alternations below as one process would
+        # gathered, and rank 0 runs the alternations below on it as one process would (the
+        # others would only repeat its work); every process gets its rotation and codebooks
         data = Shards.of(x)
         train = data.sample(self.max_train_points, gen).float()
         rotation = eigenvalue_allocation(train, self.M, self.dim_out).to(x.device)
         pq = self.pq
-        # one process learns the rotation (the others would repeat its work), all get it below
         alternations = self.niter if data.is_root else 0
         for it in range(alternations):
             y = train @ rotation.T
