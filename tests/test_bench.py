@@ -122,3 +122,27 @@ def test_export(results):
     assert [int(r["batch"]) for r in csv_rows] == [4, 4, 3]
     assert all(float(r["identical rows"]) == 1.0 for r in csv_rows)  # same graph, two runtimes
     assert (results / "export.png").exists()
+
+
+def test_vqvae_nsynth(results, tmp_path):
+    pytest.importorskip("vector_quantize_pytorch")
+    pytest.importorskip("torchaudio")
+    pytest.importorskip("soundfile")
+    from bench import vqvae_nsynth
+
+    argv = (
+        "--steps 6 --instruments 11 --max-train 22 --max-test 3 --frames 16 --batch 8 "
+        "--codes 16 --stages 2 --hidden 16 --latent 8 --micro-batch 2 --micro-len 16 "
+        "--micro-dim 8 --micro-codes 16 --micro-stages 2 --rounds 2"
+    )
+    vqvae_nsynth.main([*argv.split(), "--data-dir", str(tmp_path / "data")])
+    columns = ["layer", "system", "best seconds", "vq / anchor", "perplexity", "codes used"]
+    step = read_csv(results / "vq_layer_step.csv", columns)
+    assert [r["system"] for r in step] == ["vq", "vector-quantize-pytorch"] * 2
+    for r in step:  # 16 codes per codebook
+        assert 1 <= float(r["perplexity"]) <= 16 and 0 < float(r["codes used"]) <= 1
+    columns = ["system", "test reconstruction MSE", "perplexity (mean over stages)"]
+    trained = read_csv(results / "vqvae_nsynth.csv", [*columns, "step time / anchor"])
+    assert [r["system"] for r in trained] == ["vq", "vector-quantize-pytorch"]
+    for r in trained:  # normalised log-mels: an untrained decoder's error is about 1
+        assert 0 < float(r["test reconstruction MSE"]) < 3

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -194,7 +195,7 @@ def test_gradient_learning_trains_the_codebook_by_its_loss():
 
 # --- k-means initialisation ------------------------------------------------------------------
 def test_kmeans_initialisation_from_the_first_batch():
-    x = clustered(1024, 8, centers=32)
+    x = clustered(1024, 8, centers=4)
     layer = vq.VectorQuantizer(8, 32, learning=vq.EMA(decay=0.99, kmeans_iters=10))
     assert not layer.is_trained and not bool(layer.learner.initted)
     layer.eval()
@@ -205,11 +206,13 @@ def test_kmeans_initialisation_from_the_first_batch():
         with pytest.raises(RuntimeError, match="not trained"):
             layer(x)
     torch.manual_seed(3)
-    layer(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # empty clusters are dead codes, not a warning
+        layer(x)
     assert layer.is_trained and bool(layer.learner.initted)
     ours = ((x - layer.decode(layer.encode(x))) ** 2).sum()
     ref = vq.kmeans(x, 32, niter=10)
-    assert ours <= 1.02 * ref.inertia  # a k-means solution (one EMA step later)
+    assert ours <= 1.1 * ref.inertia  # a k-means solution (one EMA step later)
     again = vq.VectorQuantizer(8, 32, learning=vq.EMA(decay=0.99, kmeans_iters=10))
     torch.manual_seed(3)
     again(x)

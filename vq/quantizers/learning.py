@@ -52,11 +52,11 @@ class Learning:
     """What both learning rules share: how codebooks start, and when dead codes restart.
 
     Args:
-        kmeans_init: initialise the codebooks by k-means (:func:`vq.kmeans`: k-means++
-            seeding, Lloyd iterations) on the first training batch; False starts from random
+        kmeans_init: initialise the codebooks by k-means (:func:`vq.kmeans`: random seeding,
+            Lloyd iterations) on the first training batch; False starts from random
             codewords (uniform in ±1/K; unit vectors for cosine codebooks) and the layer can
             encode before it has seen data.
-        kmeans_iters: Lloyd iterations of that k-means (after k-means++ seeding).
+        kmeans_iters: Lloyd iterations of that k-means.
         dead_code_threshold: a code whose moving-average usage (expected uses per batch) falls
             below this is replaced by a random vector of the current batch, and its usage reset
             to the threshold; 0 disables restarts.
@@ -368,8 +368,14 @@ def _kmeans_rows(rows: torch.Tensor, k: int, niter: int, seed: int, cosine: bool
         centroids = torch.cat([rows, rows[pick] + noise * spread])
         counts = torch.ones(k, device=rows.device)
     else:
-        with _single_process():  # our own syncing: every process's rows are already here
-            result = kmeans(rows, k, niter=niter, seed=seed)
+        # random seeding, as EnCodec does: on a first batch with few vectors per code (and
+        # encoder outputs that are still nearly isotropic), k-means++ seeds singleton clusters
+        # on outliers and leaves one centroid near the mean holding most vectors — a lower
+        # k-means objective on that batch, but a collapsed codebook
+        with _single_process(), warnings.catch_warnings():  # our own syncing: every
+            # process's rows are already here; empty clusters are dead codes, restarted later
+            warnings.filterwarnings("ignore", ".* clusters are empty", RuntimeWarning)
+            result = kmeans(rows, k, niter=niter, init="random", seed=seed)
         centroids = result.centroids
         counts = torch.bincount(result.assignments, minlength=k).float()
     if cosine:
