@@ -434,7 +434,7 @@ class Quantizer(nn.Module):
         if update:
             learner.initialize(codebooks.detach(), slices, weight, slice(None), synced)
         with torch.no_grad():
-            codes = self._encode(zd).long()  # [n, *code_shape]
+            codes = self._training_codes(zd).long()  # [n, *code_shape]
         by_group = self._codes_by_group(codes)  # [G, n]
         groups, n, d = slices.shape
         offsets = torch.arange(groups, device=z.device)[:, None] * size
@@ -468,6 +468,11 @@ class Quantizer(nn.Module):
         if self.rotation_trick:
             quantized = self._ungroup(rotation_trick(self._group_rows(z), q))
         return quantized, commitment
+
+    def _training_codes(self, z: torch.Tensor) -> torch.Tensor:
+        """Codes of code-space rows in a training step (``_encode``, unless a subclass has a
+        faster way for large batches)."""
+        return self._encode(z)
 
     def _group_rows(self, z: torch.Tensor) -> torch.Tensor:
         """Code-space rows [n, code_dim] → the slice each codebook quantizes, [G, n, d]."""

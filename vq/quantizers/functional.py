@@ -89,6 +89,14 @@ def rotation_trick(z: torch.Tensor, q: torch.Tensor, eps: float = 1e-6) -> torch
     return out + (q - out).detach()
 
 
+def training_rows(codebook_size: int) -> int:
+    """Rows per distance block in a training step: up to 64 MiB of float32 distances, so that
+    a step makes one or two GEMM + arg-min passes per codebook rather than one per 4 MiB block
+    (each pass hands the cores from torch's thread pool to numba's and back, which costs more
+    than the work when other processes — data loaders — hold cores)."""
+    return max(1024, (1 << 24) // max(codebook_size, 1))
+
+
 def row_norms(x: torch.Tensor) -> torch.Tensor:
     """``||x_i||²`` of the rows of Tensor[..., d] → [...], without an [..., d] temporary."""
     return torch.einsum("...d,...d->...", x, x)

@@ -33,6 +33,7 @@ from vq.quantizers.functional import (
     rotation_trick,
     row_norms,
     straight_through_loss,
+    training_rows,
 )
 from vq.quantizers.learning import Learning
 
@@ -310,8 +311,8 @@ class ResidualVQ(Quantizer):
             if update:
                 learner.initialize(codebooks[own].detach(), residual[None], w, own, synced)
                 with torch.no_grad():
-                    cb = codebooks[m].detach().float()
-                    c = nearest(residual, cb, x_norms=row_norms(residual)).indices
+                    cb, rows = codebooks[m].detach().float(), training_rows(size)
+                    c = nearest(residual, cb, rows, x_norms=row_norms(residual)).indices
             else:
                 c = fixed[:, m]
             q = codebooks[m].float().index_select(0, c)

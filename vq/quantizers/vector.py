@@ -7,7 +7,7 @@ import torch
 from vq.clustering import kmeans
 from vq.distances import nearest
 from vq.quantizers.base import Metric, Quantizer, Step
-from vq.quantizers.functional import row_norms
+from vq.quantizers.functional import row_norms, training_rows
 from vq.quantizers.learning import Learning
 
 
@@ -79,6 +79,10 @@ class VectorQuantizer(Quantizer):
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         return nearest(x, self.codebook.detach().float(), x_norms=row_norms(x)).indices
+
+    def _training_codes(self, z: torch.Tensor) -> torch.Tensor:
+        rows = training_rows(self.codebook_size)
+        return nearest(z, self.codebook.detach().float(), rows, x_norms=row_norms(z)).indices
 
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
         return self.codebook.detach().float().index_select(0, codes.reshape(-1).long())
