@@ -24,3 +24,18 @@ def aniso() -> np.ndarray:
 def _threads():
     torch.set_num_threads(2)
     yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _faiss_one_thread():
+    """faiss trains the small reference indexes of the tests on one OpenMP thread: with two,
+    its many short parallel regions (OPQ, k-means) cost seconds on a busy 2-core machine."""
+    try:
+        import faiss
+    except ImportError:
+        yield
+        return
+    previous = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    yield
+    faiss.omp_set_num_threads(previous)
