@@ -559,22 +559,25 @@ def test_eval_forward_exports(make):
 _DDP_SCRIPT = """
 import sys, torch, torch.distributed as dist
 from safetensors.torch import save_file
+from torch._dynamo.utils import counters
 import vq
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(100 + rank)  # every process draws its own data and random numbers
-layers = {
+layers = {  # the compiled layer first: its k-means starts numba's threads inside the graph
+    "compiled": vq.ResidualVQ(8, 2, 16, learning=vq.EMA(decay=0.8, dead_code_threshold=1.0)),
     "vq": vq.VectorQuantizer(8, 32, learning=vq.EMA(decay=0.8, dead_code_threshold=2.0)),
     "rvq": vq.ResidualVQ(8, 2, 16, learning=vq.EMA(dead_code_threshold=1.0),
                          quantizer_dropout=0.5),
     "grad": vq.VectorQuantizer(8, 16, learning=vq.Gradient(dead_code_threshold=1.0)),
 }
+compiled = torch.compile(layers["compiled"], fullgraph=True, backend="aot_eager")
 for step in range(4):
     for name, layer in layers.items():
         x = torch.randn(2, 64 + 16 * rank, 8) * (1 + rank) + rank  # other data on each process
         x.requires_grad_()  # an encoder's output
-        out = layer(x)
+        out = compiled(x) if name == "compiled" else layer(x)
         out.loss.backward()
         if name == "grad":
             for p in layer.parameters():  # what DDP does with gradients
@@ -588,6 +591,7 @@ for step in range(4):
         layers["rvq"](torch.randn(5, 8))
         layers["rvq"].train()
 tensors = {f"{n}.{k}": v.contiguous() for n, l in layers.items() for k, v in l.state_dict().items()}
+tensors["graphs"] = torch.tensor(counters["stats"]["unique_graphs"])
 save_file(tensors, f"{sys.argv[1]}/rank{rank}.safetensors")
 dist.destroy_process_group()
 """
@@ -608,4 +612,5 @@ def test_torchrun_keeps_codebooks_identical_across_processes(tmp_path):
     assert a.keys() == b.keys() and "vq.learner.embed_sum" in a
     for key in a:
         assert torch.equal(a[key], b[key]), key
+    assert int(a["graphs"]) == 1  # compiled steps: one graph on each process, no recompile
     assert a["vq.learner.initted"].all() and a["vq.codebook"].abs().sum() > 0

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import torch
+from numba import njit, prange
 
 from vq._checks import is_eager
 
@@ -20,11 +21,32 @@ _NUMPY_DTYPES = {
 
 
 _disabled = False
+_numba_started = False
 
 
 def fast_path(x: torch.Tensor) -> bool:
     """Whether the numba kernels may serve ``x``: eager mode, CPU, no autograd, not disabled."""
-    return x.device.type == "cpu" and is_eager() and not x.requires_grad and not _disabled
+    ok = x.device.type == "cpu" and is_eager() and not x.requires_grad and not _disabled
+    if ok and not _numba_started:
+        _start_numba_threads()
+    return ok
+
+
+def _start_numba_threads() -> None:
+    """Start numba's thread pool once, keeping torch's thread count: numba's OpenMP layer
+    shares libgomp with torch and, when its pool starts, resets the count to numba's — which
+    would silently undo ``torch.set_num_threads`` (and make compiled graphs recompile)."""
+    global _numba_started
+    threads = torch.get_num_threads()
+    _touch(np.empty(2, np.int64))
+    torch.set_num_threads(threads)
+    _numba_started = True
+
+
+@njit(parallel=True, cache=True)
+def _touch(a):
+    for i in prange(a.shape[0]):
+        a[i] = i
 
 
 @contextmanager
