@@ -410,6 +410,8 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, simd: bool):
         # 2. group the (query, probe) pairs by list, Q to a group
         pairs = probes.ravel()
         order = np.argsort(pairs, kind="mergesort")
+        group_start = np.empty(order.shape[0], dtype=np.int64)  # at most one group per pair
+        group_size = np.empty(order.shape[0], dtype=np.int64)
         n_groups = 0
         start = 0
         while start < order.shape[0]:
@@ -417,21 +419,10 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, simd: bool):
             while end < order.shape[0] and pairs[order[end]] == pairs[order[start]]:
                 end += 1
             if pairs[order[start]] >= 0:
-                n_groups += (end - start + Q - 1) // Q
-            start = end
-        group_start = np.empty(n_groups, dtype=np.int64)
-        group_size = np.empty(n_groups, dtype=np.int64)
-        g = 0
-        start = 0
-        while start < order.shape[0]:
-            end = start
-            while end < order.shape[0] and pairs[order[end]] == pairs[order[start]]:
-                end += 1
-            if pairs[order[start]] >= 0:
                 for s in range(start, end, Q):
-                    group_start[g] = s
-                    group_size[g] = min(Q, end - s)
-                    g += 1
+                    group_start[n_groups] = s
+                    group_size[n_groups] = min(Q, end - s)
+                    n_groups += 1
             start = end
         heap_d = np.full((nq * nprobe, k), np.inf, dtype=np.float32)
         heap_i = np.full((nq * nprobe, k), -1, dtype=np.int64)

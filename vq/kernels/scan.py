@@ -293,6 +293,20 @@ def ivfpq_scanner(n_tables: int, words: bool, dsub: int):
     return ivfpq_scan
 
 
+@njit(inline="always", fastmath=True)
+def _exact_distance(x, v, inner_product):
+    """Squared L2 distance of two float32 vectors, or their negated inner product."""
+    d = np.float32(0.0)
+    if inner_product:
+        for j in range(x.shape[0]):
+            d -= x[j] * v[j]
+    else:
+        for j in range(x.shape[0]):
+            diff = x[j] - v[j]
+            d += diff * diff
+    return d
+
+
 @njit(parallel=True, nogil=True, cache=True, fastmath=True)
 def ivf_flat_scan(queries, vectors, probes, offsets, inner_product, out_dist, out_idx):
     """Exact distances to the vectors of the probed inverted lists, fused with top-k.
@@ -306,7 +320,6 @@ def ivf_flat_scan(queries, vectors, probes, offsets, inner_product, out_dist, ou
             ``vectors`` (-1 padding).
     """
     nq, nprobe = probes.shape
-    dim = queries.shape[1]
     k = out_dist.shape[1]
     for q in prange(nq):
         heap_d = np.full(k, np.inf, dtype=np.float32)
@@ -318,15 +331,7 @@ def ivf_flat_scan(queries, vectors, probes, offsets, inner_product, out_dist, ou
                 continue
             threshold = heap_d[0]
             for i in range(offsets[lst], offsets[lst + 1]):
-                v = vectors[i]
-                d = np.float32(0.0)
-                if inner_product:
-                    for j in range(dim):
-                        d -= x[j] * v[j]
-                else:
-                    for j in range(dim):
-                        diff = x[j] - v[j]
-                        d += diff * diff
+                d = _exact_distance(x, vectors[i], inner_product)
                 if d < threshold:
                     _heap_replace_top(heap_d, heap_i, d, i)
                     threshold = heap_d[0]
@@ -346,7 +351,6 @@ def refine_scan(queries, vectors, candidates, inner_product, out_dist, out_idx):
             ``vectors`` (-1 padding).
     """
     nq, n_cand = candidates.shape
-    dim = queries.shape[1]
     k = out_dist.shape[1]
     for q in prange(nq):
         heap_d = np.full(k, np.inf, dtype=np.float32)
@@ -357,15 +361,7 @@ def refine_scan(queries, vectors, candidates, inner_product, out_dist, out_idx):
             i = candidates[q, c]
             if i < 0:
                 continue
-            v = vectors[i]
-            d = np.float32(0.0)
-            if inner_product:
-                for j in range(dim):
-                    d -= x[j] * v[j]
-            else:
-                for j in range(dim):
-                    diff = x[j] - v[j]
-                    d += diff * diff
+            d = _exact_distance(x, vectors[i], inner_product)
             if d < threshold:
                 _heap_replace_top(heap_d, heap_i, d, i)
                 threshold = heap_d[0]
