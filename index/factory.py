@@ -14,16 +14,17 @@ from vq.index.transform import PreTransform
 from vq.quantizers import OPQ
 
 SUPPORTED = (
-    "Flat | PQ<M>[x<nbits>] | PQ<M>x4fs | IVF<nlist>,Flat | IVF<nlist>,PQ<M>[x<nbits>|x4fs], "
-    "optionally preceded "
-    "by OPQ<M>[_<dim_out>], and followed by RFlat or Refine(Flat) — e.g. 'PQ16', 'PQ16x8', "
-    "'IVF1024,Flat', 'IVF1024,PQ16', 'IVF1024,PQ32x4fs', 'OPQ16,IVF1024,PQ16', "
+    "Flat | PQ<M>[x<nbits>] | PQ<M>x4fs | IVF<nlist>,Flat | "
+    "IVF<nlist>,PQ<M>[x<nbits>|x4fs|x4fsr], optionally preceded by OPQ<M>[_<dim_out>], "
+    "and followed by RFlat or Refine(Flat) — e.g. 'PQ16', 'PQ16x8', 'IVF1024,Flat', "
+    "'IVF1024,PQ16', 'IVF1024,PQ32x4fs', 'IVF1024,PQ32x4fsr', 'OPQ16,IVF1024,PQ16', "
     "'OPQ16_64,IVF1024,PQ16,RFlat'"
 )
 
 _OPQ = re.compile(r"OPQ(\d+)(?:_(\d+))?")
-# "np" (no polysemous training) is a no-op here; "x4fs" is 4-bit fast-scan
-_PQ = re.compile(r"PQ(\d+)(?:x(\d+)(fs)?)?(?:np)?")
+# "np" (no polysemous training) is a no-op here; "x4fs" is 4-bit fast-scan, which in an IVF
+# encodes the vectors themselves unless "x4fsr" asks for residuals (faiss's defaults)
+_PQ = re.compile(r"PQ(\d+)(?:x(\d+)(fsr?)?)?(?:np)?")
 _IVF = re.compile(r"IVF(\d+)")
 
 
@@ -35,7 +36,8 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
         description: comma-separated parts, e.g. ``"OPQ16_64,IVF1024,PQ16,RFlat"``: an optional
             OPQ rotation (to ``dim_out`` dimensions), then Flat / PQ / IVF + Flat / IVF + PQ,
             then an optional exact re-ranking (``RFlat`` or ``Refine(Flat)``, k_factor 1 as in
-            faiss; set ``index.k_factor``).
+            faiss; set ``index.k_factor``). ``PQ<M>x4fs`` is 4-bit fast-scan; after an IVF it
+            encodes the vectors themselves, ``x4fsr`` their residuals (as in faiss).
         metric: "l2" or "ip".
 
     Raises:
@@ -58,7 +60,7 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
 
     if parts == ["Flat"]:
         index: Index = FlatIndex(inner_dim, metric)
-    elif len(parts) == 1 and (m := _PQ.fullmatch(parts[0])):
+    elif len(parts) == 1 and (m := _PQ.fullmatch(parts[0])) and m[3] != "fsr":
         index = PQIndex(inner_dim, int(m[1]), int(m[2] or 8), metric, fast_scan=bool(m[3]))
     elif len(parts) == 2 and (ivf := _IVF.fullmatch(parts[0])):
         nlist = int(ivf[1])
@@ -66,7 +68,8 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
             index = IVFFlat(inner_dim, nlist, metric)
         elif m := _PQ.fullmatch(parts[1]):
             M, nbits, fs = int(m[1]), int(m[2] or 8), bool(m[3])
-            index = IVFPQ(inner_dim, nlist, M, nbits, metric=metric, fast_scan=fs)
+            residual = m[3] != "fs"  # IndexIVFPQFastScan encodes residuals only with "x4fsr"
+            index = IVFPQ(inner_dim, nlist, M, nbits, residual, metric=metric, fast_scan=fs)
         else:
             raise fail(f"unknown encoding {parts[1]!r} after {parts[0]!r}")
     else:

@@ -90,6 +90,6 @@ def pq_search(tables: torch.Tensor, packed: PackedCodes, n: int, k: int):
     flat[: nq * (M // 2)] = luts.reshape(-1, 32)
     dist = np.empty((padded, k), dtype=np.float32)
     rows = _cpu.empty((padded, k), torch.int64)
-    scanner = fastscan.pq_fastscan_scanner(M // 2, Q, fastscan.has_avx2())
+    scanner = fastscan.pq_fastscan_scanner(M // 2, Q, fastscan.best_isa())
     scanner(flat, packed.packed, n, dist, rows.numpy())
     return _to_float(dist[:nq], scale, offset), rows[:nq]

@@ -19,6 +19,7 @@ from vq import kernels
 from vq.index.fastscan import PackedCodes, check_fast_scan
 from vq.index.ivf import IVFIndex
 from vq.kernels import fastscan as fastscan_kernels
+from vq.kernels.fastscan_ivf import ivf_fastscan_lists
 from vq.quantizers import ProductQuantizer
 
 
@@ -178,9 +179,7 @@ class IVFPQ(IVFIndex):
             packed = self._packed.get(self.codes, self.offsets)
             scale, offset = np.empty(q.shape[0], np.float32), np.empty(q.shape[0], np.float32)
             dist = np.empty(tuple(out_dist.shape), np.float32)
-            scan = fastscan_kernels.ivf_fastscan_lists(
-                self.pq.M // 2, self.pq.dsub, fastscan_kernels.has_avx2()
-            )
+            scan = ivf_fastscan_lists(self.pq.M // 2, self.pq.dsub, fastscan_kernels.best_isa())
             scan(
                 q.contiguous().numpy(),
                 *tables,

@@ -27,6 +27,7 @@ intrinsics (``numba.extending.intrinsic``), one is plain numba for CPUs without 
 from __future__ import annotations
 
 import functools
+import os
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -42,6 +43,7 @@ _POSITION = np.argsort(PERM)  # byte of vector v (0..15)
 _U16_MAX = 65535
 
 
+@functools.cache
 def has_avx2() -> bool:
     """Whether this CPU has AVX2 (then the shuffle kernel is used)."""
     return bool(llvm.get_host_cpu_features().get("avx2", False))
@@ -77,46 +79,50 @@ def unpack_codes(packed: np.ndarray, n: int) -> np.ndarray:
 
 
 # -- tables ------------------------------------------------------------------------------------
-@njit(inline="always")
+@njit(fastmath=True, nogil=True, cache=True)
 def quantize_tables(tables, bias, out_luts, out_bias):
     """Quantize one query's float tables to uint8 with one scale for all of them.
 
     Args:
-        tables: float32 [P, M, 16]: the query's tables for P table sets (one per probed list,
-            or P = 1).
-        bias: float32 [P]: a constant added to every distance of set p (e.g. the coarse term).
-        out_luts: uint8 [P, M / 2, 32] in the packed pair layout.
+        tables: float32 [T, M, 16]: the query's tables, one set per probed list (T = P) or one
+            set shared by all of them (T = 1).
+        bias: float32 [P]: a constant added to every distance of probe p (e.g. the coarse
+            term).
+        out_luts: uint8 [T, M / 2, 32] in the packed pair layout.
         out_bias: int32 [P]: quantized biases.
 
     Returns:
         (scale, offset): float distance ≈ (bias_q + Σ lut) / scale + offset. The scale is the
         largest that keeps every entry ≤ 255 and every total ≤ 65535 (uint16).
     """
-    P, M, ksub = tables.shape
+    T, M, ksub = tables.shape
+    P = bias.shape[0]
     span = np.float32(0.0)
-    lows = np.empty((P, M), dtype=np.float32)
-    lo_total = np.empty(P, dtype=np.float32)
-    hi_total = np.empty(P, dtype=np.float32)
-    for p in range(P):
-        lo_sum = bias[p]
-        hi_sum = bias[p]
+    lows = np.empty((T, M), dtype=np.float32)
+    lo_table = np.empty(T, dtype=np.float32)
+    hi_table = np.empty(T, dtype=np.float32)
+    for t in range(T):
+        lo_sum = np.float32(0.0)
+        hi_sum = np.float32(0.0)
         for m in range(M):
-            lo = tables[p, m, 0]
-            hi = tables[p, m, 0]
+            lo = tables[t, m, 0]
+            hi = tables[t, m, 0]
             for j in range(1, ksub):
-                v = tables[p, m, j]
+                v = tables[t, m, j]
                 lo = min(lo, v)
                 hi = max(hi, v)
-            lows[p, m] = lo
+            lows[t, m] = lo
             span = max(span, hi - lo)
             lo_sum += lo
             hi_sum += hi
-        lo_total[p] = lo_sum
-        hi_total[p] = hi_sum
-    offset = lo_total.min()
+        lo_table[t] = lo_sum
+        hi_table[t] = hi_sum
+    offset = np.float32(np.inf)
+    for p in range(P):
+        offset = min(offset, bias[p] + lo_table[p if T > 1 else 0])
     total_span = np.float32(0.0)
     for p in range(P):
-        total_span = max(total_span, hi_total[p] - offset)
+        total_span = max(total_span, bias[p] + hi_table[p if T > 1 else 0] - offset)
     scale = np.float32(np.inf)
     if span > 0:
         scale = min(scale, np.float32(255.0) / span)
@@ -124,33 +130,85 @@ def quantize_tables(tables, bias, out_luts, out_bias):
         scale = min(scale, np.float32(_U16_MAX - M) / total_span)
     if not np.isfinite(scale):
         scale = np.float32(1.0)
-    for p in range(P):
+    for t in range(T):
         for m in range(M):
-            lo = lows[p, m]
+            lo = lows[t, m]
             half = (m & 1) * 16
             for j in range(ksub):
                 # non-negative, so truncation rounds half up
-                v = (tables[p, m, j] - lo) * scale + np.float32(0.5)
-                out_luts[p, m >> 1, half + j] = np.uint8(min(v, np.float32(255.0)))
-        b = np.floor((lo_total[p] - offset) * scale + np.float32(0.5))
+                v = (tables[t, m, j] - lo) * scale + np.float32(0.5)
+                out_luts[t, m >> 1, half + j] = np.uint8(min(v, np.float32(255.0)))
+    for p in range(P):
+        b = np.floor((bias[p] + lo_table[p if T > 1 else 0] - offset) * scale + np.float32(0.5))
         out_bias[p] = np.int32(min(max(b, np.float32(0.0)), np.float32(_U16_MAX - M * 255)))
     return scale, offset
 
 
+@intrinsic
+def trailing_zeros(typingctx, x):
+    """The number of trailing zero bits of an unsigned integer (``cttz``; its width if 0)."""
+    sig = x(x)
+
+    def codegen(context, builder, signature, args):
+        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 0))
+
+    return sig, codegen
+
+
 # -- one block of 32 vectors against Q queries ---------------------------------------------------
 @functools.cache
-def _shuffle_block(n_pairs: int, n_queries: int):
-    """An intrinsic computing the uint16 distances of one block of 32 vectors to
-    ``n_queries`` queries with AVX2 byte shuffles, unrolled over ``n_pairs`` rows.
+def has_avx512() -> bool:
+    """Whether this CPU has AVX-512BW (then the shuffle kernel reads two pairs at a time)."""
+    features = llvm.get_host_cpu_features()
+    return bool(features.get("avx512bw", False) and features.get("avx512f", False))
 
-    ``block(codes, code_row, luts, lut_row, thresholds, out_dist, out_mask)``: codes uint8
+
+#: the kernel variants: byte shuffles on 64-byte or 32-byte vectors, or plain numba
+ISAS = ("avx512", "avx2", "portable")
+
+
+def best_isa() -> str:
+    """The fastest kernel variant this CPU runs (``VQ_FASTSCAN_ISA`` overrides it)."""
+    forced = os.environ.get("VQ_FASTSCAN_ISA")
+    if forced is not None:
+        if forced not in ISAS:
+            raise ValueError(f"VQ_FASTSCAN_ISA must be one of {', '.join(ISAS)}, got {forced!r}")
+        return forced
+    return "avx512" if has_avx512() else "avx2" if has_avx2() else "portable"
+
+
+def check_isa(isa: str) -> str:
+    if isa not in ISAS:
+        raise ValueError(f"isa must be one of {', '.join(ISAS)}, got {isa!r}")
+    if (isa == "avx512" and not has_avx512()) or (isa == "avx2" and not has_avx2()):
+        raise ValueError(f"this CPU lacks {isa}; use fastscan.best_isa()")
+    return isa
+
+
+def block_kernel(isa: str, n_pairs: int, n_queries: int):
+    """The SIMD block intrinsic of ``isa``, or None for the portable path."""
+    if isa == "portable":
+        return None
+    return shuffle_block(n_pairs, n_queries, isa == "avx512")
+
+
+@functools.cache
+def shuffle_block(n_pairs: int, n_queries: int, wide: bool = False):
+    """An intrinsic computing the uint16 distances of one block of 32 vectors to
+    ``n_queries`` queries with byte shuffles, unrolled over ``n_pairs`` rows: AVX2 (one
+    32-byte row per shuffle) or, with ``wide``, AVX-512BW (two rows per 64-byte shuffle).
+
+    ``block(codes, code_row, luts, lut_rows, thresholds, out_dist, out_mask)``: codes uint8
     [rows, 32] with the block at ``code_row``; luts uint8 [rows, 32], query q's tables at
-    ``lut_row + q * n_pairs``; thresholds int32 [n_queries]; writes out_dist uint16
-    [n_queries, 32] and out_mask int32 [n_queries] (bit v set when vector v's
-    distance is below the query's threshold).
+    rows ``lut_rows[q]`` (int64 [n_queries]) onwards; thresholds int32 [n_queries]; writes
+    out_dist uint16 [n_queries, 32] and out_mask int32 [n_queries] (bit v set when vector
+    v's distance is below the query's threshold).
+
+    Sums are kept per 16-bit lane as "all" (even byte + 256 x odd byte, modulo 2**16) and
+    "odd" (odd bytes); the even sums are all - 256 x odd, exact since they fit 16 bits.
     """
     i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
-    v32i8, v16i16, v32i16 = ir.VectorType(i8, 32), ir.VectorType(i16, 16), ir.VectorType(i16, 32)
+    v16i16, v32i16 = ir.VectorType(i16, 16), ir.VectorType(i16, 32)
 
     def splat(ty, value):
         return ir.Constant(ty, [ir.Constant(ty.element, value)] * ty.count)
@@ -159,41 +217,71 @@ def _shuffle_block(n_pairs: int, n_queries: int):
         return ir.Constant(ir.VectorType(i32, len(indices)), [ir.Constant(i32, i) for i in indices])
 
     @intrinsic
-    def block(typingctx, codes, code_row, luts, lut_row, thresholds, out_dist, out_mask):
-        sig = types.void(codes, code_row, luts, lut_row, thresholds, out_dist, out_mask)
+    def block(typingctx, codes, code_row, luts, lut_rows, thresholds, out_dist, out_mask):
+        sig = types.void(codes, code_row, luts, lut_rows, thresholds, out_dist, out_mask)
 
         def codegen(context, builder, signature, args):
-            codes_a, code_row_v, luts_a, lut_row_v, thr_a, dist_a, mask_a = args
+            code_row_v = args[1]
             arr = [
                 context.make_array(signature.args[i])(context, builder, args[i])
-                for i in (0, 2, 4, 5, 6)
+                for i in (0, 2, 3, 4, 5, 6)
             ]
-            codes_p, luts_p, thr_p, dist_p, mask_p = (a.data for a in arr)
+            codes_p, luts_p, rows_p, thr_p, dist_p, mask_p = (a.data for a in arr)
             module = builder.module
-            fnty = ir.FunctionType(v32i8, [v32i8, v32i8])
-            pshufb = module.declare_intrinsic("llvm.x86.avx2.pshuf.b", fnty=fnty)
             row_bytes = ir.Constant(code_row_v.type, 32)
             codes_base = builder.gep(codes_p, [builder.mul(code_row_v, row_bytes)])
-            luts_base = builder.gep(luts_p, [builder.mul(lut_row_v, row_bytes)])
-            low4 = splat(v32i8, 15)
-            four = splat(v32i8, 4)
+            luts_base = []  # query q's first table row
+            for q in range(n_queries):
+                row = builder.load(builder.gep(rows_p, [ir.Constant(i32, q)]))
+                luts_base.append(builder.gep(luts_p, [builder.mul(row, row_bytes)]))
+
+            def accumulate(width, first_pair, pairs_per_load, count):
+                """Sums over ``count`` loads of ``pairs_per_load`` rows from ``first_pair``:
+                per query [lo_all, lo_odd, hi_all, hi_odd] of ``width``-byte vectors."""
+                vb = ir.VectorType(i8, width)
+                vw = ir.VectorType(i16, width // 2)
+                name = "llvm.x86.avx2.pshuf.b" if width == 32 else "llvm.x86.avx512.pshuf.b.512"
+                pshufb = module.declare_intrinsic(name, fnty=ir.FunctionType(vb, [vb, vb]))
+                low4, four, eight = splat(vb, 15), splat(vb, 4), splat(vw, 8)
+                acc = [[ir.Constant(vw, None)] * 4 for _ in range(n_queries)]
+                for i in range(count):
+                    off = ir.Constant(i32, 32 * (first_pair + i * pairs_per_load))
+                    c = builder.load(
+                        builder.bitcast(builder.gep(codes_base, [off]), vb.as_pointer()), align=1
+                    )
+                    lo = builder.and_(c, low4)
+                    hi = builder.and_(builder.lshr(c, four), low4)
+                    for q in range(n_queries):
+                        lptr = builder.bitcast(builder.gep(luts_base[q], [off]), vb.as_pointer())
+                        lut = builder.load(lptr, align=1)
+                        for h, idx in enumerate((lo, hi)):
+                            r = builder.bitcast(builder.call(pshufb, [lut, idx]), vw)
+                            a = acc[q]
+                            a[2 * h] = builder.add(a[2 * h], r)
+                            a[2 * h + 1] = builder.add(a[2 * h + 1], builder.lshr(r, eight))
+                return acc
+
+            if wide:  # two rows per load, their sums folded onto one row's lanes
+                acc = accumulate(64, 0, 2, n_pairs // 2)
+                low, high = const_mask(range(16)), const_mask(range(16, 32))
+                acc = [
+                    [
+                        builder.add(
+                            builder.shuffle_vector(v, v, low), builder.shuffle_vector(v, v, high)
+                        )
+                        for v in a
+                    ]
+                    for a in acc
+                ]
+                if n_pairs % 2:
+                    tail = accumulate(32, n_pairs - 1, 1, 1)
+                    acc = [
+                        [builder.add(u, v) for u, v in zip(a, t, strict=True)]
+                        for a, t in zip(acc, tail, strict=True)
+                    ]
+            else:
+                acc = accumulate(32, 0, 1, n_pairs)
             eight = splat(v16i16, 8)
-            zero16 = ir.Constant(v16i16, None)
-            acc = [[zero16] * 4 for _ in range(n_queries)]  # lo_all, lo_odd, hi_all, hi_odd
-            for p in range(n_pairs):
-                ptr = builder.gep(codes_base, [ir.Constant(i32, 32 * p)])
-                c = builder.load(builder.bitcast(ptr, v32i8.as_pointer()), align=1)
-                lo = builder.and_(c, low4)
-                hi = builder.and_(builder.lshr(c, four), low4)
-                for q in range(n_queries):
-                    off = ir.Constant(i32, 32 * (q * n_pairs + p))
-                    lptr = builder.bitcast(builder.gep(luts_base, [off]), v32i8.as_pointer())
-                    lut = builder.load(lptr, align=1)
-                    for h, idx in enumerate((lo, hi)):
-                        r = builder.bitcast(builder.call(pshufb, [lut, idx]), v16i16)
-                        a = acc[q]
-                        a[2 * h] = builder.add(a[2 * h], r)
-                        a[2 * h + 1] = builder.add(a[2 * h + 1], builder.lshr(r, eight))
             first_half = const_mask(range(8))
             second_half = const_mask(range(8, 16))
             for q in range(n_queries):
@@ -226,10 +314,10 @@ def _shuffle_block(n_pairs: int, n_queries: int):
 
 
 @njit(inline="always")
-def _portable_block(codes, code_row, luts, lut_row, n_pairs, thresholds, out_dist, out_mask):
+def portable_block(codes, code_row, luts, lut_rows, n_pairs, thresholds, out_dist, out_mask):
     """The shuffle kernel's arithmetic in plain numba (identical uint16 results)."""
     for q in range(out_dist.shape[0]):
-        base = lut_row + q * n_pairs
+        base = lut_rows[q]
         mask = np.int64(0)
         for v in range(BLOCK):
             j = v & 15
@@ -262,18 +350,19 @@ def _offer(heap_d, heap_i, dist, mask, base, first_row, end_row, shift):
     """Offer the vectors of a block whose bit is set in ``mask`` to a top-k heap; returns the
     new uint16 threshold. ``dist`` uint16 [32]; vector v is row ``first_row + v`` (kept only
     below ``end_row``) with distance ``base + dist[v]``."""
-    for v in range(BLOCK):
-        if (mask >> v) & 1:
-            row = first_row + v
-            if row < end_row:
-                d = np.float32(base + np.int64(dist[v]))
-                if d < heap_d[0]:
-                    _heap_replace_top(heap_d, heap_i, d, row)
+    while mask != 0:
+        v = trailing_zeros(mask)
+        mask &= mask - np.uint32(1)
+        row = first_row + v
+        if row < end_row:
+            d = np.float32(base + np.int64(dist[v]))
+            if d < heap_d[0]:
+                _heap_replace_top(heap_d, heap_i, d, row)
     return min(np.int64(heap_d[0]) if heap_d[0] < 65536 else 65535, 65535) - shift
 
 
 @functools.cache
-def pq_fastscan_scanner(n_pairs: int, n_queries: int, simd: bool):
+def pq_fastscan_scanner(n_pairs: int, n_queries: int, isa: str):
     """Fast-scan of a flat array of packed codes, ``n_queries`` queries per pass over a block,
     fused with top-k (per query).
 
@@ -283,7 +372,8 @@ def pq_fastscan_scanner(n_pairs: int, n_queries: int, simd: bool):
     [nq, k] rows (-1 padding).
     """
     Q = n_queries
-    block = _shuffle_block(n_pairs, Q) if simd else None
+    block = block_kernel(check_isa(isa), n_pairs, Q)
+    simd = block is not None
 
     @njit(parallel=True, nogil=True)
     def scan(luts, packed, n, out_dist, out_idx):
@@ -295,15 +385,15 @@ def pq_fastscan_scanner(n_pairs: int, n_queries: int, simd: bool):
             thr = np.full(Q, 65535, dtype=np.int32)
             dist = np.empty((Q, BLOCK), dtype=np.uint16)
             mask = np.empty(Q, dtype=np.int32)
-            lut_row = g * Q * n_pairs
+            lut_rows = np.arange(Q) * n_pairs + g * Q * n_pairs
             for b in range(nblocks):
                 if simd:
-                    block(packed, b * n_pairs, luts, lut_row, thr, dist, mask)
+                    block(packed, b * n_pairs, luts, lut_rows, thr, dist, mask)
                 else:
-                    _portable_block(packed, b * n_pairs, luts, lut_row, n_pairs, thr, dist, mask)
+                    portable_block(packed, b * n_pairs, luts, lut_rows, n_pairs, thr, dist, mask)
                 for q in range(Q):
                     if mask[q] != 0:
-                        m = np.int64(mask[q]) & np.int64(0xFFFFFFFF)
+                        m = np.uint32(mask[q])
                         thr[q] = _offer(heap_d[q], heap_i[q], dist[q], m, 0, b * BLOCK, n, 0)
             for q in range(Q):
                 _heap_sorted(heap_d[q], heap_i[q], out_dist[g * Q + q], out_idx[g * Q + q])
@@ -327,159 +417,3 @@ def pack_lists(codes: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.n
             codes[offsets[lst] : offsets[lst + 1]]
         )
     return packed.reshape(-1, 32), list_blocks
-
-
-#: (query, probe) pairs sharing one pass over a list's blocks in the IVF scan
-IVF_QUERY_BLOCK = 3
-
-
-@functools.cache
-def ivf_fastscan_lists(n_pairs: int, dsub: int, simd: bool):
-    """IVF fast-scan, list-major: every list is read once per group of
-    ``IVF_QUERY_BLOCK`` (query, probe) pairs that probe it, the way faiss serves batches.
-
-    The returned ``scan(queries, codebooks_t, norms, centroids, list_tables, kind, alpha,
-    base, probes, list_blocks, offsets, packed, out_dist, out_idx, out_scale, out_offset)``
-    takes the arguments of :func:`vq.kernels.ivfpq_scanner` (16-entry tables; ``kind`` one of
-    its IP_TABLE / L2_TABLE / RESIDUAL_L2_TABLE) plus the packed lists of
-    :func:`pack_lists`, and writes quantized distances ascending (+inf padding) and rows
-    (-1 padding) [nq, k], with the per-query ``out_scale`` and ``out_offset`` that map them
-    back (``d / scale + offset``).
-
-    Three parallel passes: tables (per query: build the float tables of every probe,
-    quantize them with one scale), scans (per group of pairs: a top-k heap per pair), merge
-    (per query: the k best of its probes' heaps). Among equal distances the
-    earlier probe, then the lower row, wins (as a sequential scan keeps them).
-    """
-    from vq.kernels.scan import IP_TABLE, L2_TABLE, _inner_product_table, _l2_table
-
-    n_pairs, dsub, simd = int(n_pairs), int(dsub), bool(simd)
-    Q = IVF_QUERY_BLOCK
-    M = 2 * n_pairs
-    block = _shuffle_block(n_pairs, Q) if simd else None
-
-    @njit(parallel=True, nogil=True)
-    def scan(
-        queries,
-        codebooks_t,
-        norms,
-        centroids,
-        list_tables,
-        kind,
-        alpha,
-        base,
-        probes,
-        list_blocks,
-        offsets,
-        packed,
-        out_dist,
-        out_idx,
-        out_scale,
-        out_offset,
-    ):
-        nq, nprobe = probes.shape
-        k = out_dist.shape[1]
-        summed = list_tables.shape[0] > 0
-        luts = np.empty((nq * nprobe, n_pairs, 32), dtype=np.uint8)
-        shifts = np.empty((nq, nprobe), dtype=np.int32)
-        # 1. tables, quantized per query
-        for q in prange(nq):
-            table = np.empty(M * 16, dtype=np.float32)
-            residual = np.empty(queries.shape[1], dtype=np.float32)
-            scratch = np.empty((nprobe, M, 16), dtype=np.float32)
-            x = queries[q]
-            if kind == IP_TABLE:
-                _inner_product_table(x, codebooks_t, table, M, dsub, alpha)
-            elif kind == L2_TABLE:
-                _l2_table(x, codebooks_t, norms, table, M, dsub)
-            for p in range(nprobe):
-                lst = max(probes[q, p], 0)
-                if kind != IP_TABLE and kind != L2_TABLE:  # residual tables, one per probe
-                    for s in range(x.shape[0]):
-                        residual[s] = x[s] - centroids[lst, s]
-                    _l2_table(residual, codebooks_t, norms, table, M, dsub)
-                for m in range(M):
-                    for j in range(16):
-                        v = table[m * 16 + j]
-                        if summed:
-                            v += list_tables[lst, m * 16 + j]
-                        scratch[p, m, j] = v
-            s, o = quantize_tables(scratch, base[q], luts[q * nprobe : (q + 1) * nprobe], shifts[q])
-            out_scale[q] = s
-            out_offset[q] = o
-        # 2. group the (query, probe) pairs by list, Q to a group
-        pairs = probes.ravel()
-        order = np.argsort(pairs, kind="mergesort")
-        group_start = np.empty(order.shape[0], dtype=np.int64)  # at most one group per pair
-        group_size = np.empty(order.shape[0], dtype=np.int64)
-        n_groups = 0
-        start = 0
-        while start < order.shape[0]:
-            end = start
-            while end < order.shape[0] and pairs[order[end]] == pairs[order[start]]:
-                end += 1
-            if pairs[order[start]] >= 0:
-                for s in range(start, end, Q):
-                    group_start[n_groups] = s
-                    group_size[n_groups] = min(Q, end - s)
-                    n_groups += 1
-            start = end
-        heap_d = np.full((nq * nprobe, k), np.inf, dtype=np.float32)
-        heap_i = np.full((nq * nprobe, k), -1, dtype=np.int64)
-        # 3. scans: one pass over a list's blocks per group
-        # a query's k-th best distance so far, over all its pairs: every full heap bounds it.
-        # Threads share it without locks; a lost update only prunes less. Candidates equal to
-        # it still enter, so ties resolve as in a sequential scan.
-        bound = np.full(nq, 65535, dtype=np.int64)
-        for g in prange(n_groups):
-            lut = np.zeros((Q * n_pairs, 32), dtype=np.uint8)
-            thr = np.zeros(Q, dtype=np.int32)
-            dist = np.empty((Q, BLOCK), dtype=np.uint16)
-            mask = np.empty(Q, dtype=np.int32)
-            size = group_size[g]
-            pair = np.empty(Q, dtype=np.int64)
-            shift = np.zeros(Q, dtype=np.int64)
-            for t in range(size):
-                pair[t] = order[group_start[g] + t]
-                lut[t * n_pairs : (t + 1) * n_pairs] = luts[pair[t]]
-                shift[t] = shifts[pair[t] // nprobe, pair[t] % nprobe]
-            lst = pairs[pair[0]]
-            first, end = offsets[lst], offsets[lst + 1]
-            for b in range(list_blocks[lst], list_blocks[lst + 1]):
-                live = False
-                for t in range(size):
-                    top = heap_d[pair[t], 0]
-                    own = np.int64(top) if top < 65536 else 65535
-                    limit = min(own, bound[pair[t] // nprobe] + 1) - shift[t]
-                    thr[t] = max(limit, 0)
-                    live = live or limit > 0
-                if not live:
-                    break
-                if simd:
-                    block(packed, b * n_pairs, lut, 0, thr, dist, mask)
-                else:
-                    _portable_block(packed, b * n_pairs, lut, 0, n_pairs, thr, dist, mask)
-                row0 = first + (b - list_blocks[lst]) * BLOCK
-                for t in range(size):
-                    if mask[t] != 0:
-                        m = np.int64(mask[t]) & np.int64(0xFFFFFFFF)
-                        r = pair[t]
-                        _offer(heap_d[r], heap_i[r], dist[t], m, shift[t], row0, end, 0)
-                        if heap_d[r, 0] < 65536:
-                            q = r // nprobe
-                            bound[q] = min(bound[q], np.int64(heap_d[r, 0]))
-        # 4. merge each query's probes
-        for q in prange(nq):
-            hd = np.full(k, np.inf, dtype=np.float32)
-            hi = np.full(k, -1, dtype=np.int64)
-            sd = np.empty(k, dtype=np.float32)
-            si = np.empty(k, dtype=np.int64)
-            for p in range(nprobe):
-                r = q * nprobe + p
-                _heap_sorted(heap_d[r], heap_i[r], sd, si)  # scan order among equal distances
-                for e in range(k):
-                    if sd[e] < hd[0]:
-                        _heap_replace_top(hd, hi, sd[e], si[e])
-            _heap_sorted(hd, hi, out_dist[q], out_idx[q])
-
-    return scan

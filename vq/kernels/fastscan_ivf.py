@@ -1,0 +1,225 @@
+"""IVF fast-scan: the probed inverted lists of block-packed 4-bit codes, scanned list by list
+with byte shuffles (faiss ``IndexIVFPQFastScan``; the layout and the block kernel are in
+:mod:`vq.kernels.fastscan`).
+
+How a batch is served. The queries are cut into one slice per thread. A thread builds and
+quantizes its queries' tables, then sorts its (query, probe) pairs by list and reads each list
+once per group of ``IVF_QUERY_BLOCK`` queries that probe it, so that every loaded block of
+codes serves several queries. Each query keeps one top-k heap over all its probes, whose k-th
+best distance is the threshold that the SIMD compare skips vectors with.
+
+Heap entries are int64 keys ``distance << 40 | row``: the k smallest keys are the k nearest by
+(quantized distance, row), whatever order the lists were read in, so results do not depend on
+the thread count or on which query shares a pass with which.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from vq.kernels.fastscan import (
+    BLOCK,
+    block_kernel,
+    check_isa,
+    portable_block,
+    quantize_tables,
+    trailing_zeros,
+)
+from vq.kernels.scan import IP_TABLE, L2_TABLE, _inner_product_table, _l2_table
+
+#: queries sharing one pass over a list's blocks
+IVF_QUERY_BLOCK = 3
+_ROW_BITS = 40  # rows below 2**40; distances (< 2**17) above them
+_ROW_MASK = (1 << _ROW_BITS) - 1
+_EMPTY = np.iinfo(np.int64).max
+
+
+@njit(inline="always")
+def _sift_down(heap, k, key):
+    """Put ``key`` at the root of the int64 max-heap ``heap[:k]`` and sift it down."""
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= k:
+            break
+        if c + 1 < k and heap[c + 1] > heap[c]:
+            c += 1
+        if heap[c] <= key:
+            break
+        heap[i] = heap[c]
+        i = c
+    heap[i] = key
+
+
+@njit(inline="always")
+def _write_sorted(heap, out_dist, out_idx):
+    """A max-heap of keys (consumed) as distances ascending (+inf padding) and rows (-1)."""
+    for size in range(heap.shape[0], 0, -1):
+        key = heap[0]
+        last = heap[size - 1]
+        _sift_down(heap, size - 1, last)
+        if key == _EMPTY:
+            out_dist[size - 1] = np.inf
+            out_idx[size - 1] = -1
+        else:
+            out_dist[size - 1] = np.float32(key >> _ROW_BITS)
+            out_idx[size - 1] = key & _ROW_MASK
+
+
+@functools.cache
+def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
+    """The IVF fast-scan kernel for M = 2 ``n_pairs`` sub-quantizers of ``dsub`` dimensions.
+
+    The returned ``scan(queries, codebooks_t, norms, centroids, list_tables, kind, alpha,
+    base, probes, list_blocks, offsets, packed, out_dist, out_idx, out_scale, out_offset)``
+    takes the arguments of :func:`vq.kernels.ivfpq_scanner` (16-entry tables; ``kind`` one of
+    its IP_TABLE / L2_TABLE / RESIDUAL_L2_TABLE; the tables are built per probe only when the
+    list changes them) plus the packed lists of :func:`vq.kernels.fastscan.pack_lists`. It
+    writes the k smallest quantized distances ascending (+inf padding), their rows (-1
+    padding), ties by lower row, into ``out_dist`` / ``out_idx`` [nq, k], and per query the
+    ``out_scale`` and ``out_offset`` that map them back to floats (``d / scale + offset``).
+    """
+    n_pairs, dsub, isa = int(n_pairs), int(dsub), check_isa(isa)
+    Q = IVF_QUERY_BLOCK
+    M = 2 * n_pairs
+    # one block kernel per group size, so that a group of one query does one query's work
+    block1, block2, block3 = (block_kernel(isa, n_pairs, g) for g in (1, 2, 3))
+    simd = isa != "portable"
+
+    @njit(nogil=True)
+    def scan_slice(q0, q1, luts, T, shifts, probes, list_blocks, offsets, packed, heaps):
+        """Queries q0..q1 (one thread): their pairs sorted by list, each list read once per
+        group of Q of its queries."""
+        nprobe = probes.shape[1]
+        nlist = list_blocks.shape[0] - 1
+        start = np.zeros(nlist + 1, dtype=np.int64)  # counting sort of the pairs by list
+        for q in range(q0, q1):
+            for p in range(nprobe):
+                if probes[q, p] >= 0:
+                    start[probes[q, p] + 1] += 1
+        for lst in range(nlist):
+            start[lst + 1] += start[lst]
+        fill = start[:nlist].copy()
+        order = np.empty(start[nlist], dtype=np.int64)
+        for q in range(q0, q1):
+            for p in range(nprobe):
+                lst = probes[q, p]
+                if lst >= 0:
+                    order[fill[lst]] = q * nprobe + p
+                    fill[lst] += 1
+        lut_rows = np.zeros(Q, dtype=np.int64)  # the group's tables: rows of luts
+        thr = np.zeros(Q, dtype=np.int32)
+        dist = np.empty((Q, BLOCK), dtype=np.uint16)
+        mask = np.zeros(Q, dtype=np.int32)
+        query = np.zeros(Q, dtype=np.int64)
+        shift = np.zeros(Q, dtype=np.int64)
+        for lst in range(nlist):
+            first, end = offsets[lst], offsets[lst + 1]
+            b0, b1 = list_blocks[lst], list_blocks[lst + 1]
+            for g in range(start[lst], start[lst + 1], Q):
+                size = min(Q, start[lst + 1] - g)
+                for t in range(size):
+                    r = order[g + t]
+                    query[t] = r // nprobe
+                    lut_rows[t] = (r if T > 1 else query[t]) * n_pairs
+                    shift[t] = shifts[query[t], r % nprobe]
+                for t in range(size, Q):
+                    thr[t] = 0  # an empty slot (the portable block reads it): nothing passes
+                    lut_rows[t] = 0
+                for b in range(b0, b1):
+                    live = False
+                    for t in range(size):
+                        # distances equal to the k-th best may still win on their row
+                        limit = min((heaps[query[t], 0] >> _ROW_BITS) + 1, 65535) - shift[t]
+                        thr[t] = max(limit, 0)
+                        live = live or limit > 0
+                    if not live:
+                        break
+                    code_row = b * n_pairs
+                    if simd:
+                        if size == 3:
+                            block3(packed, code_row, luts, lut_rows, thr, dist, mask)
+                        elif size == 2:
+                            block2(packed, code_row, luts, lut_rows, thr, dist, mask)
+                        else:
+                            block1(packed, code_row, luts, lut_rows, thr, dist, mask)
+                    else:
+                        portable_block(packed, code_row, luts, lut_rows, n_pairs, thr, dist, mask)
+                    row0 = first + (b - b0) * BLOCK
+                    for t in range(size):
+                        m = np.uint32(mask[t])
+                        heap = heaps[query[t]]
+                        while m != 0:
+                            v = trailing_zeros(m)
+                            m &= m - np.uint32(1)
+                            row = row0 + v
+                            if row < end:
+                                key = ((shift[t] + np.int64(dist[t, v])) << _ROW_BITS) | row
+                                if key < heap[0]:
+                                    _sift_down(heap, heap.shape[0], key)
+
+    @njit(parallel=True, nogil=True)
+    def scan(
+        queries,
+        codebooks_t,
+        norms,
+        centroids,
+        list_tables,
+        kind,
+        alpha,
+        base,
+        probes,
+        list_blocks,
+        offsets,
+        packed,
+        out_dist,
+        out_idx,
+        out_scale,
+        out_offset,
+    ):
+        nq, nprobe = probes.shape
+        k = out_dist.shape[1]
+        summed = list_tables.shape[0] > 0
+        # one table per probe where the list changes it, else one per query for all probes
+        T = nprobe if summed or (kind != IP_TABLE and kind != L2_TABLE) else 1
+        luts = np.empty((nq * T * n_pairs, 32), dtype=np.uint8)
+        shifts = np.empty((nq, nprobe), dtype=np.int32)
+        heaps = np.full((nq, k), _EMPTY, dtype=np.int64)
+        n_slices = min(nq, numba.get_num_threads())
+        per = -(-nq // n_slices)
+        for s in prange(n_slices):
+            q0, q1 = s * per, min(nq, (s + 1) * per)
+            table = np.empty(M * 16, dtype=np.float32)
+            residual = np.empty(queries.shape[1], dtype=np.float32)
+            scratch = np.empty((T, M, 16), dtype=np.float32)
+            for q in range(q0, q1):
+                x = queries[q]
+                if kind == IP_TABLE:
+                    _inner_product_table(x, codebooks_t, table, M, dsub, alpha)
+                elif kind == L2_TABLE:
+                    _l2_table(x, codebooks_t, norms, table, M, dsub)
+                for t in range(T):
+                    lst = max(probes[q, t], 0)
+                    if kind != IP_TABLE and kind != L2_TABLE:  # residual tables, per probe
+                        for d in range(x.shape[0]):
+                            residual[d] = x[d] - centroids[lst, d]
+                        _l2_table(residual, codebooks_t, norms, table, M, dsub)
+                    for m in range(M):
+                        for j in range(16):
+                            v = table[m * 16 + j]
+                            if summed:
+                                v += list_tables[lst, m * 16 + j]
+                            scratch[t, m, j] = v
+                own = luts[q * T * n_pairs : (q + 1) * T * n_pairs].reshape((T, n_pairs, 32))
+                sc, of = quantize_tables(scratch, base[q], own, shifts[q])
+                out_scale[q] = sc
+                out_offset[q] = of
+            scan_slice(q0, q1, luts, T, shifts, probes, list_blocks, offsets, packed, heaps)
+            for q in range(q0, q1):
+                _write_sorted(heaps[q], out_dist[q], out_idx[q])
+
+    return scan
