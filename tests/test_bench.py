@@ -9,7 +9,7 @@ pytest.importorskip("faiss")
 pytest.importorskip("matplotlib")
 
 import bench.common  # noqa: E402
-from bench import ann, encode, ivf_search, kmeans, memory, pq_search  # noqa: E402
+from bench import ann, encode, fastscan, ivf_search, kmeans, memory, pq_search  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -87,6 +87,23 @@ def test_ann(results):
     refined = [float(r["recall@10"]) for r in csv_rows if r["index"].endswith("RFlat")]
     assert max(refined) > 0.9
     assert (results / "ann.png").exists()
+
+
+def test_fastscan(results):
+    argv = (
+        "--n 3000 --nq 30 --dim 16 --nlist 8 --M 4 --ntrain 3000 --nprobe 1 4 --k-factor 1 4 "
+        "--rounds 1 --min-seconds 0.01"
+    )
+    rows = fastscan.main(argv.split())
+    csv_rows = read_csv(results / "fastscan.csv", ["index", "system", "param", "QPS", "same ids"])
+    assert len(csv_rows) == len(rows) == 2 * (1 + 2 + 2 + 2)  # PQ; 2 nprobes x 2 IVF; RFlat
+    params = [r["param"] for r in csv_rows if r["system"] == "vq" and "RFlat" in r["index"]]
+    assert params == ["nprobe=8,k_factor=1", "nprobe=8,k_factor=4"]  # nprobe 16, 64 -> nlist
+    # the imported index gives faiss's answers (ties of quantized distances aside)
+    assert min(float(r["same ids"]) for r in csv_rows) >= 0.9
+    for a, b in zip(csv_rows[::2], csv_rows[1::2], strict=True):
+        assert abs(float(a["recall@10"]) - float(b["recall@10"])) <= 0.02, (a, b)
+    assert (results / "fastscan.png").exists()
 
 
 def test_ann_helpers():
