@@ -109,10 +109,31 @@ class IVFIndex(Index):
         if nprobe == 1 and self.metric == "l2":  # a plain arg-min (numba on CPU), no top-k
             nn = nearest(q, self.quantizer.codebook.float())
             return nn.distances[:, None], nn.indices[:, None]
+        if _cpu.fast_path(q):
+            return self._probe_numba(q, nprobe)
         scores, lists = torch.topk(self._coarse_scores(q), nprobe, dim=1, largest=False)
         if self.metric == "l2":
             scores = scores.clamp_min(0.0)
         return scores, lists
+
+    def _probe_numba(self, q: torch.Tensor, nprobe: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_probe`` on CPU: BLAS inner products, then a numba kernel keeps each row's
+        ``nprobe`` best (faster than ``torch.topk`` for the small k of an nprobe)."""
+        c = self.quantizer.codebook.float()
+        ip = self.metric == "ip"
+        norms = np.zeros(0, np.float32) if ip else (c * c).sum(1).numpy()
+        scores = _cpu.empty((q.shape[0], nprobe))
+        lists = _cpu.empty((q.shape[0], nprobe), torch.int64)
+        step = max(1, (1 << 22) // self.nlist)  # at most 16 MiB of products at a time
+        for s in range(0, q.shape[0], step):
+            products = torch.mm(q[s : s + step], c.T)
+            kernels.smallest_k_rows(
+                products.numpy(), norms, ip, scores[s : s + step].numpy(),
+                lists[s : s + step].numpy(),
+            )  # fmt: skip
+        if ip:
+            return scores, lists  # -<q, c>, as _coarse_scores
+        return scores.add_((q * q).sum(1, keepdim=True)).clamp_min_(0.0), lists
 
     # -- storage --------------------------------------------------------------------------
     def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:

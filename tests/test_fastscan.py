@@ -78,6 +78,12 @@ def test_flat_kernel_equals_reference(isa, n_queries, M):
         d, r = reference_topk(luts[q, 0], 0, codes, np.arange(n), k)
         np.testing.assert_array_equal(idx[q], r)
         np.testing.assert_array_equal(dist[q], d)
+    # one pass of queries only (fewer than threads: the blocks are split between threads)
+    few = np.empty((n_queries, k), np.float32), np.empty((n_queries, k), np.int64)
+    flat_luts = luts.reshape(-1, 32)[: n_queries * (M // 2)]
+    scan(flat_luts, fs.pack_codes(codes).reshape(-1, 32), n, *few)
+    np.testing.assert_array_equal(few[0], dist[:n_queries])
+    np.testing.assert_array_equal(few[1], idx[:n_queries])
 
 
 @pytest.mark.parametrize("isa", fs.ISAS)
@@ -126,6 +132,17 @@ def test_ivf_kernel_equals_reference(isa):
         best = sorted(cand)[:k]  # by distance, then row
         np.testing.assert_array_equal(dist[q], [d for d, _ in best])
         np.testing.assert_array_equal(idx[q], [r for _, r in best])
+    # one query at a time (fewer queries than threads: the probes are split between threads)
+    for q in (1, 4):
+        one = np.empty((1, k), np.float32), np.empty((1, k), np.int64)
+        scan(
+            queries[q : q + 1], codebooks.transpose(0, 2, 1).copy(), (codebooks**2).sum(-1),
+            np.zeros((nlist, M), np.float32), list_tables, IP_TABLE, np.float32(-1.0),
+            base[q : q + 1], probes[q : q + 1], list_blocks, offsets, packed, *one,
+            scale[:1].copy(), offset[:1].copy(),
+        )  # fmt: skip
+        np.testing.assert_array_equal(one[0][0], dist[q])
+        np.testing.assert_array_equal(one[1][0], idx[q])
 
 
 @pytest.mark.parametrize("desc", ["PQ16x4fs", "IVF16,PQ16x4fs", "IVF16,PQ16x4fsr"])

@@ -34,3 +34,19 @@ def test_kmeanspp_sample_follows_the_cumulative_sum():
     assert out.tolist() == [1, 1, 3, 3]
     kernels.kmeanspp_sample(np.zeros(4, np.float32), np.array([0.0, 0.5]), out[:2])
     assert out[:2].tolist() == [0, 2]
+
+
+@pytest.mark.parametrize("inner_product", [False, True])
+@pytest.mark.parametrize("k", [1, 5, 40])
+def test_smallest_k_rows_is_a_stable_partial_sort(inner_product, k):
+    """The k smallest ranked values of each row, ascending, ties by lower column (integer
+    scores make ties frequent)."""
+    rng = np.random.default_rng(k)
+    scores = rng.integers(-6, 7, (9, 40)).astype(np.float32)
+    norms = rng.integers(0, 4, 40).astype(np.float32)
+    dist, idx = np.empty((9, k), np.float32), np.empty((9, k), np.int64)
+    kernels.smallest_k_rows(scores, norms, inner_product, dist, idx)
+    ranked = -scores if inner_product else norms - 2 * scores
+    order = np.argsort(ranked, axis=1, kind="stable")[:, :k]
+    np.testing.assert_array_equal(idx, order)
+    np.testing.assert_array_equal(dist, np.take_along_axis(ranked, order, axis=1))

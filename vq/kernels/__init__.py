@@ -27,6 +27,7 @@ from vq.kernels.scan import (
     ivf_flat_scan,
     ivfpq_scanner,
     refine_scan,
+    smallest_k_rows,
     words_layout,
 )
 
@@ -47,5 +48,6 @@ __all__ = [
     "pq_decoder",
     "pq_encoder",
     "refine_scan",
+    "smallest_k_rows",
     "words_layout",
 ]

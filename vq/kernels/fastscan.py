@@ -30,6 +30,7 @@ import functools
 import os
 
 import llvmlite.binding as llvm
+import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -379,14 +380,22 @@ def pq_fastscan_scanner(n_pairs: int, n_queries: int, isa: str):
     def scan(luts, packed, n, out_dist, out_idx):
         nq, k = out_dist.shape
         nblocks = packed.shape[0] // n_pairs
-        for g in prange(nq // Q):
+        groups = nq // Q
+        # fewer groups of queries than threads: each group's blocks are split between threads
+        # (a part each), the parts' top-k merged at the end
+        threads = numba.get_num_threads()
+        parts = 1 if groups >= threads else max(1, min(threads // max(groups, 1), nblocks))
+        part_d = np.empty((parts, nq, k), dtype=np.float32)
+        part_i = np.empty((parts, nq, k), dtype=np.int64)
+        for task in prange(groups * parts):
+            g, part = task // parts, task % parts
             heap_d = np.full((Q, k), np.inf, dtype=np.float32)
             heap_i = np.full((Q, k), -1, dtype=np.int64)
             thr = np.full(Q, 65535, dtype=np.int32)
             dist = np.empty((Q, BLOCK), dtype=np.uint16)
             mask = np.empty(Q, dtype=np.int32)
             lut_rows = np.arange(Q) * n_pairs + g * Q * n_pairs
-            for b in range(nblocks):
+            for b in range(part * nblocks // parts, (part + 1) * nblocks // parts):
                 if simd:
                     block(packed, b * n_pairs, luts, lut_rows, thr, dist, mask)
                 else:
@@ -396,7 +405,25 @@ def pq_fastscan_scanner(n_pairs: int, n_queries: int, isa: str):
                         m = np.uint32(mask[q])
                         thr[q] = _offer(heap_d[q], heap_i[q], dist[q], m, 0, b * BLOCK, n, 0)
             for q in range(Q):
-                _heap_sorted(heap_d[q], heap_i[q], out_dist[g * Q + q], out_idx[g * Q + q])
+                _heap_sorted(heap_d[q], heap_i[q], part_d[part, g * Q + q], part_i[part, g * Q + q])
+        for q in prange(nq):
+            if parts == 1:
+                out_dist[q] = part_d[0, q]
+                out_idx[q] = part_i[0, q]
+                continue
+            # the k smallest (distance, row) of the parts: distances are whole numbers
+            keys = np.empty(parts * k, dtype=np.int64)
+            for e in range(parts * k):
+                d, r = part_d[e // k, q, e % k], part_i[e // k, q, e % k]
+                keys[e] = (np.int64(d) << 40) | r if r >= 0 else np.iinfo(np.int64).max
+            keys = np.sort(keys)
+            for e in range(k):
+                if keys[e] == np.iinfo(np.int64).max:
+                    out_dist[q, e] = np.inf
+                    out_idx[q, e] = -1
+                else:
+                    out_dist[q, e] = np.float32(keys[e] >> 40)
+                    out_idx[q, e] = keys[e] & ((1 << 40) - 1)
 
     return scan
 

@@ -2,11 +2,13 @@
 with byte shuffles (faiss ``IndexIVFPQFastScan``; the layout and the block kernel are in
 :mod:`vq.kernels.fastscan`).
 
-How a batch is served. The queries are cut into one slice per thread. A thread builds and
-quantizes its queries' tables, then sorts its (query, probe) pairs by list and reads each list
-once per group of ``IVF_QUERY_BLOCK`` queries that probe it, so that every loaded block of
-codes serves several queries. Each query keeps one top-k heap over all its probes, whose k-th
-best distance is the threshold that the SIMD compare skips vectors with.
+How a batch is served. Each query's tables are built and quantized (in parallel over queries).
+Then the queries are cut into one slice per thread; a thread sorts its (query, probe) pairs by
+list and reads each list once per group of ``IVF_QUERY_BLOCK`` queries that probe it, so that
+every loaded block of codes serves several queries. Each query keeps one top-k heap over all
+its probes, whose k-th best distance is the threshold that the SIMD compare skips vectors
+with. A batch smaller than the thread count is cut by probes instead (thread s takes every
+query's probes s, s + threads, ...), with a heap per thread and query, merged at the end.
 
 Heap entries are int64 keys ``distance << 40 | row``: the k smallest keys are the k nearest by
 (quantized distance, row), whatever order the lists were read in, so results do not depend on
@@ -62,12 +64,18 @@ def _write_sorted(heap, out_dist, out_idx):
         key = heap[0]
         last = heap[size - 1]
         _sift_down(heap, size - 1, last)
-        if key == _EMPTY:
-            out_dist[size - 1] = np.inf
-            out_idx[size - 1] = -1
-        else:
-            out_dist[size - 1] = np.float32(key >> _ROW_BITS)
-            out_idx[size - 1] = key & _ROW_MASK
+        _write_key(key, out_dist, out_idx, size - 1)
+
+
+@njit(inline="always")
+def _write_key(key, out_dist, out_idx, e):
+    """Entry e of the results: the key's distance and row (+inf and -1 for an empty slot)."""
+    if key == _EMPTY:
+        out_dist[e] = np.inf
+        out_idx[e] = -1
+    else:
+        out_dist[e] = np.float32(key >> _ROW_BITS)
+        out_idx[e] = key & _ROW_MASK
 
 
 @functools.cache
@@ -91,14 +99,15 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
     simd = isa != "portable"
 
     @njit(nogil=True)
-    def scan_slice(q0, q1, luts, T, shifts, probes, list_blocks, offsets, packed, heaps):
-        """Queries q0..q1 (one thread): their pairs sorted by list, each list read once per
-        group of Q of its queries."""
+    def scan_slice(q0, q1, part, parts, luts, T, shifts, probes, list_blocks, offsets, packed,
+                   heaps):  # fmt: skip
+        """One thread's share: the probes p of queries q0..q1 with p % parts == part, sorted
+        by list, each list read once per group of Q of its queries."""
         nprobe = probes.shape[1]
         nlist = list_blocks.shape[0] - 1
         start = np.zeros(nlist + 1, dtype=np.int64)  # counting sort of the pairs by list
         for q in range(q0, q1):
-            for p in range(nprobe):
+            for p in range(part, nprobe, parts):
                 if probes[q, p] >= 0:
                     start[probes[q, p] + 1] += 1
         for lst in range(nlist):
@@ -106,7 +115,7 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
         fill = start[:nlist].copy()
         order = np.empty(start[nlist], dtype=np.int64)
         for q in range(q0, q1):
-            for p in range(nprobe):
+            for p in range(part, nprobe, parts):
                 lst = probes[q, p]
                 if lst >= 0:
                     order[fill[lst]] = q * nprobe + p
@@ -188,38 +197,52 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
         T = nprobe if summed or (kind != IP_TABLE and kind != L2_TABLE) else 1
         luts = np.empty((nq * T * n_pairs, 32), dtype=np.uint8)
         shifts = np.empty((nq, nprobe), dtype=np.int32)
-        heaps = np.full((nq, k), _EMPTY, dtype=np.int64)
-        n_slices = min(nq, numba.get_num_threads())
-        per = -(-nq // n_slices)
-        for s in prange(n_slices):
-            q0, q1 = s * per, min(nq, (s + 1) * per)
+        threads = numba.get_num_threads()
+        # a batch of at least one query per thread: each thread takes a slice of the queries;
+        # a smaller one: each thread takes every query's probes p with p % parts == its part
+        parts = 1 if nq >= threads else max(1, min(threads, nprobe))
+        n_slices = min(nq, threads) if parts == 1 else parts
+        per = -(-nq // n_slices) if parts == 1 else nq
+        heaps = np.full((parts, nq, k), _EMPTY, dtype=np.int64)
+        for q in prange(nq):  # 1. tables, quantized per query
             table = np.empty(M * 16, dtype=np.float32)
             residual = np.empty(queries.shape[1], dtype=np.float32)
             scratch = np.empty((T, M, 16), dtype=np.float32)
-            for q in range(q0, q1):
-                x = queries[q]
-                if kind == IP_TABLE:
-                    _inner_product_table(x, codebooks_t, table, M, dsub, alpha)
-                elif kind == L2_TABLE:
-                    _l2_table(x, codebooks_t, norms, table, M, dsub)
-                for t in range(T):
-                    lst = max(probes[q, t], 0)
-                    if kind != IP_TABLE and kind != L2_TABLE:  # residual tables, per probe
-                        for d in range(x.shape[0]):
-                            residual[d] = x[d] - centroids[lst, d]
-                        _l2_table(residual, codebooks_t, norms, table, M, dsub)
-                    for m in range(M):
-                        for j in range(16):
-                            v = table[m * 16 + j]
-                            if summed:
-                                v += list_tables[lst, m * 16 + j]
-                            scratch[t, m, j] = v
-                own = luts[q * T * n_pairs : (q + 1) * T * n_pairs].reshape((T, n_pairs, 32))
-                sc, of = quantize_tables(scratch, base[q], own, shifts[q])
-                out_scale[q] = sc
-                out_offset[q] = of
-            scan_slice(q0, q1, luts, T, shifts, probes, list_blocks, offsets, packed, heaps)
-            for q in range(q0, q1):
-                _write_sorted(heaps[q], out_dist[q], out_idx[q])
+            x = queries[q]
+            if kind == IP_TABLE:
+                _inner_product_table(x, codebooks_t, table, M, dsub, alpha)
+            elif kind == L2_TABLE:
+                _l2_table(x, codebooks_t, norms, table, M, dsub)
+            for t in range(T):
+                lst = max(probes[q, t], 0)
+                if kind != IP_TABLE and kind != L2_TABLE:  # residual tables, per probe
+                    for d in range(x.shape[0]):
+                        residual[d] = x[d] - centroids[lst, d]
+                    _l2_table(residual, codebooks_t, norms, table, M, dsub)
+                for m in range(M):
+                    for j in range(16):
+                        v = table[m * 16 + j]
+                        if summed:
+                            v += list_tables[lst, m * 16 + j]
+                        scratch[t, m, j] = v
+            own = luts[q * T * n_pairs : (q + 1) * T * n_pairs].reshape((T, n_pairs, 32))
+            sc, of = quantize_tables(scratch, base[q], own, shifts[q])
+            out_scale[q] = sc
+            out_offset[q] = of
+        for s in prange(n_slices):  # 2. scans
+            si = np.int64(s)
+            q0, q1 = (si * per, min(nq, (si + 1) * per)) if parts == 1 else (0, nq)
+            part = 0 if parts == 1 else si
+            scan_slice(
+                q0, q1, part, parts, luts, T, shifts, probes, list_blocks, offsets, packed,
+                heaps[part],
+            )  # fmt: skip
+        for q in prange(nq):  # 3. results (the parts' heaps hold distinct rows)
+            if parts == 1:
+                _write_sorted(heaps[0, q], out_dist[q], out_idx[q])
+            else:
+                keys = np.sort(heaps[:, q].ravel())[:k]
+                for e in range(k):
+                    _write_key(keys[e], out_dist[q], out_idx[q], e)
 
     return scan

@@ -407,6 +407,41 @@ def heap_push_block(scores, x_norms, first, inner_product, heap_d, heap_i):
 
 
 @njit(parallel=True, nogil=True, cache=True)
+def smallest_k_rows(scores, x_norms, inner_product, out_dist, out_idx):
+    """The k smallest of each row, kept sorted by insertion (few insertions once the k-th
+    value has settled: cheaper than a heap or a sort for the k of tens that an IVF's nprobe
+    asks of a thousand or so centroids).
+
+    Args:
+        scores, x_norms, inner_product: as :func:`heap_push_block`, for whole rows.
+        out_dist: float32 [nq, k], ascending (the ranked quantity, without ‖q‖²); out_idx:
+            int64 [nq, k] columns; ties by lower column. k <= columns.
+    """
+    nq, n = scores.shape
+    k = out_dist.shape[1]
+    for q in prange(nq):
+        row = scores[q]
+        dist = out_dist[q]
+        idx = out_idx[q]
+        size = 0
+        threshold = np.float32(np.inf)
+        for j in range(n):
+            d = -row[j] if inner_product else x_norms[j] - np.float32(2.0) * row[j]
+            if size < k or d < threshold:
+                pos = size if size < k else k - 1
+                while pos > 0 and dist[pos - 1] > d:
+                    if pos < k:
+                        dist[pos] = dist[pos - 1]
+                        idx[pos] = idx[pos - 1]
+                    pos -= 1
+                dist[pos] = d
+                idx[pos] = j
+                if size < k:
+                    size += 1
+                threshold = dist[k - 1] if size == k else np.float32(np.inf)
+
+
+@njit(parallel=True, nogil=True, cache=True)
 def heaps_sorted(heap_d, heap_i, out_dist, out_idx):
     """Each row's max-heap (``heap_d``/``heap_i`` [nq, k], consumed) in ascending order."""
     for q in prange(heap_d.shape[0]):
