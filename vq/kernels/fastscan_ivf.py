@@ -48,8 +48,8 @@ def _sift_down(heap, k, key):
         c = 2 * i + 1
         if c >= k:
             break
-        if c + 1 < k and heap[c + 1] > heap[c]:
-            c += 1
+        if c + 1 < k:
+            c += np.int64(heap[c + 1] > heap[c])  # the larger child, without a branch
         if heap[c] <= key:
             break
         heap[i] = heap[c]
@@ -99,15 +99,15 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
     simd = isa != "portable"
 
     @njit(nogil=True)
-    def scan_slice(q0, q1, part, parts, luts, T, shifts, probes, list_blocks, offsets, packed,
-                   heaps):  # fmt: skip
-        """One thread's share: the probes p of queries q0..q1 with p % parts == part, sorted
+    def scan_slice(q0, q1, p0, p1, parts, luts, T, shifts, probes, list_blocks, offsets,
+                   packed, heaps):  # fmt: skip
+        """A thread's share: the probes p0, p0 + parts, ... (< p1) of queries q0..q1, sorted
         by list, each list read once per group of Q of its queries."""
         nprobe = probes.shape[1]
         nlist = list_blocks.shape[0] - 1
         start = np.zeros(nlist + 1, dtype=np.int64)  # counting sort of the pairs by list
         for q in range(q0, q1):
-            for p in range(part, nprobe, parts):
+            for p in range(p0, p1, parts):
                 if probes[q, p] >= 0:
                     start[probes[q, p] + 1] += 1
         for lst in range(nlist):
@@ -115,7 +115,7 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
         fill = start[:nlist].copy()
         order = np.empty(start[nlist], dtype=np.int64)
         for q in range(q0, q1):
-            for p in range(part, nprobe, parts):
+            for p in range(p0, p1, parts):
                 lst = probes[q, p]
                 if lst >= 0:
                     order[fill[lst]] = q * nprobe + p
@@ -233,10 +233,17 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
             si = np.int64(s)
             q0, q1 = (si * per, min(nq, (si + 1) * per)) if parts == 1 else (0, nq)
             part = 0 if parts == 1 else si
-            scan_slice(
-                q0, q1, part, parts, luts, T, shifts, probes, list_blocks, offsets, packed,
-                heaps[part],
-            )  # fmt: skip
+            if parts == 1:  # every query's nearest list first: its k-th best settles sooner
+                for p0, p1 in ((0, min(1, nprobe)), (1, nprobe)):
+                    scan_slice(
+                        q0, q1, p0, p1, 1, luts, T, shifts, probes, list_blocks, offsets,
+                        packed, heaps[0],
+                    )  # fmt: skip
+            else:
+                scan_slice(
+                    q0, q1, part, nprobe, parts, luts, T, shifts, probes, list_blocks,
+                    offsets, packed, heaps[part],
+                )  # fmt: skip
         for q in prange(nq):  # 3. results (the parts' heaps hold distinct rows)
             if parts == 1:
                 _write_sorted(heaps[0, q], out_dist[q], out_idx[q])
