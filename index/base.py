@@ -25,6 +25,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from vq._checks import as_ids, as_vectors, check_int, check_vectors, like_input
+from vq._cpu import serial_if_small
 
 METRICS = ("l2", "ip")
 
@@ -352,7 +353,8 @@ class Index(nn.Module):
         q = check_vectors(queries, self.dim, "queries")
         nq, k, step = q.shape[0], int(k), self.search_batch_size
         guard = nullcontext() if kernels_threadsafe() else _KERNELS
-        with self._lock.read(), guard, torch.no_grad():
+        small = serial_if_small(self._search_work(min(nq, step), int(k), **params))
+        with self._lock.read(), guard, torch.no_grad(), small:
             if nq <= step:
                 dist, ids = self._search_ids(_rows(q, self.device), k, **params)
             else:  # bounded memory: per-chunk tables and buffers, results written in place
@@ -375,6 +377,16 @@ class Index(nn.Module):
         return self.search(queries, self.k)
 
     # -- helpers --------------------------------------------------------------------------
+    def _search_work(self, nq: int, k: int, **params) -> float:
+        """Rough single-threaded nanoseconds a CPU search of ``nq`` queries takes (small ones
+        run on one thread; see ``vq._cpu.serial_if_small``): here, one pass over every stored
+        vector per query."""
+        return nq * (self.ntotal * self._vector_ns() + 2000)
+
+    def _vector_ns(self) -> float:
+        """Rough nanoseconds to compare one query with one stored vector."""
+        return self.dim / 16
+
     def _search_ids(self, q: torch.Tensor, k: int, **params) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 distances and int64 ids [nq, k] of checked float32 queries on the device."""
         if self.ntotal == 0:

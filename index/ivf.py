@@ -106,22 +106,37 @@ class IVFIndex(Index):
     def _probe(self, q: torch.Tensor, nprobe: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``nprobe`` nearest lists of each query: coarse scores float32 [nq, nprobe]
         (as ``_coarse_scores``, clamped at 0 for l2) and list numbers int64 [nq, nprobe]."""
-        if nprobe == 1 and self.metric == "l2":  # a plain arg-min (numba on CPU), no top-k
-            nn = nearest(q, self.quantizer.codebook.float())
-            return nn.distances[:, None], nn.indices[:, None]
         if _cpu.fast_path(q):
             return self._probe_numba(q, nprobe)
+        if nprobe == 1 and self.metric == "l2":  # a plain arg-min, no top-k
+            nn = nearest(q, self.quantizer.codebook.float())
+            return nn.distances[:, None], nn.indices[:, None]
         scores, lists = torch.topk(self._coarse_scores(q), nprobe, dim=1, largest=False)
         if self.metric == "l2":
             scores = scores.clamp_min(0.0)
         return scores, lists
+
+    def _search_work(self, nq: int, k: int, nprobe: int | None = None, **params) -> float:
+        nprobe = min(self.nprobe if nprobe is None else nprobe, self.nlist)
+        scanned = nprobe * self.ntotal / self.nlist * self._vector_ns()
+        return nq * (self.nlist * self.dim / 16 + scanned + 2000)
+
+    def _centroid_norms(self) -> np.ndarray:
+        """float32 [nlist]: the squared norms of the coarse centroids, kept until the
+        codebook changes."""
+        c = self.quantizer.codebook
+        key = (c.data_ptr(), c._version, c.shape)
+        if getattr(self, "_norms_key", None) != key:
+            self._norms = (c.float() * c.float()).sum(1).numpy()
+            self._norms_key = key
+        return self._norms
 
     def _probe_numba(self, q: torch.Tensor, nprobe: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``_probe`` on CPU: BLAS inner products, then a numba kernel keeps each row's
         ``nprobe`` best (faster than ``torch.topk`` for the small k of an nprobe)."""
         c = self.quantizer.codebook.float()
         ip = self.metric == "ip"
-        norms = np.zeros(0, np.float32) if ip else (c * c).sum(1).numpy()
+        norms = np.zeros(0, np.float32) if ip else self._centroid_norms()
         scores = _cpu.empty((q.shape[0], nprobe))
         lists = _cpu.empty((q.shape[0], nprobe), torch.int64)
         step = max(1, (1 << 22) // self.nlist)  # at most 16 MiB of products at a time

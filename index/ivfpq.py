@@ -85,6 +85,9 @@ class IVFPQ(IVFIndex):
         config = {**super().config(), **pq, "by_residual": self.by_residual}
         return {**config, "fast_scan": True} if self.fast_scan else config
 
+    def _vector_ns(self) -> float:
+        return self.pq.M / (64 if self.fast_scan else 4)
+
     @property
     def M(self) -> int:
         return self.pq.M

@@ -76,6 +76,9 @@ class PQIndex(Index):
     def _keep(self, rows: torch.Tensor) -> None:
         self.codes = self.codes[rows]
 
+    def _vector_ns(self) -> float:
+        return self.pq.M / (64 if self.fast_scan else 4)
+
     def _search_rows(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         tables = self.pq._tables(q, self.metric)  # [nq, M, ksub]
         if self.metric == "ip":

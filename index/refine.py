@@ -66,6 +66,11 @@ class Refine(Wrapper):
             self.vectors, self.ids = self.vectors[rows], stored[rows]
         return removed
 
+    def _search_work(self, nq: int, k: int, k_factor: int | None = None, **params) -> float:
+        candidates = k * (self.k_factor if k_factor is None else k_factor)
+        inner = self.index._search_work(nq, candidates, **params)
+        return inner + nq * candidates * (self.dim / 16 + 50)  # a cache miss per candidate
+
     def _search_ids(self, q: torch.Tensor, k: int, k_factor: int | None = None, **params):
         k_factor = _check_k_factor(self.k_factor if k_factor is None else k_factor)
         if self.ntotal == 0:

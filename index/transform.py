@@ -90,6 +90,9 @@ class PreTransform(Wrapper):
     def _renumber(self, mapping: torch.Tensor) -> None:
         self.index._renumber(mapping)
 
+    def _search_work(self, nq: int, k: int, **params) -> float:
+        return self.index._search_work(nq, k, **params) + nq * self.dim * self.index.dim / 16
+
     def _search_ids(self, q: torch.Tensor, k: int, **params):
         return self.index._search_ids(self.apply(q), k, **params)
 

@@ -1,3 +1,4 @@
+import vq  # noqa: F401  (first: it sets how OpenMP threads wait before torch loads libgomp)
 import numpy as np
 import pytest
 import torch

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numba
 import numpy as np
 import torch
 from numba import njit, prange
@@ -47,6 +48,29 @@ def _start_numba_threads() -> None:
 def _touch(a):
     for i in prange(a.shape[0]):
         a[i] = i
+
+
+#: below this much work (estimated single-threaded nanoseconds) the kernels run on the
+#: calling thread alone: waking the thread pool costs tens of µs per parallel kernel, more
+#: than such a call gains from a second thread
+SERIAL_WORK = 200_000
+
+
+@contextmanager
+def serial_if_small(work: float) -> Iterator[None]:
+    """Run the numba kernels inside (and torch operations that follow OpenMP's thread count)
+    on the calling thread alone when ``work`` is below :data:`SERIAL_WORK` (a single query
+    took ~1 ms with the pool, ~0.1 ms without). numba's thread count is per thread, so
+    concurrent callers are unaffected."""
+    if work >= SERIAL_WORK:
+        yield
+        return
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(threads)
 
 
 @contextmanager

@@ -171,6 +171,37 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
                                 if key < heap[0]:
                                     _sift_down(heap, heap.shape[0], key)
 
+    @njit(nogil=True)
+    def tables(q, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base, probes,
+               T, luts, shifts, out_scale, out_offset):  # fmt: skip
+        """Query q's tables (T of them: one per probe, or one for all), quantized with one
+        scale into luts rows q * T * n_pairs onwards and shifts[q]."""
+        summed = list_tables.shape[0] > 0
+        table = np.empty(M * 16, dtype=np.float32)
+        residual = np.empty(queries.shape[1], dtype=np.float32)
+        scratch = np.empty((T, M, 16), dtype=np.float32)
+        x = queries[q]
+        if kind == IP_TABLE:
+            _inner_product_table(x, codebooks_t, table, M, dsub, alpha)
+        elif kind == L2_TABLE:
+            _l2_table(x, codebooks_t, norms, table, M, dsub)
+        for t in range(T):
+            lst = max(probes[q, t], 0)
+            if kind != IP_TABLE and kind != L2_TABLE:  # residual tables, per probe
+                for d in range(x.shape[0]):
+                    residual[d] = x[d] - centroids[lst, d]
+                _l2_table(residual, codebooks_t, norms, table, M, dsub)
+            for m in range(M):
+                for j in range(16):
+                    v = table[m * 16 + j]
+                    if summed:
+                        v += list_tables[lst, m * 16 + j]
+                    scratch[t, m, j] = v
+        own = luts[q * T * n_pairs : (q + 1) * T * n_pairs].reshape((T, n_pairs, 32))
+        sc, of = quantize_tables(scratch, base[q], own, shifts[q])
+        out_scale[q] = sc
+        out_offset[q] = of
+
     @njit(parallel=True, nogil=True)
     def scan(
         queries,
@@ -204,52 +235,32 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
         n_slices = min(nq, threads) if parts == 1 else parts
         per = -(-nq // n_slices) if parts == 1 else nq
         heaps = np.full((parts, nq, k), _EMPTY, dtype=np.int64)
-        for q in prange(nq):  # 1. tables, quantized per query
-            table = np.empty(M * 16, dtype=np.float32)
-            residual = np.empty(queries.shape[1], dtype=np.float32)
-            scratch = np.empty((T, M, 16), dtype=np.float32)
-            x = queries[q]
-            if kind == IP_TABLE:
-                _inner_product_table(x, codebooks_t, table, M, dsub, alpha)
-            elif kind == L2_TABLE:
-                _l2_table(x, codebooks_t, norms, table, M, dsub)
-            for t in range(T):
-                lst = max(probes[q, t], 0)
-                if kind != IP_TABLE and kind != L2_TABLE:  # residual tables, per probe
-                    for d in range(x.shape[0]):
-                        residual[d] = x[d] - centroids[lst, d]
-                    _l2_table(residual, codebooks_t, norms, table, M, dsub)
-                for m in range(M):
-                    for j in range(16):
-                        v = table[m * 16 + j]
-                        if summed:
-                            v += list_tables[lst, m * 16 + j]
-                        scratch[t, m, j] = v
-            own = luts[q * T * n_pairs : (q + 1) * T * n_pairs].reshape((T, n_pairs, 32))
-            sc, of = quantize_tables(scratch, base[q], own, shifts[q])
-            out_scale[q] = sc
-            out_offset[q] = of
-        for s in prange(n_slices):  # 2. scans
-            si = np.int64(s)
-            q0, q1 = (si * per, min(nq, (si + 1) * per)) if parts == 1 else (0, nq)
-            part = 0 if parts == 1 else si
-            if parts == 1:  # every query's nearest list first: its k-th best settles sooner
+        if parts == 1:  # one parallel region: each thread its slice, tables to results
+            for s in prange(n_slices):
+                q0, q1 = np.int64(s) * per, min(nq, (np.int64(s) + 1) * per)
+                for q in range(q0, q1):
+                    tables(q, queries, codebooks_t, norms, centroids, list_tables, kind, alpha,
+                           base, probes, T, luts, shifts, out_scale, out_offset)  # fmt: skip
+                # every query's nearest list first: its k-th best settles sooner
                 for p0, p1 in ((0, min(1, nprobe)), (1, nprobe)):
                     scan_slice(
                         q0, q1, p0, p1, 1, luts, T, shifts, probes, list_blocks, offsets,
                         packed, heaps[0],
                     )  # fmt: skip
-            else:
-                scan_slice(
-                    q0, q1, part, nprobe, parts, luts, T, shifts, probes, list_blocks,
-                    offsets, packed, heaps[part],
-                )  # fmt: skip
-        for q in prange(nq):  # 3. results (the parts' heaps hold distinct rows)
-            if parts == 1:
-                _write_sorted(heaps[0, q], out_dist[q], out_idx[q])
-            else:
-                keys = np.sort(heaps[:, q].ravel())[:k]
-                for e in range(k):
-                    _write_key(keys[e], out_dist[q], out_idx[q], e)
+                for q in range(q0, q1):
+                    _write_sorted(heaps[0, q], out_dist[q], out_idx[q])
+            return
+        for q in prange(nq):  # a small batch: tables, probes split between threads, merge
+            tables(q, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
+                   probes, T, luts, shifts, out_scale, out_offset)  # fmt: skip
+        for part in prange(parts):
+            scan_slice(
+                0, nq, np.int64(part), nprobe, parts, luts, T, shifts, probes, list_blocks,
+                offsets, packed, heaps[part],
+            )  # fmt: skip
+        for q in prange(nq):  # the parts' heaps hold distinct rows
+            keys = np.sort(heaps[:, q].ravel())[:k]
+            for e in range(k):
+                _write_key(keys[e], out_dist[q], out_idx[q], e)
 
     return scan
