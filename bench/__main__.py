@@ -1,11 +1,12 @@
 """Run every benchmark at its default size: ``python -m bench`` (or ``make bench``).
 
-ann runs at n=200,000 synthetic vectors so that the whole run stays within about a quarter of an
-hour on two cores; ``python -m bench.ann`` alone defaults to 1M (``--data nsynth`` for the NSynth
-embeddings, ~5 min on two cores, most of it faiss's OPQ training).
+ann and fastscan run at n=200,000 synthetic vectors so that the whole run stays within about
+twenty minutes on two cores; ``python -m bench.ann`` and ``python -m bench.fastscan`` alone
+default to 1M (``--data nsynth`` for the NSynth embeddings, ~5 min on two cores for bench.ann,
+most of it faiss's OPQ training).
 """
 
-from bench import ann, encode, kmeans, memory, pq_search
+from bench import ann, encode, fastscan, kmeans, memory, pq_search
 
 if __name__ == "__main__":
     for module, argv in (
@@ -13,6 +14,7 @@ if __name__ == "__main__":
         (encode, []),
         (pq_search, []),
         (ann, ["--n", "200000"]),
+        (fastscan, ["--n", "200000"]),
         (memory, []),
     ):
         module.main(argv)

@@ -1,4 +1,5 @@
-import vq  # noqa: F401  (first: it sets how OpenMP threads wait before torch loads libgomp)
+# ruff: noqa: I001 -- vq first: it sets how OpenMP threads wait before torch loads libgomp
+import vq  # noqa: F401
 import numpy as np
 import pytest
 import torch

@@ -91,7 +91,7 @@ def test_ann(results):
 
 def test_fastscan(results):
     argv = (
-        "--n 3000 --nq 30 --dim 16 --nlist 8 --M 4 --ntrain 3000 --nprobe 1 4 --k-factor 1 4 "
+        "--n 3000 --nq 30 --dim 32 --nlist 8 --M 8 --ntrain 3000 --nprobe 1 4 --k-factor 1 4 "
         "--rounds 1 --min-seconds 0.01"
     )
     rows = fastscan.main(argv.split())

@@ -94,27 +94,27 @@ def test_ivf_kernel_equals_reference(isa):
     from vq.kernels import IP_TABLE
 
     rng = np.random.default_rng(3)
-    M, nlist, nq, nprobe, k = 8, 5, 7, 3, 9
+    M, nlist, nq, nprobe, k = 16, 5, 7, 3, 9  # dsub 2: the kernel the index tests use
     sizes = np.array([0, 40, 7, 100, 33])
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     codes = rng.integers(0, 16, (offsets[-1], M)).astype(np.uint8)
     packed, list_blocks = fs.pack_lists(codes, offsets)
     probes = np.array([rng.permutation(nlist)[:nprobe] for _ in range(nq)], dtype=np.int64)
     probes[0, 1] = -1
-    codebooks = rng.integers(-4, 5, (M, 16, 1)).astype(np.float32)  # dsub = 1
-    queries = rng.integers(-3, 4, (nq, M)).astype(np.float32)
+    codebooks = rng.integers(-4, 5, (M, 16, 2)).astype(np.float32)
+    queries = rng.integers(-3, 4, (nq, 2 * M)).astype(np.float32)
     list_tables = rng.integers(0, 6, (nlist, M * 16)).astype(np.float32)
     base = rng.uniform(0, 3, (nq, nprobe)).astype(np.float32)
     dist, idx = np.empty((nq, k), np.float32), np.empty((nq, k), np.int64)
     scale, offset = np.empty(nq, np.float32), np.empty(nq, np.float32)
-    scan = ivf_fastscan_lists(M // 2, 1, isa)
+    scan = ivf_fastscan_lists(M // 2, 2, isa)
     scan(
         queries, codebooks.transpose(0, 2, 1).copy(), (codebooks**2).sum(-1),
         np.zeros((nlist, M), np.float32), list_tables, IP_TABLE, np.float32(-1.0), base,
         probes, list_blocks, offsets, packed, dist, idx, scale, offset,
     )  # fmt: skip
     # the same tables in numpy, quantized by the same function
-    ip = -(queries[:, :, None] * codebooks[None, :, :, 0])  # [nq, M, 16]
+    ip = -np.einsum("nmd,mjd->nmj", queries.reshape(nq, M, 2), codebooks)  # [nq, M, 16]
     tables = ip[:, None] + list_tables[probes.clip(0)].reshape(nq, nprobe, M, 16)
     luts = np.empty((nq, nprobe, M // 2, 32), np.uint8)
     bias_q = np.empty((nq, nprobe), np.int32)
@@ -242,3 +242,34 @@ def test_independent_training_recall_matches_faiss(data, desc):
         faiss.extract_index_ivf(ref).nprobe = nprobe
         theirs = recall(ref.search(q, 10)[1], truth)
         assert recall(ours.search(q, 10, nprobe=nprobe)[1], truth) >= theirs - 0.01, nprobe
+
+
+def test_small_searches_run_on_one_thread_with_the_same_answers(data, monkeypatch):
+    """A search estimated below ``SERIAL_WORK`` runs its kernels on the calling thread (a
+    thread pool wake-up costs more); the answers are the same and numba's count comes back."""
+    import numba
+
+    from vq import _cpu
+
+    x, q = data
+    index = vq.index_factory(32, "IVF16,PQ16x4fs")
+    index.train(x[:4000])
+    index.add(x)
+    threads = numba.get_num_threads()
+    seen = []
+    real = _cpu.serial_if_small
+
+    def spy(work):
+        seen.append(work)
+        return real(work)
+
+    monkeypatch.setattr(vq.index.base, "serial_if_small", spy)
+    for serial_work in (0, float("inf")):  # never / always on one thread
+        monkeypatch.setattr(_cpu, "SERIAL_WORK", serial_work)
+        D, I = index.search(q, 10, nprobe=4)
+        if serial_work == 0:
+            expected = D, I
+        assert numba.get_num_threads() == threads
+    np.testing.assert_array_equal(I, expected[1])
+    np.testing.assert_array_equal(D, expected[0])
+    assert len(seen) == 2 and seen[0] > 0
