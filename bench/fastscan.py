@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from bench.ann import default_nlist, load_data
+from bench.ann import add_data_arguments, default_nlist, load_data
 from bench.common import alternate, figure, report, set_threads
 
 
@@ -55,15 +55,7 @@ def set_params(index, params: dict) -> None:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--data", default="synthetic", help="synthetic, nsynth, X.fvecs or X.hdf5")
-    p.add_argument("--queries", default=None, help="query .fvecs (with a .fvecs --data)")
-    p.add_argument("--n", type=int, default=1_000_000, help="database vectors (at most)")
-    p.add_argument("--nq", type=int, default=1000, help="queries (at most)")
-    p.add_argument("--dim", type=int, default=128, help="vector dimension (synthetic data)")
-    p.add_argument("--instruments", type=int, default=330, help="synthetic NSynth instruments")
-    p.add_argument("--seed", type=int, default=0, help="data seed")
-    p.add_argument("--ntrain", type=int, default=100_000, help="training vectors (at most n)")
-    p.add_argument("--nlist", type=int, default=None, help="IVF lists (default ~4 sqrt(n))")
+    add_data_arguments(p)
     p.add_argument("--M", type=int, default=None, help="bytes per vector (default dim // 8)")
     p.add_argument("--index", nargs="+", default=None, help="index types (default: all four)")
     p.add_argument("--nprobe", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])

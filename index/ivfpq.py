@@ -164,14 +164,27 @@ class IVFPQ(IVFIndex):
             return kernels.IP_TABLE, -2.0, self._list_tables().reshape(self.nlist, -1), coarse
         return kernels.RESIDUAL_L2_TABLE, -1.0, list_tables, torch.zeros_like(coarse)
 
+    def _codebook_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The kernels' views of the codebooks, kept until they change: PQ codebooks
+        transposed [M, dsub, ksub], their squared norms [M, ksub], coarse centroids
+        [nlist, dim]."""
+        c, cb = self.quantizer.codebook, self.pq.codebooks
+        key = (c.data_ptr(), c._version, c.shape, cb.data_ptr(), cb._version, cb.shape)
+        if getattr(self, "_arrays_key", None) != key:
+            cbf = cb.float()
+            self._arrays = (
+                cbf.transpose(1, 2).contiguous().numpy(),
+                (cbf * cbf).sum(-1).numpy(),
+                c.float().contiguous().numpy(),
+            )
+            self._arrays_key = key
+        return self._arrays
+
     def _scan_numba(self, q, coarse, lists, out_dist, out_rows) -> None:
         # the kernels build each query's tables themselves
-        cb = self.pq.codebooks.float()
         kind, alpha, list_tables, base = self._kernel_tables(coarse)
         tables = (
-            cb.transpose(1, 2).contiguous().numpy(),
-            (cb * cb).sum(-1).numpy(),
-            self.quantizer.codebook.float().contiguous().numpy(),
+            *self._codebook_arrays(),
             list_tables.contiguous().numpy(),
             kind,
             np.float32(alpha),
