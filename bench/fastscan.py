@@ -53,6 +53,31 @@ def set_params(index, params: dict) -> None:
         index.k_factor = params["k_factor"]
 
 
+def plot(rows: list[dict], name: str, title: str, k: int) -> None:
+    """recall@k against QPS, a line per index type (and nprobe, for RFlat) and system."""
+    series: dict[str, list[dict]] = {}
+    for r in rows:
+        nprobe = r["param"].split(",")[0] if r["index"].endswith("RFlat") else ""
+        series.setdefault(f"{r['index']} {nprobe}".strip(), []).append(r)
+    with figure(name, size=(8, 5)) as ax:
+        for i, (line, pts) in enumerate(series.items()):
+            for system, style in (("vq", "o-"), ("faiss", "s--")):
+                mine = [r for r in pts if r["system"] == system]
+                ax.plot(
+                    [float(r[f"recall@{k}"]) for r in mine],
+                    [float(r["QPS"]) for r in mine],
+                    style,
+                    color=f"C{i}",
+                    label=f"{line} ({system})",
+                    markersize=4,
+                )
+        ax.set_xlabel(f"recall@{k}")
+        ax.set_ylabel("queries per second")
+        ax.set_yscale("log")
+        ax.set_title(title)
+        ax.legend(fontsize=6, ncol=2)
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_data_arguments(p)
@@ -120,23 +145,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"(faiss trains, vq imports; vq kernel {best_isa()}; vq / faiss = QPS ratio)"
     )
     report(args.name, title, args.threads, rows, list(rows[0]))
-    with figure(args.name, size=(8, 5)) as ax:
-        for i, desc in enumerate(dict.fromkeys(r["index"] for r in rows)):
-            for system, style in (("vq", "o-"), ("faiss", "s--")):
-                pts = [r for r in rows if r["index"] == desc and r["system"] == system]
-                ax.plot(
-                    [r[f"recall@{k}"] for r in pts],
-                    [r["QPS"] for r in pts],
-                    style,
-                    color=f"C{i}",
-                    label=f"{desc} ({system})",
-                    markersize=4,
-                )
-        ax.set_xlabel(f"recall@{k}")
-        ax.set_ylabel("queries per second")
-        ax.set_yscale("log")
-        ax.set_title(f"{label}, n={n}, {args.threads} threads (faiss dashed)")
-        ax.legend(fontsize=6, ncol=2)
+    plot(rows, args.name, f"{label}, n={n}, {args.threads} threads (faiss dashed)", k)
     return rows
 
 
