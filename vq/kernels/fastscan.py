@@ -20,8 +20,10 @@ the low nibbles gives the 16 + 16 entries of vectors 0..15, by the high nibbles 
 16..31. Sums are accumulated in uint16 lanes; the tables are quantized so that no sum can
 overflow (:func:`quantize_tables`).
 
-Two implementations give identical (integer) distances: one emits AVX2 shuffles through LLVM
-intrinsics (``numba.extending.intrinsic``), one is plain numba for CPUs without AVX2.
+Three variants give identical (integer) distances (:func:`best_isa` picks one): byte shuffles
+emitted through LLVM intrinsics (``numba.extending.intrinsic``) on 64-byte vectors, two pairs
+at a time (AVX-512BW), or on 32-byte vectors (AVX2); and plain numba for other CPUs. The IVF
+scan is in :mod:`vq.kernels.fastscan_ivf`.
 """
 
 from __future__ import annotations
