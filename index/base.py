@@ -383,6 +383,16 @@ class Index(nn.Module):
         vector per query."""
         return nq * (self.ntotal * self._vector_ns() + 2000)
 
+    def _derived(self, name: str, sources: tuple[torch.Tensor, ...], compute):
+        """``compute()``, kept under ``name`` until one of the ``sources`` tensors is replaced,
+        modified in place or moved (for arrays derived from codebooks on every search)."""
+        key = tuple((t.data_ptr(), t._version, t.shape, t.device) for t in sources)
+        cached = self.__dict__.get("_derived_cache", {}).get(name)
+        if cached is None or cached[0] != key:
+            cached = (key, compute())
+            self.__dict__.setdefault("_derived_cache", {})[name] = cached
+        return cached[1]
+
     def _vector_ns(self) -> float:
         """Rough nanoseconds to compare one query with one stored vector."""
         return self.dim / 16

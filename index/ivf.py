@@ -122,14 +122,9 @@ class IVFIndex(Index):
         return nq * (self.nlist * self.dim / 16 + scanned + 2000)
 
     def _centroid_norms(self) -> np.ndarray:
-        """float32 [nlist]: the squared norms of the coarse centroids, kept until the
-        codebook changes."""
+        """float32 [nlist]: the squared norms of the coarse centroids."""
         c = self.quantizer.codebook
-        key = (c.data_ptr(), c._version, c.shape)
-        if getattr(self, "_norms_key", None) != key:
-            self._norms = (c.float() * c.float()).sum(1).numpy()
-            self._norms_key = key
-        return self._norms
+        return self._derived("centroid_norms", (c,), lambda: (c.float() ** 2).sum(1).numpy())
 
     def _probe_numba(self, q: torch.Tensor, nprobe: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``_probe`` on CPU: BLAS inner products, then a numba kernel keeps each row's

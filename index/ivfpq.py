@@ -165,20 +165,19 @@ class IVFPQ(IVFIndex):
         return kernels.RESIDUAL_L2_TABLE, -1.0, list_tables, torch.zeros_like(coarse)
 
     def _codebook_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The kernels' views of the codebooks, kept until they change: PQ codebooks
-        transposed [M, dsub, ksub], their squared norms [M, ksub], coarse centroids
-        [nlist, dim]."""
+        """The kernels' views of the codebooks: PQ codebooks transposed [M, dsub, ksub], their
+        squared norms [M, ksub], coarse centroids [nlist, dim]."""
         c, cb = self.quantizer.codebook, self.pq.codebooks
-        key = (c.data_ptr(), c._version, c.shape, cb.data_ptr(), cb._version, cb.shape)
-        if getattr(self, "_arrays_key", None) != key:
+
+        def compute():
             cbf = cb.float()
-            self._arrays = (
+            return (
                 cbf.transpose(1, 2).contiguous().numpy(),
                 (cbf * cbf).sum(-1).numpy(),
                 c.float().contiguous().numpy(),
             )
-            self._arrays_key = key
-        return self._arrays
+
+        return self._derived("codebook_arrays", (c, cb), compute)
 
     def _scan_numba(self, q, coarse, lists, out_dist, out_rows) -> None:
         # the kernels build each query's tables themselves

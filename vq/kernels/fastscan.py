@@ -349,19 +349,19 @@ def quantize_all(tables, bias, out_luts, out_bias, out_scale, out_offset):
 
 
 @njit(inline="always")
-def _offer(heap_d, heap_i, dist, mask, base, first_row, end_row, shift):
+def _offer(heap_d, heap_i, dist, mask, first_row, end_row):
     """Offer the vectors of a block whose bit is set in ``mask`` to a top-k heap; returns the
     new uint16 threshold. ``dist`` uint16 [32]; vector v is row ``first_row + v`` (kept only
-    below ``end_row``) with distance ``base + dist[v]``."""
+    below ``end_row``) with distance ``dist[v]``."""
     while mask != 0:
         v = trailing_zeros(mask)
         mask &= mask - np.uint32(1)
         row = first_row + v
         if row < end_row:
-            d = np.float32(base + np.int64(dist[v]))
+            d = np.float32(dist[v])
             if d < heap_d[0]:
                 _heap_replace_top(heap_d, heap_i, d, row)
-    return min(np.int64(heap_d[0]) if heap_d[0] < 65536 else 65535, 65535) - shift
+    return min(np.int64(heap_d[0]) if heap_d[0] < 65536 else 65535, 65535)
 
 
 @functools.cache
@@ -405,7 +405,7 @@ def pq_fastscan_scanner(n_pairs: int, n_queries: int, isa: str):
                 for q in range(Q):
                     if mask[q] != 0:
                         m = np.uint32(mask[q])
-                        thr[q] = _offer(heap_d[q], heap_i[q], dist[q], m, 0, b * BLOCK, n, 0)
+                        thr[q] = _offer(heap_d[q], heap_i[q], dist[q], m, b * BLOCK, n)
             for q in range(Q):
                 _heap_sorted(heap_d[q], heap_i[q], part_d[part, g * Q + q], part_i[part, g * Q + q])
         for q in prange(nq):
