@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from vq import _cpu, kernels
 from vq._checks import as_ids, as_vectors, check_int, check_vectors, like_input
 from vq._cpu import serial_if_small
 
@@ -411,10 +412,24 @@ class Index(nn.Module):
         self.ids = mapping[self.stored_ids()]
 
     def _finish(self, dist: torch.Tensor, rows: torch.Tensor, k: int):
-        missing = rows < 0
-        stored = self.ids if self.ids.shape[0] == self.ntotal else None
-        ids = torch.where(missing, -1, rows if stored is None else stored[rows.clamp_min(0)])
+        """Results by stored row (distances float32 [nq, kk], rows int64 [nq, kk], -1 where
+        missing; kk <= k) → by id, padded to k."""
         fill = float("inf") if self.metric == "l2" else float("-inf")
+        stored = self.ids if self.ids.shape[0] == self.ntotal else None
+        if _cpu.fast_path(rows) and dist.dtype == torch.float32 and rows.dtype == torch.int64:
+            nq = rows.shape[0]
+            out_dist, out_ids = _cpu.empty((nq, k)), _cpu.empty((nq, k), torch.int64)
+            kernels.rows_to_ids(
+                dist.contiguous().numpy(),
+                rows.contiguous().numpy(),
+                _NO_IDS if stored is None else stored.contiguous().numpy(),
+                fill,
+                out_dist.numpy(),
+                out_ids.numpy(),
+            )
+            return out_dist, out_ids
+        missing = rows < 0
+        ids = torch.where(missing, -1, rows if stored is None else stored[rows.clamp_min(0)])
         dist = torch.where(missing, fill, dist)
         pad = k - rows.shape[1]
         if pad > 0:
@@ -463,6 +478,7 @@ def _rows(q: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 _OPTIONS: dict[type, frozenset[str]] = {}
+_NO_IDS = np.zeros(0, dtype=np.int64)  # rows_to_ids: the ids are the rows
 
 
 def _option_names(cls: type) -> frozenset[str]:

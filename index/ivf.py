@@ -132,18 +132,16 @@ class IVFIndex(Index):
         c = self.quantizer.codebook.float()
         ip = self.metric == "ip"
         norms = np.zeros(0, np.float32) if ip else self._centroid_norms()
-        scores = _cpu.empty((q.shape[0], nprobe))
-        lists = _cpu.empty((q.shape[0], nprobe), torch.int64)
+        scores = np.empty((q.shape[0], nprobe), np.float32)
+        lists = np.empty((q.shape[0], nprobe), np.int64)
         step = max(1, (1 << 22) // self.nlist)  # at most 16 MiB of products at a time
         for s in range(0, q.shape[0], step):
-            products = torch.mm(q[s : s + step], c.T)
+            chunk = q[s : s + step]
+            products = torch.mm(chunk, c.T).numpy()
             kernels.smallest_k_rows(
-                products.numpy(), norms, ip, scores[s : s + step].numpy(),
-                lists[s : s + step].numpy(),
-            )  # fmt: skip
-        if ip:
-            return scores, lists  # -<q, c>, as _coarse_scores
-        return scores.add_((q * q).sum(1, keepdim=True)).clamp_min_(0.0), lists
+                products, chunk.numpy(), norms, ip, scores[s : s + step], lists[s : s + step]
+            )
+        return torch.from_numpy(scores), torch.from_numpy(lists)
 
     # -- storage --------------------------------------------------------------------------
     def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
@@ -196,12 +194,13 @@ class IVFIndex(Index):
     # -- search ---------------------------------------------------------------------------
     def _search_rows(self, q: torch.Tensor, k: int, nprobe: int | None = None):
         nprobe = min(_check_nprobe(self.nprobe if nprobe is None else nprobe), self.nlist)
-        coarse, lists = self._probe(q, nprobe)
         if _cpu.fast_path(q):
+            coarse, lists = self._probe_numba(q, nprobe)
             dist = _cpu.empty((q.shape[0], k))
             rows = _cpu.empty((q.shape[0], k), torch.int64)
             self._scan_numba(q, coarse, lists, dist, rows)
         else:
+            coarse, lists = self._probe(q, nprobe)
             dist, rows = self._scan_torch(q, coarse, lists, k)
         return (-dist if self.metric == "ip" else dist), rows
 

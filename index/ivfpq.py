@@ -151,66 +151,58 @@ class IVFPQ(IVFIndex):
         return max(1, (1 << 26) // (nprobe * self.pq.M * self.pq.ksub))
 
     # -- scans ----------------------------------------------------------------------------
-    def _kernel_tables(self, coarse: torch.Tensor):
-        """How the numba kernels build the look-up tables (see ``kernels.ivfpq_scanner``):
-        ``(kind, alpha, list_tables [nlist or 0, M * ksub], base [nq, nprobe])``."""
-        list_tables = torch.zeros(0, self.pq.M * self.pq.ksub)
-        if not self.by_residual:
-            kind = kernels.IP_TABLE if self.metric == "ip" else kernels.L2_TABLE
-            return kind, -1.0, list_tables, torch.zeros_like(coarse)
-        if self.metric == "ip":
-            return kernels.IP_TABLE, -1.0, list_tables, coarse
-        if self._uses_precomputed():
-            return kernels.IP_TABLE, -2.0, self._list_tables().reshape(self.nlist, -1), coarse
-        return kernels.RESIDUAL_L2_TABLE, -1.0, list_tables, torch.zeros_like(coarse)
-
-    def _codebook_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The kernels' views of the codebooks: PQ codebooks transposed [M, dsub, ksub], their
-        squared norms [M, ksub], coarse centroids [nlist, dim]."""
+    def _kernel_args(self) -> tuple:
+        """The codebooks as the numba kernels take them (see ``kernels.ivfpq_scanner``):
+        ``(codebooks_t [M, dsub, ksub], norms [M, ksub], centroids [nlist, dim], list_tables
+        [nlist or 0, M * ksub], kind, alpha)``, and whether the coarse scores are the tables'
+        base; kept until the codebooks change."""
         c, cb = self.quantizer.codebook, self.pq.codebooks
 
         def compute():
             cbf = cb.float()
-            return (
+            arrays = (
                 cbf.transpose(1, 2).contiguous().numpy(),
                 (cbf * cbf).sum(-1).numpy(),
                 c.float().contiguous().numpy(),
             )
+            none = np.zeros((0, self.pq.M * self.pq.ksub), np.float32)
+            if not self.by_residual:
+                kind = kernels.IP_TABLE if self.metric == "ip" else kernels.L2_TABLE
+                return (*arrays, none, kind, np.float32(-1.0)), False
+            if self.metric == "ip":
+                return (*arrays, none, kernels.IP_TABLE, np.float32(-1.0)), True
+            if self._uses_precomputed():
+                list_tables = self._list_tables().reshape(self.nlist, -1).numpy()
+                return (*arrays, list_tables, kernels.IP_TABLE, np.float32(-2.0)), True
+            return (*arrays, none, kernels.RESIDUAL_L2_TABLE, np.float32(-1.0)), False
 
-        return self._derived("codebook_arrays", (c, cb), compute)
+        variant = f"kernel_args/{self.metric}/{self.by_residual}"  # attributes, not tensors
+        return self._derived(variant, (c, cb), compute)
 
     def _scan_numba(self, q, coarse, lists, out_dist, out_rows) -> None:
         # the kernels build each query's tables themselves
-        kind, alpha, list_tables, base = self._kernel_tables(coarse)
-        tables = (
-            *self._codebook_arrays(),
-            list_tables.contiguous().numpy(),
-            kind,
-            np.float32(alpha),
-            base.contiguous().numpy(),
-            lists.contiguous().numpy(),
-        )
+        args, coarse_base = self._kernel_args()
+        base = coarse.numpy() if coarse_base else np.zeros(tuple(coarse.shape), np.float32)
+        tables = (*args, base, lists.numpy())
         if self.fast_scan:
             packed = self._packed.get(self.codes, self.offsets)
             scale, offset = np.empty(q.shape[0], np.float32), np.empty(q.shape[0], np.float32)
-            dist = np.empty(tuple(out_dist.shape), np.float32)
             scan = ivf_fastscan_lists(self.pq.M // 2, self.pq.dsub, fastscan_kernels.best_isa())
             scan(
-                q.contiguous().numpy(),
+                q.numpy(),
                 *tables,
                 packed.list_blocks,
                 self.offsets.numpy(),
                 packed.packed,
-                dist,
+                out_dist.numpy(),
                 out_rows.numpy(),
                 scale,
                 offset,
             )
-            out_dist.copy_(torch.from_numpy(dist / scale[:, None] + offset[:, None]))
             return
         codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)
         kernels.ivfpq_scanner(self.pq.M, words, self.pq.dsub)(
-            q.contiguous().numpy(),
+            q.numpy(),
             *tables,
             codes,
             self.offsets.numpy(),

@@ -130,7 +130,8 @@ def test_ivf_kernel_equals_reference(isa):
             d, r = reference_topk(luts[q, p], bias_q[q, p], codes[rows], rows, len(rows))
             cand += list(zip(d.tolist(), r.tolist(), strict=True))
         best = sorted(cand)[:k]  # by distance, then row
-        np.testing.assert_array_equal(dist[q], [d for d, _ in best])
+        expected = np.float32([d for d, _ in best]) / scale[q] + offset[q]  # back to floats
+        np.testing.assert_array_equal(dist[q], expected)
         np.testing.assert_array_equal(idx[q], [r for _, r in best])
     # one query at a time (fewer queries than threads: the probes are split between threads)
     for q in (1, 4):

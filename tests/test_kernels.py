@@ -40,13 +40,15 @@ def test_kmeanspp_sample_follows_the_cumulative_sum():
 @pytest.mark.parametrize("k", [1, 5, 40])
 def test_smallest_k_rows_is_a_stable_partial_sort(inner_product, k):
     """The k smallest ranked values of each row, ascending, ties by lower column (integer
-    scores make ties frequent)."""
+    scores make ties frequent; l2 distances below 0 are clamped, so tie too)."""
     rng = np.random.default_rng(k)
     scores = rng.integers(-6, 7, (9, 40)).astype(np.float32)
+    queries = rng.integers(-1, 2, (9, 3)).astype(np.float32)
     norms = rng.integers(0, 4, 40).astype(np.float32)
     dist, idx = np.empty((9, k), np.float32), np.empty((9, k), np.int64)
-    kernels.smallest_k_rows(scores, norms, inner_product, dist, idx)
-    ranked = -scores if inner_product else norms - 2 * scores
+    kernels.smallest_k_rows(scores, queries, norms, inner_product, dist, idx)
+    q_norms = (queries**2).sum(1, keepdims=True)
+    ranked = -scores if inner_product else np.maximum(q_norms + norms - 2 * scores, 0)
     order = np.argsort(ranked, axis=1, kind="stable")[:, :k]
     np.testing.assert_array_equal(idx, order)
     np.testing.assert_array_equal(dist, np.take_along_axis(ranked, order, axis=1))

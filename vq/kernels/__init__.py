@@ -27,6 +27,7 @@ from vq.kernels.scan import (
     ivf_flat_scan,
     ivfpq_scanner,
     refine_scan,
+    rows_to_ids,
     smallest_k_rows,
     words_layout,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "pq_decoder",
     "pq_encoder",
     "refine_scan",
+    "rows_to_ids",
     "smallest_k_rows",
     "words_layout",
 ]

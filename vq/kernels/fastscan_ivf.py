@@ -41,9 +41,9 @@ _EMPTY = np.iinfo(np.int64).max
 
 
 @njit(inline="always")
-def _sift_down(heap, k, key):
-    """Put ``key`` at the root of the int64 max-heap ``heap[:k]`` and sift it down."""
-    i = 0
+def _sift_down(heap, k, key, i=0):
+    """Put ``key`` at node i (the root by default) of the int64 max-heap ``heap[:k]`` and
+    sift it down."""
     while True:
         c = 2 * i + 1
         if c >= k:
@@ -58,23 +58,51 @@ def _sift_down(heap, k, key):
 
 
 @njit(inline="always")
-def _write_sorted(heap, out_dist, out_idx):
-    """A max-heap of keys (consumed) as distances ascending (+inf padding) and rows (-1)."""
+def _heapify(heap):
+    k = heap.shape[0]
+    for i in range(k // 2 - 1, -1, -1):
+        _sift_down(heap, k, heap[i], i)
+
+
+@njit(inline="always")
+def _push(heap, counts, q, key):
+    """Offer ``key`` (< heap[0]) to query q's heap of its k smallest keys. The first k are
+    stored from the end, the root staying _EMPTY so that nothing is refused, and heapified
+    at once when the heap is full (``counts[q]`` keys so far): cheaper than k sift-downs when
+    most candidates are kept, as with a large k and short lists."""
+    k = heap.shape[0]
+    n = counts[q]
+    if n < k:
+        heap[k - 1 - n] = key
+        counts[q] = n + 1
+        if n + 1 == k:
+            _heapify(heap)
+    else:
+        _sift_down(heap, k, key)
+
+
+@njit(inline="always")
+def _write_sorted(heap, count, scale, offset, out_dist, out_idx):
+    """A heap of ``count`` keys (consumed) as float distances ascending (+inf padding) and
+    rows (-1)."""
+    if count < heap.shape[0]:
+        _heapify(heap)
     for size in range(heap.shape[0], 0, -1):
         key = heap[0]
         last = heap[size - 1]
         _sift_down(heap, size - 1, last)
-        _write_key(key, out_dist, out_idx, size - 1)
+        _write_key(key, scale, offset, out_dist, out_idx, size - 1)
 
 
 @njit(inline="always")
-def _write_key(key, out_dist, out_idx, e):
-    """Entry e of the results: the key's distance and row (+inf and -1 for an empty slot)."""
+def _write_key(key, scale, offset, out_dist, out_idx, e):
+    """Entry e of the results: the key's row and its distance mapped back to a float
+    (``d / scale + offset``); +inf and -1 for an empty slot."""
     if key == _EMPTY:
         out_dist[e] = np.inf
         out_idx[e] = -1
     else:
-        out_dist[e] = np.float32(key >> _ROW_BITS)
+        out_dist[e] = np.float32(key >> _ROW_BITS) / scale + offset
         out_idx[e] = key & _ROW_MASK
 
 
@@ -87,9 +115,10 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
     takes the arguments of :func:`vq.kernels.ivfpq_scanner` (16-entry tables; ``kind`` one of
     its IP_TABLE / L2_TABLE / RESIDUAL_L2_TABLE; the tables are built per probe only when the
     list changes them) plus the packed lists of :func:`vq.kernels.fastscan.pack_lists`. It
-    writes the k smallest quantized distances ascending (+inf padding), their rows (-1
-    padding), ties by lower row, into ``out_dist`` / ``out_idx`` [nq, k], and per query the
-    ``out_scale`` and ``out_offset`` that map them back to floats (``d / scale + offset``).
+    finds the k smallest quantized distances d, ties by lower row, and writes their rows (-1
+    padding) into ``out_idx`` [nq, k], ``d / scale + offset`` (ascending, +inf padding) into
+    ``out_dist`` [nq, k], and each query's ``scale`` and ``offset`` into ``out_scale`` and
+    ``out_offset`` [nq].
     """
     n_pairs, dsub, isa = int(n_pairs), int(dsub), check_isa(isa)
     Q = IVF_QUERY_BLOCK
@@ -100,7 +129,7 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
 
     @njit(nogil=True)
     def scan_slice(q0, q1, p0, p1, parts, luts, T, shifts, probes, list_blocks, offsets,
-                   packed, heaps):  # fmt: skip
+                   packed, heaps, counts):  # fmt: skip
         """A thread's share: the probes p0, p0 + parts, ... (< p1) of queries q0..q1, sorted
         by list, each list read once per group of Q of its queries."""
         nprobe = probes.shape[1]
@@ -169,7 +198,7 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
                             if row < end:
                                 key = ((shift[t] + np.int64(dist[t, v])) << _ROW_BITS) | row
                                 if key < heap[0]:
-                                    _sift_down(heap, heap.shape[0], key)
+                                    _push(heap, counts, query[t], key)
 
     @njit(nogil=True)
     def tables(q, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base, probes,
@@ -235,6 +264,7 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
         n_slices = min(nq, threads) if parts == 1 else parts
         per = -(-nq // n_slices) if parts == 1 else nq
         heaps = np.full((parts, nq, k), _EMPTY, dtype=np.int64)
+        counts = np.zeros((parts, nq), dtype=np.int64)  # keys in each heap
         if parts == 1:  # one parallel region: each thread its slice, tables to results
             for s in prange(n_slices):
                 q0, q1 = np.int64(s) * per, min(nq, (np.int64(s) + 1) * per)
@@ -245,10 +275,17 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
                 for p0, p1 in ((0, min(1, nprobe)), (1, nprobe)):
                     scan_slice(
                         q0, q1, p0, p1, 1, luts, T, shifts, probes, list_blocks, offsets,
-                        packed, heaps[0],
+                        packed, heaps[0], counts[0],
                     )  # fmt: skip
                 for q in range(q0, q1):
-                    _write_sorted(heaps[0, q], out_dist[q], out_idx[q])
+                    _write_sorted(
+                        heaps[0, q],
+                        counts[0, q],
+                        out_scale[q],
+                        out_offset[q],
+                        out_dist[q],
+                        out_idx[q],
+                    )
             return
         for q in prange(nq):  # a small batch: tables, probes split between threads, merge
             tables(q, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
@@ -256,11 +293,11 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
         for part in prange(parts):
             scan_slice(
                 0, nq, np.int64(part), nprobe, parts, luts, T, shifts, probes, list_blocks,
-                offsets, packed, heaps[part],
+                offsets, packed, heaps[part], counts[part],
             )  # fmt: skip
         for q in prange(nq):  # the parts' heaps hold distinct rows
             keys = np.sort(heaps[:, q].ravel())[:k]
             for e in range(k):
-                _write_key(keys[e], out_dist[q], out_idx[q], e)
+                _write_key(keys[e], out_scale[q], out_offset[q], out_dist[q], out_idx[q], e)
 
     return scan

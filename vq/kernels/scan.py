@@ -407,26 +407,37 @@ def heap_push_block(scores, x_norms, first, inner_product, heap_d, heap_i):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def smallest_k_rows(scores, x_norms, inner_product, out_dist, out_idx):
-    """The k smallest of each row, kept sorted by insertion (few insertions once the k-th
-    value has settled: cheaper than a heap or a sort for the k of tens that an IVF's nprobe
-    asks of a thousand or so centroids).
+def smallest_k_rows(products, queries, x_norms, inner_product, out_dist, out_idx):
+    """The k nearest columns of each row of inner products, kept sorted by insertion (few
+    insertions once the k-th value has settled: cheaper than a heap or a sort for the k of
+    tens that an IVF's nprobe asks of a thousand or so centroids).
 
     Args:
-        scores, x_norms, inner_product: as :func:`heap_push_block`, for whole rows.
-        out_dist: float32 [nq, k], ascending (the ranked quantity, without ‖q‖²); out_idx:
-            int64 [nq, k] columns; ties by lower column. k <= columns.
+        products: float32 [nq, n], ⟨q_i, x_j⟩.
+        queries: float32 [nq, dim], the q_i (their norms, for l2).
+        x_norms: float32 [n], ‖x_j‖² (l2; unused for inner products).
+        inner_product: rank by -⟨q, x⟩ rather than by squared L2 distance.
+        out_dist: float32 [nq, k], ascending: ‖q‖² + ‖x‖² - 2⟨q, x⟩ clamped at 0 (as faiss
+            computes it), or -⟨q, x⟩; out_idx: int64 [nq, k] columns; ties by lower column.
+            k <= n.
     """
-    nq, n = scores.shape
+    nq, n = products.shape
     k = out_dist.shape[1]
     for q in prange(nq):
-        row = scores[q]
+        row = products[q]
         dist = out_dist[q]
         idx = out_idx[q]
+        q_norm = np.float32(0.0)
+        if not inner_product:
+            for d in range(queries.shape[1]):
+                q_norm += queries[q, d] * queries[q, d]
         size = 0
         threshold = np.float32(np.inf)
         for j in range(n):
-            d = -row[j] if inner_product else x_norms[j] - np.float32(2.0) * row[j]
+            if inner_product:
+                d = -row[j]
+            else:
+                d = max((q_norm + x_norms[j]) - np.float32(2.0) * row[j], np.float32(0.0))
             if size < k or d < threshold:
                 pos = size if size < k else k - 1
                 while pos > 0 and dist[pos - 1] > d:
@@ -446,3 +457,27 @@ def heaps_sorted(heap_d, heap_i, out_dist, out_idx):
     """Each row's max-heap (``heap_d``/``heap_i`` [nq, k], consumed) in ascending order."""
     for q in prange(heap_d.shape[0]):
         _heap_sorted(heap_d[q], heap_i[q], out_dist[q], out_idx[q])
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def rows_to_ids(dist, rows, ids, fill, out_dist, out_ids):
+    """Search results by stored row → by id, padded: what every CPU search returns.
+
+    Args:
+        dist: float32 [nq, kk] distances of ``rows`` int64 [nq, kk] (-1 where missing).
+        ids: int64 [ntotal], the id of each row, or [0] when ids are the rows themselves.
+        fill: the distance of a missing result (+inf, or -inf for inner products).
+        out_dist: float32 [nq, k], out_ids: int64 [nq, k], k >= kk: columns past kk are
+            missing results.
+    """
+    kk = rows.shape[1]
+    mapped = ids.shape[0] > 0
+    for q in prange(rows.shape[0]):
+        for j in range(out_ids.shape[1]):
+            r = rows[q, j] if j < kk else -1
+            if r < 0:
+                out_ids[q, j] = -1
+                out_dist[q, j] = fill
+            else:
+                out_ids[q, j] = ids[r] if mapped else r
+                out_dist[q, j] = dist[q, j]
