@@ -407,6 +407,11 @@ class Index(nn.Module):
             dist, rows = self._search_rows(q, min(k, self.ntotal), **params)
         return self._finish(dist, rows, k)
 
+    def _candidate_ids(self, q: torch.Tensor, k: int, **params) -> torch.Tensor:
+        """int64 [nq, k]: the ids of the k nearest, in any order (-1 padding): the candidates
+        a re-ranking wrapper asks for, which an index may return without sorting them."""
+        return self._search_ids(q, k, **params)[1]
+
     def _renumber(self, mapping: torch.Tensor) -> None:
         """Replace every stored id i by ``mapping[i]`` (used by re-ranking wrappers)."""
         self.ids = mapping[self.stored_ids()]

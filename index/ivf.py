@@ -193,18 +193,30 @@ class IVFIndex(Index):
 
     # -- search ---------------------------------------------------------------------------
     def _search_rows(self, q: torch.Tensor, k: int, nprobe: int | None = None):
+        return self._probe_and_scan(q, k, nprobe, ranked=True)
+
+    def _candidate_ids(self, q: torch.Tensor, k: int, nprobe: int | None = None):
+        if self.ntotal == 0:
+            return super()._candidate_ids(q, k)
+        dist, rows = self._probe_and_scan(q, min(k, self.ntotal), nprobe, ranked=False)
+        return self._finish(dist, rows, k)[1]
+
+    def _probe_and_scan(self, q: torch.Tensor, k: int, nprobe: int | None, ranked: bool):
+        """Distances (smaller is nearer) and rows [nq, k] of the k nearest, ascending, or
+        in any order where that is cheaper if not ``ranked``."""
         nprobe = min(_check_nprobe(self.nprobe if nprobe is None else nprobe), self.nlist)
         if _cpu.fast_path(q):
             coarse, lists = self._probe_numba(q, nprobe)
             dist = _cpu.empty((q.shape[0], k))
             rows = _cpu.empty((q.shape[0], k), torch.int64)
-            self._scan_numba(q, coarse, lists, dist, rows)
+            self._scan_numba(q, coarse, lists, dist, rows, ranked)
         else:
             coarse, lists = self._probe(q, nprobe)
             dist, rows = self._scan_torch(q, coarse, lists, k)
         return (-dist if self.metric == "ip" else dist), rows
 
-    def _scan_numba(self, q, coarse, lists, out_dist, out_rows) -> None:
+    def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked=True) -> None:
+        """The numba scan: the k nearest rows, ascending (in any order if not ``ranked``)."""
         raise NotImplementedError
 
     def _scan_torch(self, q, coarse, lists, k) -> tuple[torch.Tensor, torch.Tensor]:
@@ -246,7 +258,7 @@ class IVFFlat(IVFIndex):
     def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"lists": self._assign(x), "vectors": x.float()}
 
-    def _scan_numba(self, q, coarse, lists, out_dist, out_rows) -> None:
+    def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked=True) -> None:
         kernels.ivf_flat_scan(
             q.contiguous().numpy(),
             self.vectors.numpy(),

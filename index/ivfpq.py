@@ -179,7 +179,7 @@ class IVFPQ(IVFIndex):
         variant = f"kernel_args/{self.metric}/{self.by_residual}"  # attributes, not tensors
         return self._derived(variant, (c, cb), compute)
 
-    def _scan_numba(self, q, coarse, lists, out_dist, out_rows) -> None:
+    def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked=True) -> None:
         # the kernels build each query's tables themselves
         args, coarse_base = self._kernel_args()
         base = coarse.numpy() if coarse_base else np.zeros(tuple(coarse.shape), np.float32)
@@ -198,6 +198,7 @@ class IVFPQ(IVFIndex):
                 out_rows.numpy(),
                 scale,
                 offset,
+                ranked,
             )
             return
         codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)

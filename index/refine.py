@@ -75,7 +75,7 @@ class Refine(Wrapper):
         k_factor = _check_k_factor(self.k_factor if k_factor is None else k_factor)
         if self.ntotal == 0:
             return super()._search_ids(q, k)
-        _, cand = self.index._search_ids(q, k * k_factor, **params)  # [nq, k * k_factor]
+        cand = self.index._candidate_ids(q, k * k_factor, **params)  # [nq, k * k_factor]
         if fast_path(q):
             kk = min(k, cand.shape[1])
             dist, rows = empty((q.shape[0], kk)), empty((q.shape[0], kk), torch.int64)

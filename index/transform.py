@@ -96,6 +96,9 @@ class PreTransform(Wrapper):
     def _search_ids(self, q: torch.Tensor, k: int, **params):
         return self.index._search_ids(self.apply(q), k, **params)
 
+    def _candidate_ids(self, q: torch.Tensor, k: int, **params) -> torch.Tensor:
+        return self.index._candidate_ids(self.apply(q), k, **params)
+
 
 def _drop_training_pq(module, state_dict, prefix, local_metadata) -> None:
     for key in [k for k in state_dict if k.startswith(prefix + "pq.")]:

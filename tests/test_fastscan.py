@@ -111,7 +111,7 @@ def test_ivf_kernel_equals_reference(isa):
     scan(
         queries, codebooks.transpose(0, 2, 1).copy(), (codebooks**2).sum(-1),
         np.zeros((nlist, M), np.float32), list_tables, IP_TABLE, np.float32(-1.0), base,
-        probes, list_blocks, offsets, packed, dist, idx, scale, offset,
+        probes, list_blocks, offsets, packed, dist, idx, scale, offset, True,
     )  # fmt: skip
     # the same tables in numpy, quantized by the same function
     ip = -np.einsum("nmd,mjd->nmj", queries.reshape(nq, M, 2), codebooks)  # [nq, M, 16]
@@ -140,10 +140,20 @@ def test_ivf_kernel_equals_reference(isa):
             queries[q : q + 1], codebooks.transpose(0, 2, 1).copy(), (codebooks**2).sum(-1),
             np.zeros((nlist, M), np.float32), list_tables, IP_TABLE, np.float32(-1.0),
             base[q : q + 1], probes[q : q + 1], list_blocks, offsets, packed, *one,
-            scale[:1].copy(), offset[:1].copy(),
+            scale[:1].copy(), offset[:1].copy(), True,
         )  # fmt: skip
         np.testing.assert_array_equal(one[0][0], dist[q])
         np.testing.assert_array_equal(one[1][0], idx[q])
+    # unranked (re-ranking candidates): the same results in some order
+    loose = np.empty((nq, k), np.float32), np.empty((nq, k), np.int64)
+    scan(
+        queries, codebooks.transpose(0, 2, 1).copy(), (codebooks**2).sum(-1),
+        np.zeros((nlist, M), np.float32), list_tables, IP_TABLE, np.float32(-1.0), base,
+        probes, list_blocks, offsets, packed, *loose, scale.copy(), offset.copy(), False,
+    )  # fmt: skip
+    order = np.lexsort((loose[1], loose[0]), axis=1)
+    np.testing.assert_array_equal(np.take_along_axis(loose[0], order, 1), dist)
+    np.testing.assert_array_equal(np.take_along_axis(loose[1], order, 1), idx)
 
 
 @pytest.mark.parametrize("desc", ["PQ16x4fs", "IVF16,PQ16x4fs", "IVF16,PQ16x4fsr"])

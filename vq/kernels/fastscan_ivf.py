@@ -111,14 +111,17 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
     """The IVF fast-scan kernel for M = 2 ``n_pairs`` sub-quantizers of ``dsub`` dimensions.
 
     The returned ``scan(queries, codebooks_t, norms, centroids, list_tables, kind, alpha,
-    base, probes, list_blocks, offsets, packed, out_dist, out_idx, out_scale, out_offset)``
+    base, probes, list_blocks, offsets, packed, out_dist, out_idx, out_scale, out_offset,
+    ranked)``
     takes the arguments of :func:`vq.kernels.ivfpq_scanner` (16-entry tables; ``kind`` one of
     its IP_TABLE / L2_TABLE / RESIDUAL_L2_TABLE; the tables are built per probe only when the
     list changes them) plus the packed lists of :func:`vq.kernels.fastscan.pack_lists`. It
     finds the k smallest quantized distances d, ties by lower row, and writes their rows (-1
     padding) into ``out_idx`` [nq, k], ``d / scale + offset`` (ascending, +inf padding) into
     ``out_dist`` [nq, k], and each query's ``scale`` and ``offset`` into ``out_scale`` and
-    ``out_offset`` [nq].
+    ``out_offset`` [nq]. With ``ranked`` False the k results may come in any order (the
+    candidates of a re-ranking step, spared a sort that costs as much as their scan at a k of
+    100 or more).
     """
     n_pairs, dsub, isa = int(n_pairs), int(dsub), check_isa(isa)
     Q = IVF_QUERY_BLOCK
@@ -249,6 +252,7 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
         out_idx,
         out_scale,
         out_offset,
+        ranked,
     ):
         nq, nprobe = probes.shape
         k = out_dist.shape[1]
@@ -278,14 +282,15 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
                         packed, heaps[0], counts[0],
                     )  # fmt: skip
                 for q in range(q0, q1):
-                    _write_sorted(
-                        heaps[0, q],
-                        counts[0, q],
-                        out_scale[q],
-                        out_offset[q],
-                        out_dist[q],
-                        out_idx[q],
-                    )
+                    scale, offset = out_scale[q], out_offset[q]
+                    if ranked:
+                        _write_sorted(heaps[0, q], counts[0, q], scale, offset, out_dist[q],
+                                      out_idx[q])  # fmt: skip
+                    else:  # candidates for re-ranking, not sorted: leaves (the nearer
+                        # half, roughly) first, which lets the re-ranking heap settle sooner
+                        for e in range(k):
+                            key = heaps[0, q, k - 1 - e]
+                            _write_key(key, scale, offset, out_dist[q], out_idx[q], e)
             return
         for q in prange(nq):  # a small batch: tables, probes split between threads, merge
             tables(q, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,

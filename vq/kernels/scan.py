@@ -408,9 +408,9 @@ def heap_push_block(scores, x_norms, first, inner_product, heap_d, heap_i):
 
 @njit(parallel=True, nogil=True, cache=True)
 def smallest_k_rows(products, queries, x_norms, inner_product, out_dist, out_idx):
-    """The k nearest columns of each row of inner products, kept sorted by insertion (few
-    insertions once the k-th value has settled: cheaper than a heap or a sort for the k of
-    tens that an IVF's nprobe asks of a thousand or so centroids).
+    """The k nearest columns of each row of inner products: for a small k kept sorted by
+    insertion (few insertions once the k-th value has settled), for a larger one selected
+    among sort keys (:func:`_smallest_k_by_keys`).
 
     Args:
         products: float32 [nq, n], ⟨q_i, x_j⟩.
@@ -431,13 +431,13 @@ def smallest_k_rows(products, queries, x_norms, inner_product, out_dist, out_idx
         if not inner_product:
             for d in range(queries.shape[1]):
                 q_norm += queries[q, d] * queries[q, d]
+        if k > _INSERTION_K:
+            _smallest_k_by_keys(row, q_norm, x_norms, inner_product, dist, idx)
+            continue
         size = 0
         threshold = np.float32(np.inf)
         for j in range(n):
-            if inner_product:
-                d = -row[j]
-            else:
-                d = max((q_norm + x_norms[j]) - np.float32(2.0) * row[j], np.float32(0.0))
+            d = _coarse_distance(row, j, q_norm, x_norms, inner_product)
             if size < k or d < threshold:
                 pos = size if size < k else k - 1
                 while pos > 0 and dist[pos - 1] > d:
@@ -450,6 +450,41 @@ def smallest_k_rows(products, queries, x_norms, inner_product, out_dist, out_idx
                 if size < k:
                     size += 1
                 threshold = dist[k - 1] if size == k else np.float32(np.inf)
+
+
+#: smallest_k_rows keeps up to this many by insertion, more by selecting sort keys
+_INSERTION_K = 32
+
+
+@njit(inline="always")
+def _coarse_distance(row, j, q_norm, x_norms, inner_product):
+    """smallest_k_rows's ranked value of column j."""
+    if inner_product:
+        return -row[j]
+    return max((q_norm + x_norms[j]) - np.float32(2.0) * row[j], np.float32(0.0))
+
+
+@njit(inline="always")
+def _smallest_k_by_keys(row, q_norm, x_norms, inner_product, out_dist, out_idx):
+    """smallest_k_rows for one row and a larger k: every column as an int64 key that orders
+    as (value, column) — the float's bits made monotonic, above the column — then a
+    selection of the k smallest keys and a sort of those."""
+    n = row.shape[0]
+    k = out_dist.shape[0]
+    values = np.empty(n, dtype=np.float32)
+    for j in range(n):
+        values[j] = _coarse_distance(row, j, q_norm, x_norms, inner_product)
+    bits = values.view(np.int32)
+    keys = np.empty(n, dtype=np.int64)
+    for j in range(n):
+        b = np.int64(bits[j])
+        b ^= (b >> 31) & 0x7FFFFFFF  # negative floats: reversed, below the positive ones
+        keys[j] = (b << 32) | j
+    best = np.sort(np.partition(keys, k - 1)[:k])
+    for e in range(k):
+        j = best[e] & 0xFFFFFFFF
+        out_idx[e] = j
+        out_dist[e] = values[j]
 
 
 @njit(parallel=True, nogil=True, cache=True)
