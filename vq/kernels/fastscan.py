@@ -39,6 +39,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from vq.kernels.scan import _heap_replace_top, _heap_sorted
+from vq.kernels.simd import quantize_row, row_range
 
 BLOCK = 32  # vectors per block
 PERM = np.array([0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15])
@@ -82,76 +83,6 @@ def unpack_codes(packed: np.ndarray, n: int) -> np.ndarray:
 
 
 # -- tables ------------------------------------------------------------------------------------
-_F32 = ir.FloatType()
-_V16F = ir.VectorType(_F32, 16)
-_V16I = ir.VectorType(ir.IntType(32), 16)
-
-
-def _c_array(arr, what: str) -> None:
-    if not isinstance(arr, types.Array) or arr.layout != "C":
-        raise numba.core.errors.TypingError(f"{what}: expected a C-contiguous array, got {arr}")
-
-
-def _load16(context, builder, array_type, array, start):
-    """The 16 float32 at flat index ``start`` of a C-contiguous array, as one vector."""
-    data = context.make_array(array_type)(context, builder, array).data
-    return builder.load(builder.bitcast(builder.gep(data, [start]), _V16F.as_pointer()), align=4)
-
-
-def _splat16(builder, x):
-    v = builder.insert_element(ir.Constant(_V16F, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
-    return builder.shuffle_vector(v, v, ir.Constant(_V16I, [0] * 16))
-
-
-@intrinsic
-def _row_range(typingctx, tables, start):
-    """(min, max) of the 16 float32 at flat index ``start`` of a C-contiguous array: one
-    vector load and a shuffle tree (LLVM's generic reductions lower to scalar code here)."""
-    _c_array(tables, "_row_range")
-    sig = types.UniTuple(types.float32, 2)(tables, start)
-
-    def codegen(context, builder, signature, args):
-        v = _load16(context, builder, signature.args[0], args[0], args[1])
-
-        def reduce(v, op):
-            n = 16
-            while n > 1:
-                n //= 2
-                w = builder.shuffle_vector(
-                    v, v, ir.Constant(_V16I, [(i + n) % 16 for i in range(16)])
-                )
-                v = builder.select(builder.fcmp_ordered(op, v, w), v, w)
-            return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
-
-        return context.make_tuple(builder, signature.return_type, [reduce(v, "<"), reduce(v, ">")])
-
-    return sig, codegen
-
-
-@intrinsic
-def _quantize_row(typingctx, tables, start, low, scale, out):
-    """``out[start + j] = uint8(min((tables[start + j] - low) * scale + 0.5, 255))`` for
-    j < 16 (flat indices of C-contiguous arrays; entries >= low, so truncation rounds)."""
-    _c_array(tables, "_quantize_row")
-    _c_array(out, "_quantize_row")
-    sig = types.void(tables, start, low, scale, out)
-
-    def codegen(context, builder, signature, args):
-        v = _load16(context, builder, signature.args[0], args[0], args[1])
-        x = builder.fmul(builder.fsub(v, _splat16(builder, args[2])), _splat16(builder, args[3]))
-        x = builder.fadd(x, ir.Constant(_V16F, [0.5] * 16))
-        cap = ir.Constant(_V16F, [255.0] * 16)
-        x = builder.select(builder.fcmp_ordered("<", x, cap), x, cap)
-        data = context.make_array(signature.args[4])(context, builder, args[4]).data
-        ptr = builder.bitcast(
-            builder.gep(data, [args[1]]), ir.VectorType(ir.IntType(8), 16).as_pointer()
-        )
-        builder.store(builder.fptoui(x, ir.VectorType(ir.IntType(8), 16)), ptr, align=1)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
 @njit(fastmath=True, nogil=True, cache=True)
 def quantize_tables(tables, bias, out_luts, out_bias):
     """Quantize one query's float tables to uint8 with one scale for all of them.
@@ -178,7 +109,7 @@ def quantize_tables(tables, bias, out_luts, out_bias):
         lo_sum = np.float32(0.0)
         hi_sum = np.float32(0.0)
         for m in range(M):
-            lo, hi = _row_range(tables, (t * M + m) * 16)
+            lo, hi = row_range(tables, (t * M + m) * 16)
             lows[t, m] = lo
             span = max(span, hi - lo)
             lo_sum += lo
@@ -200,7 +131,7 @@ def quantize_tables(tables, bias, out_luts, out_bias):
         scale = np.float32(1.0)
     for t in range(T):
         for m in range(M):  # table (t, m) is row m & 1 of pair m >> 1: the same flat index
-            _quantize_row(tables, (t * M + m) * 16, lows[t, m], scale, out_luts)
+            quantize_row(tables, (t * M + m) * 16, lows[t, m], scale, out_luts)
     for p in range(P):
         b = np.floor((bias[p] + lo_table[p if T > 1 else 0] - offset) * scale + np.float32(0.5))
         out_bias[p] = np.int32(min(max(b, np.float32(0.0)), np.float32(_U16_MAX - M * 255)))

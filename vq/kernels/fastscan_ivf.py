@@ -32,6 +32,7 @@ from vq.kernels.fastscan import (
     trailing_zeros,
 )
 from vq.kernels.scan import IP_TABLE, L2_TABLE, _inner_product_table, _l2_table
+from vq.kernels.simd import add_row, copy_row
 
 #: queries sharing one pass over a list's blocks
 IVF_QUERY_BLOCK = 3
@@ -223,12 +224,13 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
                 for d in range(x.shape[0]):
                     residual[d] = x[d] - centroids[lst, d]
                 _l2_table(residual, codebooks_t, norms, table, M, dsub)
-            for m in range(M):
-                for j in range(16):
-                    v = table[m * 16 + j]
-                    if summed:
-                        v += list_tables[lst, m * 16 + j]
-                    scratch[t, m, j] = v
+            for m in range(M):  # vector rows: numba's loop here stays scalar
+                if summed:
+                    add_row(
+                        table, m * 16, list_tables, (lst * M + m) * 16, scratch, (t * M + m) * 16
+                    )
+                else:
+                    copy_row(table, m * 16, scratch, (t * M + m) * 16)
         own = luts[q * T * n_pairs : (q + 1) * T * n_pairs].reshape((T, n_pairs, 32))
         sc, of = quantize_tables(scratch, base[q], own, shifts[q])
         out_scale[q] = sc

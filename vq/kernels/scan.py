@@ -14,6 +14,8 @@ import functools
 import numpy as np
 from numba import njit, prange
 
+from vq.kernels.simd import row_min
+
 _ADC_QUERY_BLOCK = 8
 _ADC_CODE_BLOCK = 2048
 
@@ -423,6 +425,7 @@ def smallest_k_rows(products, queries, x_norms, inner_product, out_dist, out_idx
     """
     nq, n = products.shape
     k = out_dist.shape[1]
+    padded = -(-n // 16) * 16
     for q in prange(nq):
         row = products[q]
         dist = out_dist[q]
@@ -431,25 +434,35 @@ def smallest_k_rows(products, queries, x_norms, inner_product, out_dist, out_idx
         if not inner_product:
             for d in range(queries.shape[1]):
                 q_norm += queries[q, d] * queries[q, d]
+        values = np.empty(padded, dtype=np.float32)  # the ranked values, +inf padding
+        for j in range(n):
+            if inner_product:
+                values[j] = -row[j]
+            else:
+                values[j] = max((q_norm + x_norms[j]) - np.float32(2.0) * row[j], np.float32(0))
+        values[n:] = np.inf
         if k > _INSERTION_K:
-            _smallest_k_by_keys(row, q_norm, x_norms, inner_product, dist, idx)
+            _smallest_k_by_keys(values[:n], dist, idx)
             continue
         size = 0
         threshold = np.float32(np.inf)
-        for j in range(n):
-            d = _coarse_distance(row, j, q_norm, x_norms, inner_product)
-            if size < k or d < threshold:
-                pos = size if size < k else k - 1
-                while pos > 0 and dist[pos - 1] > d:
-                    if pos < k:
-                        dist[pos] = dist[pos - 1]
-                        idx[pos] = idx[pos - 1]
-                    pos -= 1
-                dist[pos] = d
-                idx[pos] = j
-                if size < k:
-                    size += 1
-                threshold = dist[k - 1] if size == k else np.float32(np.inf)
+        for s in range(0, n, 16):
+            if size == k and row_min(values, s) >= threshold:
+                continue  # none of these 16 is kept: one vector test
+            for j in range(s, min(s + 16, n)):
+                d = values[j]
+                if size < k or d < threshold:
+                    pos = size if size < k else k - 1
+                    while pos > 0 and dist[pos - 1] > d:
+                        if pos < k:
+                            dist[pos] = dist[pos - 1]
+                            idx[pos] = idx[pos - 1]
+                        pos -= 1
+                    dist[pos] = d
+                    idx[pos] = j
+                    if size < k:
+                        size += 1
+                    threshold = dist[k - 1] if size == k else np.float32(np.inf)
 
 
 #: smallest_k_rows keeps up to this many by insertion, more by selecting sort keys
@@ -457,23 +470,12 @@ _INSERTION_K = 32
 
 
 @njit(inline="always")
-def _coarse_distance(row, j, q_norm, x_norms, inner_product):
-    """smallest_k_rows's ranked value of column j."""
-    if inner_product:
-        return -row[j]
-    return max((q_norm + x_norms[j]) - np.float32(2.0) * row[j], np.float32(0.0))
-
-
-@njit(inline="always")
-def _smallest_k_by_keys(row, q_norm, x_norms, inner_product, out_dist, out_idx):
+def _smallest_k_by_keys(values, out_dist, out_idx):
     """smallest_k_rows for one row and a larger k: every column as an int64 key that orders
     as (value, column) — the float's bits made monotonic, above the column — then a
     selection of the k smallest keys and a sort of those."""
-    n = row.shape[0]
+    n = values.shape[0]
     k = out_dist.shape[0]
-    values = np.empty(n, dtype=np.float32)
-    for j in range(n):
-        values[j] = _coarse_distance(row, j, q_norm, x_norms, inner_product)
     bits = values.view(np.int32)
     keys = np.empty(n, dtype=np.int64)
     for j in range(n):
