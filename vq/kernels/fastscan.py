@@ -101,27 +101,23 @@ def quantize_tables(tables, bias, out_luts, out_bias):
     """
     T, M, _ = tables.shape
     P = bias.shape[0]
+    # pass 1: the widest table (entries <= 255) and the range of the totals (sums <= 65535);
+    # no work arrays: this runs once per query, where an allocation costs as much as a pass
     span = np.float32(0.0)
-    lows = np.empty((T, M), dtype=np.float32)
-    lo_table = np.empty(T, dtype=np.float32)
-    hi_table = np.empty(T, dtype=np.float32)
+    offset = np.float32(np.inf)  # the least total
+    top = -np.float32(np.inf)  # the greatest
     for t in range(T):
         lo_sum = np.float32(0.0)
         hi_sum = np.float32(0.0)
         for m in range(M):
             lo, hi = row_range(tables, (t * M + m) * 16)
-            lows[t, m] = lo
             span = max(span, hi - lo)
             lo_sum += lo
             hi_sum += hi
-        lo_table[t] = lo_sum
-        hi_table[t] = hi_sum
-    offset = np.float32(np.inf)
-    for p in range(P):
-        offset = min(offset, bias[p] + lo_table[p if T > 1 else 0])
-    total_span = np.float32(0.0)
-    for p in range(P):
-        total_span = max(total_span, bias[p] + hi_table[p if T > 1 else 0] - offset)
+        for p in range(t, P if T == 1 else t + 1):  # the probes table t serves
+            offset = min(offset, bias[p] + lo_sum)
+            top = max(top, bias[p] + hi_sum)
+    total_span = max(top - offset, np.float32(0.0))
     scale = np.float32(np.inf)
     if span > 0:
         scale = min(scale, np.float32(255.0) / span)
@@ -129,12 +125,16 @@ def quantize_tables(tables, bias, out_luts, out_bias):
         scale = min(scale, np.float32(_U16_MAX - M) / total_span)
     if not np.isfinite(scale):
         scale = np.float32(1.0)
+    # pass 2: entries above each table's least, and the biases that leaves
     for t in range(T):
+        lo_sum = np.float32(0.0)
         for m in range(M):  # table (t, m) is row m & 1 of pair m >> 1: the same flat index
-            quantize_row(tables, (t * M + m) * 16, lows[t, m], scale, out_luts)
-    for p in range(P):
-        b = np.floor((bias[p] + lo_table[p if T > 1 else 0] - offset) * scale + np.float32(0.5))
-        out_bias[p] = np.int32(min(max(b, np.float32(0.0)), np.float32(_U16_MAX - M * 255)))
+            lo, _ = row_range(tables, (t * M + m) * 16)
+            lo_sum += lo
+            quantize_row(tables, (t * M + m) * 16, lo, scale, out_luts)
+        for p in range(t, P if T == 1 else t + 1):
+            b = np.floor((bias[p] + lo_sum - offset) * scale + np.float32(0.5))
+            out_bias[p] = np.int32(min(max(b, np.float32(0.0)), np.float32(_U16_MAX - M * 255)))
     return scale, offset
 
 

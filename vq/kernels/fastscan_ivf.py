@@ -31,8 +31,8 @@ from vq.kernels.fastscan import (
     quantize_tables,
     trailing_zeros,
 )
-from vq.kernels.scan import IP_TABLE, L2_TABLE, _inner_product_table, _l2_table
-from vq.kernels.simd import add_row, copy_row
+from vq.kernels.scan import IP_TABLE, L2_TABLE
+from vq.kernels.simd import add_row, copy_row, table_row_kernels
 
 #: queries sharing one pass over a list's blocks
 IVF_QUERY_BLOCK = 3
@@ -129,6 +129,7 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
     M = 2 * n_pairs
     # one block kernel per group size, so that a group of one query does one query's work
     block1, block2, block3 = (block_kernel(isa, n_pairs, g) for g in (1, 2, 3))
+    ip_row, l2_row = table_row_kernels(dsub)
     simd = isa != "portable"
 
     @njit(nogil=True)
@@ -206,24 +207,26 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
 
     @njit(nogil=True)
     def tables(q, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base, probes,
-               T, luts, shifts, out_scale, out_offset):  # fmt: skip
+               T, luts, shifts, out_scale, out_offset, table, residual, scratch):  # fmt: skip
         """Query q's tables (T of them: one per probe, or one for all), quantized with one
-        scale into luts rows q * T * n_pairs onwards and shifts[q]."""
+        scale into ``luts[q * T : (q + 1) * T]`` and shifts[q]; ``table`` [M * 16],
+        ``residual`` [dim] and ``scratch`` [T, M, 16] are the calling thread's work space."""
         summed = list_tables.shape[0] > 0
-        table = np.empty(M * 16, dtype=np.float32)
-        residual = np.empty(queries.shape[1], dtype=np.float32)
-        scratch = np.empty((T, M, 16), dtype=np.float32)
         x = queries[q]
         if kind == IP_TABLE:
-            _inner_product_table(x, codebooks_t, table, M, dsub, alpha)
+            for m in range(M):
+                ip_row(x, m * dsub, codebooks_t, m * dsub * 16, alpha, table, m * 16)
         elif kind == L2_TABLE:
-            _l2_table(x, codebooks_t, norms, table, M, dsub)
+            for m in range(M):
+                l2_row(x, m * dsub, codebooks_t, m * dsub * 16, norms, m * 16, table, m * 16)
         for t in range(T):
             lst = max(probes[q, t], 0)
             if kind != IP_TABLE and kind != L2_TABLE:  # residual tables, per probe
                 for d in range(x.shape[0]):
                     residual[d] = x[d] - centroids[lst, d]
-                _l2_table(residual, codebooks_t, norms, table, M, dsub)
+                for m in range(M):
+                    l2_row(residual, m * dsub, codebooks_t, m * dsub * 16, norms, m * 16, table,
+                           m * 16)  # fmt: skip
             for m in range(M):  # vector rows: numba's loop here stays scalar
                 if summed:
                     add_row(
@@ -231,10 +234,21 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
                     )
                 else:
                     copy_row(table, m * 16, scratch, (t * M + m) * 16)
-        own = luts[q * T * n_pairs : (q + 1) * T * n_pairs].reshape((T, n_pairs, 32))
-        sc, of = quantize_tables(scratch, base[q], own, shifts[q])
+        sc, of = quantize_tables(scratch, base[q], luts[q * T : (q + 1) * T], shifts[q])
         out_scale[q] = sc
         out_offset[q] = of
+
+    @njit(nogil=True)
+    def tables_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind, alpha,
+                     base, probes, T, luts, shifts, out_scale, out_offset):  # fmt: skip
+        """``tables`` for queries q0..q1, with one work space."""
+        table = np.empty(M * 16, dtype=np.float32)
+        residual = np.empty(queries.shape[1], dtype=np.float32)
+        scratch = np.empty((T, M, 16), dtype=np.float32)
+        for q in range(q0, q1):
+            tables(q, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
+                probes, T, luts, shifts, out_scale, out_offset, table, residual, scratch
+            )  # fmt: skip
 
     @njit(parallel=True, nogil=True)
     def scan(
@@ -261,7 +275,8 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
         summed = list_tables.shape[0] > 0
         # one table per probe where the list changes it, else one per query for all probes
         T = nprobe if summed or (kind != IP_TABLE and kind != L2_TABLE) else 1
-        luts = np.empty((nq * T * n_pairs, 32), dtype=np.uint8)
+        luts = np.empty((nq * T, n_pairs, 32), dtype=np.uint8)
+        flat_luts = luts.reshape((nq * T * n_pairs, 32))  # the rows the block kernels read
         shifts = np.empty((nq, nprobe), dtype=np.int32)
         threads = numba.get_num_threads()
         # a batch of at least one query per thread: each thread takes a slice of the queries;
@@ -274,13 +289,13 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
         if parts == 1:  # one parallel region: each thread its slice, tables to results
             for s in prange(n_slices):
                 q0, q1 = np.int64(s) * per, min(nq, (np.int64(s) + 1) * per)
-                for q in range(q0, q1):
-                    tables(q, queries, codebooks_t, norms, centroids, list_tables, kind, alpha,
-                           base, probes, T, luts, shifts, out_scale, out_offset)  # fmt: skip
+                tables_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind,
+                    alpha, base, probes, T, luts, shifts, out_scale, out_offset
+                )  # fmt: skip
                 # every query's nearest list first: its k-th best settles sooner
                 for p0, p1 in ((0, min(1, nprobe)), (1, nprobe)):
                     scan_slice(
-                        q0, q1, p0, p1, 1, luts, T, shifts, probes, list_blocks, offsets,
+                        q0, q1, p0, p1, 1, flat_luts, T, shifts, probes, list_blocks, offsets,
                         packed, heaps[0], counts[0],
                     )  # fmt: skip
                 for q in range(q0, q1):
@@ -295,11 +310,11 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
                             _write_key(key, scale, offset, out_dist[q], out_idx[q], e)
             return
         for q in prange(nq):  # a small batch: tables, probes split between threads, merge
-            tables(q, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
-                   probes, T, luts, shifts, out_scale, out_offset)  # fmt: skip
+            tables_range(q, q + 1, queries, codebooks_t, norms, centroids, list_tables, kind,
+                         alpha, base, probes, T, luts, shifts, out_scale, out_offset)  # fmt: skip
         for part in prange(parts):
             scan_slice(
-                0, nq, np.int64(part), nprobe, parts, luts, T, shifts, probes, list_blocks,
+                0, nq, np.int64(part), nprobe, parts, flat_luts, T, shifts, probes, list_blocks,
                 offsets, packed, heaps[part], counts[part],
             )  # fmt: skip
         for q in prange(nq):  # the parts' heaps hold distinct rows

@@ -7,6 +7,8 @@ instructions); C-contiguous arrays only, indexed by flat element index.
 
 from __future__ import annotations
 
+import functools
+
 import numba
 from llvmlite import ir
 from numba import types
@@ -129,3 +131,72 @@ def copy_row(typingctx, a, a_start, out, out_start):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@functools.cache
+def table_row_kernels(dsub: int):
+    """Intrinsics for one 16-entry look-up table of a sub-quantizer of ``dsub`` dimensions
+    (unrolled), from codebooks_t float32 [M, dsub, 16] (C-contiguous; flat index ``cb_start``
+    = m * dsub * 16) and the query sub-vector x[x_start : x_start + dsub]:
+
+    - ``ip_row(x, x_start, codebooks_t, cb_start, alpha, out, out_start)``:
+      ``out[out_start + j] = alpha * Σ_s x_s c_sj``;
+    - ``l2_row(x, x_start, codebooks_t, cb_start, norms, norm_start, out, out_start)``:
+      ``out[out_start + j] = max(Σ_s x_s² - 2 Σ_s x_s c_sj + norms[norm_start + j], 0)``.
+    """
+    dsub = int(dsub)
+
+    def dot(context, builder, sig, args):
+        """The 16 inner products, and the sub-vector's squared norm."""
+        x_type, cb_type = sig.args[0], sig.args[2]
+        x_data = context.make_array(x_type)(context, builder, args[0]).data
+        acc = ir.Constant(_V16F, [0.0] * 16)
+        norm = ir.Constant(_F32, 0.0)
+        for s in range(dsub):
+            i = builder.add(args[1], ir.Constant(args[1].type, s))
+            xs = builder.load(builder.gep(x_data, [i]))
+            start = builder.add(args[3], ir.Constant(args[3].type, 16 * s))
+            c = _load16(context, builder, cb_type, args[2], start)
+            acc = builder.fadd(acc, builder.fmul(_splat16(builder, xs), c))
+            norm = builder.fadd(norm, builder.fmul(xs, xs))
+        return acc, norm
+
+    def store(context, builder, array_type, array, start, v):
+        data = context.make_array(array_type)(context, builder, array).data
+        builder.store(v, builder.bitcast(builder.gep(data, [start]), _V16F.as_pointer()), align=4)
+
+    @intrinsic
+    def ip_row(typingctx, x, x_start, codebooks_t, cb_start, alpha, out, out_start):
+        for arr in (x, codebooks_t, out):
+            _c_array(arr, "ip_row")
+        sig = types.void(x, x_start, codebooks_t, cb_start, alpha, out, out_start)
+
+        def codegen(context, builder, signature, args):
+            acc, _ = dot(context, builder, signature, args)
+            v = builder.fmul(_splat16(builder, args[4]), acc)
+            store(context, builder, signature.args[5], args[5], args[6], v)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def l2_row(typingctx, x, x_start, codebooks_t, cb_start, norms, norm_start, out, out_start):
+        for arr in (x, codebooks_t, norms, out):
+            _c_array(arr, "l2_row")
+        sig = types.void(x, x_start, codebooks_t, cb_start, norms, norm_start, out, out_start)
+
+        def codegen(context, builder, signature, args):
+            acc, norm = dot(context, builder, signature, args)
+            c_norms = _load16(context, builder, signature.args[4], args[4], args[5])
+            minus2 = ir.Constant(_V16F, [-2.0] * 16)
+            v = builder.fadd(
+                builder.fadd(_splat16(builder, norm), builder.fmul(minus2, acc)), c_norms
+            )
+            zero = ir.Constant(_V16F, [0.0] * 16)
+            v = builder.select(builder.fcmp_ordered(">", v, zero), v, zero)
+            store(context, builder, signature.args[6], args[6], args[7], v)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return ip_row, l2_row
