@@ -61,35 +61,27 @@ class PackedCodes:
         self.__init__()
 
 
-def _quantize(tables: torch.Tensor, bias: torch.Tensor):
-    """float32 tables [nq, P, M, 16] and bias [nq, P] → uint8 luts [nq, P, M/2, 32], int32
-    bias, float32 scale and offset [nq]."""
-    nq, P, M, _ = tables.shape
-    luts = np.empty((nq, P, M // 2, 32), dtype=np.uint8)
-    bias_q = np.empty((nq, P), dtype=np.int32)
-    scale = np.empty(nq, dtype=np.float32)
-    offset = np.empty(nq, dtype=np.float32)
-    fastscan.quantize_all(
-        tables.contiguous().numpy(), bias.contiguous().numpy(), luts, bias_q, scale, offset
-    )
-    return luts, bias_q, scale, offset
-
-
 def _to_float(dist: np.ndarray, scale: np.ndarray, offset: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(dist / scale[:, None] + offset[:, None])  # inf stays inf
 
 
-def pq_search(tables: torch.Tensor, packed: PackedCodes, n: int, k: int):
-    """Fast-scan of a flat code array: tables float32 [nq, M, 16] (smaller is nearer) →
-    distances float32 [nq, k] and rows int64 [nq, k]."""
-    nq, M, _ = tables.shape
-    luts, _, scale, offset = _quantize(tables[:, None], tables.new_zeros(nq, 1))
+def pq_search(
+    queries: np.ndarray, codebooks: tuple, inner_product: bool, packed: PackedCodes, n: int, k: int
+):
+    """Fast-scan of a flat code array: queries float32 [nq, dim], codebooks (transposed [M,
+    dsub, 16], squared norms [M, 16]) → distances float32 [nq, k] (squared L2, or negated
+    inner products; smaller is nearer) and rows int64 [nq, k]."""
+    nq = queries.shape[0]
+    codebooks_t, norms = codebooks
+    M, dsub, _ = codebooks_t.shape
     Q = QUERY_BLOCK if nq >= QUERY_BLOCK else 1
     padded = -(-nq // Q) * Q
-    flat = np.zeros((padded * (M // 2), 32), dtype=np.uint8)
-    flat[: nq * (M // 2)] = luts.reshape(-1, 32)
+    luts = np.empty((padded, M // 2, 32), dtype=np.uint8)
+    luts[nq:] = 0  # the padding queries of the last pass
+    scale, offset = np.empty(nq, np.float32), np.empty(nq, np.float32)
+    fastscan.flat_tables(M, dsub)(queries, codebooks_t, norms, inner_product, luts, scale, offset)
     dist = np.empty((padded, k), dtype=np.float32)
     rows = _cpu.empty((padded, k), torch.int64)
     scanner = fastscan.pq_fastscan_scanner(M // 2, Q, fastscan.best_isa())
-    scanner(flat, packed.packed, n, dist, rows.numpy())
+    scanner(luts.reshape(-1, 32), packed.packed, n, dist, rows.numpy())
     return _to_float(dist[:nq], scale, offset), rows[:nq]

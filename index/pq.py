@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vq import _cpu, kernels
@@ -80,12 +81,17 @@ class PQIndex(Index):
         return self.pq.M / (64 if self.fast_scan else 4)
 
     def _search_rows(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ip = self.metric == "ip"
+        if self.fast_scan and _cpu.fast_path(q):  # tables built by the kernel
+            packed = self._packed.get(self.codes)
+            dist, rows = fastscan.pq_search(
+                q.numpy(), self._codebook_arrays(), ip, packed, self.ntotal, k
+            )
+            return (-dist if ip else dist), rows
         tables = self.pq._tables(q, self.metric)  # [nq, M, ksub]
-        if self.metric == "ip":
+        if ip:
             tables = -tables  # the scan keeps the smallest sums
-        if self.fast_scan and _cpu.fast_path(q):
-            dist, rows = fastscan.pq_search(tables, self._packed.get(self.codes), self.ntotal, k)
-        elif _cpu.fast_path(q):
+        if _cpu.fast_path(q):
             dist = _cpu.empty((q.shape[0], k))
             rows = _cpu.empty((q.shape[0], k), torch.int64)
             codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)
@@ -94,6 +100,17 @@ class PQIndex(Index):
         else:
             dist, rows = self._scan_torch(tables, k)
         return (-dist if self.metric == "ip" else dist), rows
+
+    def _codebook_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The PQ codebooks transposed [M, dsub, ksub] and their squared norms [M, ksub], as
+        the numba kernels read them; kept until the codebooks change."""
+        cb = self.pq.codebooks
+
+        def compute():
+            cbf = cb.float()
+            return cbf.transpose(1, 2).contiguous().numpy(), (cbf * cbf).sum(-1).numpy()
+
+        return self._derived("codebook_arrays", (cb,), compute)
 
     def _scan_torch(self, tables: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         nq, M, ksub = tables.shape

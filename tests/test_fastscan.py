@@ -86,6 +86,34 @@ def test_flat_kernel_equals_reference(isa, n_queries, M):
     np.testing.assert_array_equal(few[1], idx[:n_queries])
 
 
+@pytest.mark.parametrize("inner_product", [False, True])
+def test_flat_tables_equal_quantized_reference(inner_product):
+    """The flat scan's table kernel (vector rows, quantized in place) against tables computed
+    in numpy and quantized by quantize_all; integer values keep both exact."""
+    rng = np.random.default_rng(4)
+    M, dsub, nq = 8, 3, 5
+    codebooks = rng.integers(-4, 5, (M, 16, dsub)).astype(np.float32)
+    queries = rng.integers(-3, 4, (nq, M * dsub)).astype(np.float32)
+    luts = np.full((nq + 2, M // 2, 32), 7, np.uint8)
+    scale, offset = np.empty(nq, np.float32), np.empty(nq, np.float32)
+    build = fs.flat_tables(M, dsub)
+    build(queries, codebooks.transpose(0, 2, 1).copy(), (codebooks**2).sum(-1), inner_product,
+          luts, scale, offset)  # fmt: skip
+    subs = queries.reshape(nq, M, 1, dsub)
+    if inner_product:
+        tables = -(subs * codebooks).sum(-1)
+    else:
+        tables = ((subs - codebooks) ** 2).sum(-1)
+    ref = np.empty((nq, 1, M // 2, 32), np.uint8)
+    ref_scale, ref_offset = np.empty(nq, np.float32), np.empty(nq, np.float32)
+    fs.quantize_all(tables[:, None].astype(np.float32), np.zeros((nq, 1), np.float32), ref,
+                    np.empty((nq, 1), np.int32), ref_scale, ref_offset)  # fmt: skip
+    np.testing.assert_array_equal(luts[:nq], ref[:, 0])
+    np.testing.assert_array_equal(scale, ref_scale)
+    np.testing.assert_array_equal(offset, ref_offset)
+    assert (luts[nq:] == 7).all()  # rows past nq untouched
+
+
 @pytest.mark.parametrize("isa", fs.ISAS)
 def test_ivf_kernel_equals_reference(isa):
     """The list-major IVF scan against brute force over the same quantized tables; integer

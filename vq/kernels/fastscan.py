@@ -39,7 +39,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from vq.kernels.scan import _heap_replace_top, _heap_sorted
-from vq.kernels.simd import quantize_row, row_range
+from vq.kernels.simd import quantize_row, row_range, table_row_kernels
 
 BLOCK = 32  # vectors per block
 PERM = np.array([0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15])
@@ -337,6 +337,43 @@ def quantize_all(tables, bias, out_luts, out_bias, out_scale, out_offset):
         s, o = quantize_tables(tables[q], bias[q], out_luts[q], out_bias[q])
         out_scale[q] = s
         out_offset[q] = o
+
+
+@functools.cache
+def flat_tables(M: int, dsub: int):
+    """The kernel building and quantizing every query's tables for a flat fast-scan,
+    specialised for M sub-quantizers of ``dsub`` dimensions.
+
+    ``build(queries, codebooks_t, norms, inner_product, out_luts, out_scale, out_offset)``:
+    queries float32 [nq, M * dsub]; codebooks_t float32 [M, dsub, 16]; norms float32 [M, 16]
+    (their squared norms); tables of squared L2 distances, or of negated inner products
+    (smaller is nearer in both) → out_luts uint8 [>= nq, M / 2, 32] (rows past nq untouched),
+    out_scale and out_offset float32 [nq] (see :func:`quantize_tables`).
+    """
+    ip_row, l2_row = table_row_kernels(dsub)
+
+    @njit(parallel=True, nogil=True)
+    def build(queries, codebooks_t, norms, inner_product, out_luts, out_scale, out_offset):
+        nq = queries.shape[0]
+        n_slices = min(nq, numba.get_num_threads())
+        for s in prange(n_slices):
+            table = np.empty((1, M, 16), dtype=np.float32)  # one work space per thread
+            bias = np.zeros(1, dtype=np.float32)
+            bias_q = np.empty(1, dtype=np.int32)
+            for q in range(s * nq // n_slices, (s + 1) * nq // n_slices):
+                x = queries[q]
+                for m in range(M):
+                    if inner_product:
+                        ip_row(x, m * dsub, codebooks_t, m * dsub * 16, np.float32(-1.0), table,
+                               m * 16)  # fmt: skip
+                    else:
+                        l2_row(x, m * dsub, codebooks_t, m * dsub * 16, norms, m * 16, table,
+                               m * 16)  # fmt: skip
+                sc, of = quantize_tables(table, bias, out_luts[q : q + 1], bias_q)
+                out_scale[q] = sc
+                out_offset[q] = of
+
+    return build
 
 
 @njit(inline="always")
