@@ -6,6 +6,9 @@ caller-provided outputs. Every kernel releases the GIL (``nogil=True``) and is c
 - :mod:`vq.kernels.coding`: exact arg-min, PQ encode/decode, additive decode, k-means++ steps.
 - :mod:`vq.kernels.scan`: look-up-table (ADC) and flat scans fused with top-k selection, over
   a flat code array or CSR inverted lists.
+- :mod:`vq.kernels.fastscan`, :mod:`vq.kernels.fastscan_ivf`: 4-bit fast-scan (byte-shuffle
+  look-ups of uint8 tables), flat and over inverted lists.
+- :mod:`vq.kernels.simd`: 16-float vector helpers (LLVM intrinsics) the kernels share.
 """
 
 from vq.kernels.coding import (

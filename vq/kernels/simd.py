@@ -200,3 +200,29 @@ def table_row_kernels(dsub: int):
         return sig, codegen
 
     return ip_row, l2_row
+
+
+@intrinsic
+def prefetch_line(typingctx, array, row, byte):
+    """Ask the CPU to bring the cache line at byte ``byte`` of row ``row`` of an array into
+    cache (``llvm.prefetch``; a hint, never a fault). For scattered reads such as the vectors
+    of re-ranking candidates, where the next rows are known ahead of their use."""
+    if not isinstance(array, types.Array) or array.ndim < 1:
+        raise numba.core.errors.TypingError(f"prefetch_line: expected an array, got {array}")
+    sig = types.void(array, row, byte)
+
+    def codegen(context, builder, signature, args):
+        a = context.make_array(signature.args[0])(context, builder, args[0])
+        i64, i32, i8p = ir.IntType(64), ir.IntType(32), ir.IntType(8).as_pointer()
+        stride = builder.extract_value(a.strides, 0)
+        row_v = builder.sext(args[1], i64) if args[1].type.width < 64 else args[1]
+        byte_v = builder.sext(args[2], i64) if args[2].type.width < 64 else args[2]
+        offset = builder.add(builder.mul(row_v, stride), byte_v)
+        addr = builder.add(builder.ptrtoint(a.data, i64), offset)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = builder.module.declare_intrinsic("llvm.prefetch", fnty=fnty)
+        read, keep, data = ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)
+        builder.call(fn, [builder.inttoptr(addr, i8p), read, keep, data])
+        return context.get_dummy_value()
+
+    return sig, codegen
