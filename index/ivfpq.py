@@ -180,10 +180,11 @@ class IVFPQ(IVFIndex):
         return self._derived(variant, (c, cb), compute)
 
     def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked=True) -> None:
-        # the kernels build each query's tables themselves
+        # the kernels build each query's tables themselves (from C-contiguous rows)
+        q = q.contiguous()
         args, coarse_base = self._kernel_args()
         base = coarse.numpy() if coarse_base else np.zeros(tuple(coarse.shape), np.float32)
-        tables = (*args, base, lists.numpy())
+        tables = (*args, np.ascontiguousarray(base), lists.contiguous().numpy())
         if self.fast_scan:
             packed = self._packed.get(self.codes, self.offsets)
             scale, offset = np.empty(q.shape[0], np.float32), np.empty(q.shape[0], np.float32)

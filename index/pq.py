@@ -85,7 +85,7 @@ class PQIndex(Index):
         if self.fast_scan and _cpu.fast_path(q):  # tables built by the kernel
             packed = self._packed.get(self.codes)
             dist, rows = fastscan.pq_search(
-                q.numpy(), self._codebook_arrays(), ip, packed, self.ntotal, k
+                q.contiguous().numpy(), self._codebook_arrays(), ip, packed, self.ntotal, k
             )
             return (-dist if ip else dist), rows
         tables = self.pq._tables(q, self.metric)  # [nq, M, ksub]
