@@ -312,3 +312,16 @@ def test_small_searches_run_on_one_thread_with_the_same_answers(data, monkeypatc
     np.testing.assert_array_equal(I, expected[1])
     np.testing.assert_array_equal(D, expected[0])
     assert len(seen) == 2 and seen[0] > 0
+
+
+@pytest.mark.parametrize("desc", ["PQ16x4fs", "IVF16,PQ16x4fs", "IVF16,PQ16x4fsr,RFlat"])
+def test_empty_query_batch(data, desc):
+    """No queries: empty results of the right shape (a small search runs on one thread, where
+    the IVF kernel once divided by its zero query slices)."""
+    x, q = data
+    index = vq.index_factory(32, desc)
+    index.train(x[:4000])
+    index.add(x)
+    D, I = index.search(q[:0], 10)
+    assert D.shape == I.shape == (0, 10)
+    assert D.dtype == np.float32 and I.dtype == np.int64

@@ -282,7 +282,7 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
         # a batch of at least one query per thread: each thread takes a slice of the queries;
         # a smaller one: each thread takes every query's probes p with p % parts == its part
         parts = 1 if nq >= threads else max(1, min(threads, nprobe))
-        n_slices = min(nq, threads) if parts == 1 else parts
+        n_slices = max(1, min(nq, threads)) if parts == 1 else parts  # nq may be 0
         per = -(-nq // n_slices) if parts == 1 else nq
         heaps = np.full((parts, nq, k), _EMPTY, dtype=np.int64)
         counts = np.zeros((parts, nq), dtype=np.int64)  # keys in each heap
