@@ -8,9 +8,10 @@ from contextlib import contextmanager
 import numba
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import prange
 
 from vq._checks import is_eager
+from vq.kernels.cache import kernel
 
 _NUMPY_DTYPES = {
     torch.float32: np.float32,
@@ -44,7 +45,7 @@ def _start_numba_threads() -> None:
     _numba_started = True
 
 
-@njit(parallel=True, cache=True)
+@kernel(parallel=True)
 def _touch(a):
     for i in prange(a.shape[0]):
         a[i] = i

@@ -17,6 +17,8 @@ import functools
 import numpy as np
 from numba import njit, prange
 
+from vq.kernels.cache import kernel
+
 _INDEX_MASK = np.int64(0xFFFFFFFF)
 _KEY_MAX = np.int64(0x7FFFFFFFFFFFFFFF)
 
@@ -27,7 +29,7 @@ def _key(bits, index):
     return (np.int64(b) << 32) | index
 
 
-@njit(parallel=True, fastmath=True, nogil=True, cache=True)
+@kernel(parallel=True, fastmath=True, nogil=True)
 def argmin_rows(dots, bias, out_index, out_value, out_second):
     """Row-wise arg-min of ``dots + bias``, in place.
 
@@ -90,7 +92,7 @@ def pq_encoder(dsub: int):
     """
     dsub = int(dsub)
 
-    @njit(parallel=True, fastmath=True, nogil=True, cache=True)
+    @kernel(parallel=True, fastmath=True, nogil=True)
     def pq_encode(x, codebooks_t, norms, codes, sq_err):
         n = x.shape[0]
         n_sub, _, ksub = codebooks_t.shape
@@ -155,7 +157,7 @@ def pq_decoder(dsub: int):
     [n, M * dsub]."""
     dsub = int(dsub)
 
-    @njit(parallel=True, nogil=True, cache=True)
+    @kernel(parallel=True, nogil=True)
     def pq_decode(codes, codebooks, out):
         n, n_sub = codes.shape
         for i in prange(n):
@@ -167,7 +169,7 @@ def pq_decoder(dsub: int):
     return pq_decode
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@kernel(parallel=True, nogil=True)
 def additive_decode(codes, codebooks, out):
     """Sum one codeword per stage: codes [n, Q], codebooks float32 [Q, K, d]
     → out float32 [n, d]."""
@@ -182,7 +184,7 @@ def additive_decode(codes, codebooks, out):
                 out[i, j] += codebooks[q, c, j]
 
 
-@njit(nogil=True, cache=True)
+@kernel(nogil=True)
 def kmeanspp_sample(d2, uniforms, out):
     """D² sampling: for each u in ``uniforms`` (sorted ascending, in [0, 1)) the first index
     whose running sum of ``d2`` exceeds ``u · Σ d2`` (uniform over all points when Σ d2 = 0).
@@ -211,7 +213,7 @@ def kmeanspp_sample(d2, uniforms, out):
         j += 1
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@kernel(nogil=True, fastmath=True)
 def kmeanspp_pick(dots, pool_norms, cand_norms, d2):
     """Greedy k-means++ step: the candidate whose addition lowers the potential most; ``d2`` is
     updated in place with it.

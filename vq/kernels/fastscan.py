@@ -38,6 +38,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from vq.kernels.cache import kernel
 from vq.kernels.scan import _heap_replace_top, _heap_sorted
 from vq.kernels.simd import quantize_row, row_range, table_row_kernels
 
@@ -83,7 +84,7 @@ def unpack_codes(packed: np.ndarray, n: int) -> np.ndarray:
 
 
 # -- tables ------------------------------------------------------------------------------------
-@njit(fastmath=True, nogil=True, cache=True)
+@kernel(fastmath=True, nogil=True)
 def quantize_tables(tables, bias, out_luts, out_bias):
     """Quantize one query's float tables to uint8 with one scale for all of them.
 
@@ -328,7 +329,7 @@ def portable_block(codes, code_row, luts, lut_rows, n_pairs, thresholds, out_dis
         out_mask[q] = np.int32(np.int64(mask) - (np.int64(1) << 32) if mask >= 2**31 else mask)
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@kernel(parallel=True, nogil=True)
 def quantize_all(tables, bias, out_luts, out_bias, out_scale, out_offset):
     """:func:`quantize_tables` for every query: tables float32 [nq, P, M, 16], bias float32
     [nq, P] → out_luts uint8 [nq, P, M / 2, 32], out_bias int32 [nq, P], out_scale and

@@ -14,6 +14,7 @@ import functools
 import numpy as np
 from numba import njit, prange
 
+from vq.kernels.cache import kernel
 from vq.kernels.simd import prefetch_line, row_min
 
 _ADC_QUERY_BLOCK = 8
@@ -138,7 +139,7 @@ def adc_scanner(n_tables: int, words: bool = False):
     """
     n_tables, words = int(n_tables), bool(words)  # plain constants keep the disk cache valid
 
-    @njit(parallel=True, nogil=True, cache=True)
+    @kernel(parallel=True, nogil=True)
     def adc_scan(tables, codes, out_dist, out_idx):
         nq = tables.shape[0]
         n = codes.shape[0]
@@ -233,7 +234,7 @@ def ivfpq_scanner(n_tables: int, words: bool, dsub: int):
     # plain constants keep the disk cache valid
     n_tables, words, dsub = int(n_tables), bool(words), int(dsub)
 
-    @njit(parallel=True, nogil=True, cache=True)
+    @kernel(parallel=True, nogil=True)
     def ivfpq_scan(
         queries,
         codebooks_t,
@@ -309,7 +310,7 @@ def _exact_distance(x, v, inner_product):
     return d
 
 
-@njit(parallel=True, nogil=True, cache=True, fastmath=True)
+@kernel(parallel=True, nogil=True, fastmath=True)
 def ivf_flat_scan(queries, vectors, probes, offsets, inner_product, out_dist, out_idx):
     """Exact distances to the vectors of the probed inverted lists, fused with top-k.
 
@@ -350,7 +351,7 @@ def _prefetch_vector(vectors, row, row_bytes):
             prefetch_line(vectors, row, byte)
 
 
-@njit(parallel=True, nogil=True, cache=True, fastmath=True)
+@kernel(parallel=True, nogil=True, fastmath=True)
 def refine_scan(queries, vectors, candidates, inner_product, out_dist, out_idx):
     """Exact distances to given candidate rows, fused with top-k: the re-ranking step of
     ``Refine`` (faiss ``IndexRefineFlat``).
@@ -386,7 +387,7 @@ def refine_scan(queries, vectors, candidates, inner_product, out_dist, out_idx):
         _heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
 
 
-@njit(parallel=True, nogil=True, cache=True, fastmath=True)
+@kernel(parallel=True, nogil=True, fastmath=True)
 def heap_push_block(scores, x_norms, first, inner_product, heap_d, heap_i):
     """Offer a block of columns to per-query top-k max-heaps (the Flat index's selection
     step, fused with the distance arithmetic, applied block after block of the database so
@@ -424,7 +425,7 @@ def heap_push_block(scores, x_norms, first, inner_product, heap_d, heap_i):
                     threshold = hd[0]
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@kernel(parallel=True, nogil=True)
 def smallest_k_rows(products, queries, x_norms, inner_product, out_dist, out_idx):
     """The k nearest columns of each row of inner products: for a small k kept sorted by
     insertion (few insertions once the k-th value has settled), for a larger one selected
@@ -505,14 +506,14 @@ def _smallest_k_by_keys(values, out_dist, out_idx):
         out_dist[e] = values[j]
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@kernel(parallel=True, nogil=True)
 def heaps_sorted(heap_d, heap_i, out_dist, out_idx):
     """Each row's max-heap (``heap_d``/``heap_i`` [nq, k], consumed) in ascending order."""
     for q in prange(heap_d.shape[0]):
         _heap_sorted(heap_d[q], heap_i[q], out_dist[q], out_idx[q])
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@kernel(parallel=True, nogil=True)
 def rows_to_ids(dist, rows, ids, fill, out_dist, out_ids):
     """Search results by stored row → by id, padded: what every CPU search returns.
 

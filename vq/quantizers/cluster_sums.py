@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit
 
 from vq import _cpu
+from vq.kernels.cache import kernel
 
 
-@njit(fastmath=True, nogil=True, cache=True)
+@kernel(fastmath=True, nogil=True)
 def _cluster_sums(x, codes, weight, sums):
     """``sums[codes[i]] += weight[i] * x[i]`` for every row i (weight empty: 1).
 

@@ -79,7 +79,10 @@ class ProductQuantizer(Quantizer):
         self.niter, self.init, self.seed = niter, init, seed
         self.max_points_per_centroid = max_points_per_centroid
         self._init_codebooks("codebooks", (M, 1 << nbits, dim // M), learning)
-        self.register_buffer("_offsets", torch.arange(M) * (1 << nbits), persistent=False)
+        # a list, not arange: torch.arange on the meta device (where load_index checks shapes)
+        # imports sympy, half a second
+        offsets = torch.tensor([m << nbits for m in range(M)])
+        self.register_buffer("_offsets", offsets, persistent=False)
 
     @property
     def ksub(self) -> int:

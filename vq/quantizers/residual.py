@@ -126,7 +126,9 @@ class ResidualVQ(Quantizer):
         self.max_points_per_centroid = max_points_per_centroid
         self._init_codebooks("codebooks", (num_quantizers, codebook_size, self.code_dim), learning)
         self.register_buffer(
-            "_offsets", torch.arange(num_quantizers) * codebook_size, persistent=False
+            "_offsets",
+            torch.tensor([q * codebook_size for q in range(num_quantizers)]),  # not arange: meta
+            persistent=False,
         )
 
     # -- training ---------------------------------------------------------------------------

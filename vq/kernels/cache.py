@@ -1,0 +1,237 @@
+"""The kernels' disk cache: each kernel compiles once per machine and configuration, and every
+later process loads it.
+
+numba caches a compiled function beside its source file, keyed by the file's time stamp, the
+argument types and the CPU. vq keeps that cache in the user's cache directory instead, in a
+folder keyed by vq's version, the CPU's name and features (an AVX2 machine and an AVX-512 one
+never share an entry, even on a shared home directory) and a hash of the kernel sources (numba
+does not notice an edit to a file that a cached kernel calls into; a new hash starts afresh):
+
+    $NUMBA_CACHE_DIR/vq/<key>/    where NUMBA_CACHE_DIR is set,
+    $XDG_CACHE_HOME/vq/<key>/     otherwise (~/.cache where XDG_CACHE_HOME is unset).
+
+Kernels specialised by value (a block kernel unrolled over 16 sub-quantizer pairs, tables for
+sub-vectors of 4 dimensions) are *template modules*: ordinary modules whose constants stand in
+one marked block at the top. :func:`specialise` writes a copy holding the wanted values into the
+cache folder and imports it, so each configuration is a source file of its own that numba
+caches like any other. (Closures cannot do this: numba refuses to cache one that calls other
+closures, and misses on every new process for one that holds an intrinsic.)
+
+Where the folder cannot be created or written, kernels compile in memory in every process,
+after one warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import linecache
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+
+import llvmlite
+import llvmlite.binding as llvm
+import numba
+from numba.core import config as numba_config
+from numba.core import event
+
+from vq._version import __version__
+
+_BEGIN = "# -- specialised constants"
+_END = "# -- end of specialised constants"
+_lock = threading.RLock()
+_specialised: dict[tuple, ModuleType] = {}
+
+
+def cpu_key() -> str:
+    """The CPU's name and a hash of its feature flags, as numba compiles for them."""
+    name = numba_config.CPU_NAME or llvm.get_host_cpu_name()
+    features = numba_config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
+    return f"{name}-{hashlib.sha256(features.encode()).hexdigest()[:8]}"
+
+
+def _sources_hash() -> str:
+    """A hash of every kernel source (this package), numba's and llvmlite's versions."""
+    h = hashlib.sha256(f"{numba.__version__} {llvmlite.__version__}".encode())
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:10]
+
+
+def cache_root() -> Path:
+    """The user's cache directory for vq: ``$NUMBA_CACHE_DIR/vq``, else
+    ``$XDG_CACHE_HOME/vq``, else ``~/.cache/vq``."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return Path(os.environ["NUMBA_CACHE_DIR"]) / "vq"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "vq"
+
+
+def _usable_folder() -> Path | None:
+    """This machine's and version's folder, created; None (after a warning) if unwritable."""
+    path = cache_root() / f"kernels-{__version__}-{cpu_key()}-{_sources_hash()}"
+    try:
+        (path / "specialised").mkdir(parents=True, exist_ok=True)
+        probe = path / f".probe-{os.getpid()}-{threading.get_ident()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        warnings.warn(
+            f"vq: cannot use the kernel cache at {path} ({err.strerror or err}); kernels will "
+            "compile in memory in every process. Point NUMBA_CACHE_DIR or XDG_CACHE_HOME at a "
+            "writable directory to compile them once per machine.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+    return path
+
+
+_folder: Path | None = _usable_folder()
+
+
+def folder() -> Path | None:
+    """Where the compiled kernels of this vq version and CPU are kept (None: in memory only)."""
+    return _folder
+
+
+def kernel(**options) -> Callable:
+    """``numba.njit(**options)``, disk-cached in :func:`folder` (in memory where there is none,
+    or where the function has no source file)."""
+
+    def decorate(func):
+        cache = _folder is not None and os.path.isfile(func.__code__.co_filename)
+        with _lock:
+            previous = numba_config.CACHE_DIR
+            numba_config.CACHE_DIR = str(_folder) if cache else previous
+            try:
+                return numba.njit(cache=cache, **options)(func)
+            finally:
+                numba_config.CACHE_DIR = previous
+
+    return decorate
+
+
+# -- specialised modules ----------------------------------------------------------------------
+def specialise(template: str, **constants) -> ModuleType:
+    """The template module ``template`` (a dotted name) with ``constants`` in place of its
+    marked block, as a module of its own whose kernels are disk-cached.
+
+    Args:
+        template: e.g. ``"vq.kernels.fastscan_flat_kernels"``; its source holds a block of
+            ``NAME = value`` lines between ``# -- specialised constants`` and
+            ``# -- end of specialised constants``.
+        constants: a value (int, bool, float, str) for every name of that block.
+
+    Returns:
+        The module, the same object for the same arguments within a process.
+    """
+    key = (template, tuple(sorted(constants.items())))
+    with _lock:
+        module = _specialised.get(key)
+        if module is None:
+            module = _specialised[key] = _load(template, constants)
+    return module
+
+
+def _source(template: str, constants: dict) -> str:
+    spec = importlib.util.find_spec(template)
+    if spec is None or spec.origin is None:
+        raise ImportError(f"no kernel template module {template!r}")
+    text = Path(spec.origin).read_text()
+    begin, end = text.find(_BEGIN), text.find(_END)
+    if begin < 0 or end < begin:
+        raise ValueError(f"{template} has no '{_BEGIN}' ... '{_END}' block")
+    head = text[: text.index("\n", begin) + 1]
+    declared = {
+        line.split("=")[0].strip()
+        for line in text[len(head) : end].splitlines()
+        if "=" in line and not line.lstrip().startswith("#")
+    }
+    if declared != set(constants):
+        raise TypeError(
+            f"{template} is specialised by {sorted(declared)}, got values for {sorted(constants)}"
+        )
+    for name, value in constants.items():
+        if not isinstance(value, int | float | str | bool):
+            raise TypeError(f"{name}: a specialised constant must be a plain value, got {value!r}")
+    body = "".join(f"{name} = {value!r}\n" for name, value in sorted(constants.items()))
+    return head + body + text[end:]
+
+
+def _load(template: str, constants: dict) -> ModuleType:
+    source = _source(template, constants)
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    name = f"_vq_specialised_{template.rsplit('.', 1)[-1]}_{digest}"
+    path = None if _folder is None else _folder / "specialised" / f"{name}.py"
+    if path is not None:
+        try:
+            if not path.exists():  # never rewritten: numba keys its cache on the file's stamp
+                tmp = path.with_name(f"{name}.{os.getpid()}.{threading.get_ident()}.tmp")
+                tmp.write_text(source)
+                os.replace(tmp, path)
+        except OSError:
+            path = None
+    if path is not None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+    filename = f"<vq specialised {template} {constants}>"  # in memory: no disk cache
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    module = ModuleType(name)
+    module.__file__ = filename
+    sys.modules[name] = module
+    exec(compile(source, filename, "exec"), module.__dict__)
+    return module
+
+
+# -- compile events ---------------------------------------------------------------------------
+class _Compiles(event.Listener):
+    """Counts numba compilations (not cache loads) of vq's kernels; prints the pending
+    announcement before the first."""
+
+    def __init__(self):
+        self.count = 0
+        self.message: str | None = None
+
+    def on_start(self, ev):
+        func = getattr(ev.data.get("dispatcher"), "py_func", None)
+        module = getattr(func, "__module__", "") or ""
+        if not (module.startswith("vq.") or module.startswith("_vq_specialised_")):
+            return
+        self.count += 1
+        if self.message is not None:
+            print(self.message, file=sys.stderr, flush=True)
+            self.message = None
+
+    def on_end(self, ev):
+        pass
+
+
+_compiles = _Compiles()
+event.install_listener("numba:compile", _compiles)
+
+
+def compiles() -> int:
+    """How many times numba has compiled (rather than loaded from the cache) one of vq's
+    kernels in this process: 0 for a process whose every kernel came from the cache."""
+    return _compiles.count
+
+
+@contextmanager
+def announce(message: str) -> Iterator[None]:
+    """Print ``message`` on stderr before the first kernel compilation inside, if any."""
+    previous, _compiles.message = _compiles.message, message
+    try:
+        yield
+    finally:
+        _compiles.message = previous
