@@ -218,7 +218,7 @@ class _Compiles(event.Listener):
 
 
 _compiles = _Compiles()
-event.install_listener("numba:compile", _compiles)
+event.register("numba:compile", _compiles)
 
 
 def compiles() -> int:

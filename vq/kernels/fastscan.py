@@ -32,15 +32,14 @@ import functools
 import os
 
 import llvmlite.binding as llvm
-import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from vq.kernels.cache import kernel
-from vq.kernels.scan import _heap_replace_top, _heap_sorted
-from vq.kernels.simd import quantize_row, row_range, table_row_kernels
+from vq.kernels.cache import kernel, specialise
+from vq.kernels.scan import _heap_replace_top
+from vq.kernels.simd import quantize_row, row_range
 
 BLOCK = 32  # vectors per block
 PERM = np.array([0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15])
@@ -340,10 +339,10 @@ def quantize_all(tables, bias, out_luts, out_bias, out_scale, out_offset):
         out_offset[q] = o
 
 
-@functools.cache
 def flat_tables(M: int, dsub: int):
     """The kernel building and quantizing every query's tables for a flat fast-scan,
-    specialised for M sub-quantizers of ``dsub`` dimensions.
+    specialised for M sub-quantizers of ``dsub`` dimensions (disk-cached per configuration:
+    :mod:`vq.kernels.fastscan_tables_template`).
 
     ``build(queries, codebooks_t, norms, inner_product, out_luts, out_scale, out_offset)``:
     queries float32 [nq, M * dsub]; codebooks_t float32 [M, dsub, 16]; norms float32 [M, 16]
@@ -351,30 +350,7 @@ def flat_tables(M: int, dsub: int):
     (smaller is nearer in both) → out_luts uint8 [>= nq, M / 2, 32] (rows past nq untouched),
     out_scale and out_offset float32 [nq] (see :func:`quantize_tables`).
     """
-    ip_row, l2_row = table_row_kernels(dsub)
-
-    @njit(parallel=True, nogil=True)
-    def build(queries, codebooks_t, norms, inner_product, out_luts, out_scale, out_offset):
-        nq = queries.shape[0]
-        n_slices = min(nq, numba.get_num_threads())
-        for s in prange(n_slices):
-            table = np.empty((1, M, 16), dtype=np.float32)  # one work space per thread
-            bias = np.zeros(1, dtype=np.float32)
-            bias_q = np.empty(1, dtype=np.int32)
-            for q in range(s * nq // n_slices, (s + 1) * nq // n_slices):
-                x = queries[q]
-                for m in range(M):
-                    if inner_product:
-                        ip_row(x, m * dsub, codebooks_t, m * dsub * 16, np.float32(-1.0), table,
-                               m * 16)  # fmt: skip
-                    else:
-                        l2_row(x, m * dsub, codebooks_t, m * dsub * 16, norms, m * 16, table,
-                               m * 16)  # fmt: skip
-                sc, of = quantize_tables(table, bias, out_luts[q : q + 1], bias_q)
-                out_scale[q] = sc
-                out_offset[q] = of
-
-    return build
+    return specialise("vq.kernels.fastscan_tables_template", M=int(M), DSUB=int(dsub)).build
 
 
 @njit(inline="always")
@@ -393,70 +369,23 @@ def _offer(heap_d, heap_i, dist, mask, first_row, end_row):
     return min(np.int64(heap_d[0]) if heap_d[0] < 65536 else 65535, 65535)
 
 
-@functools.cache
 def pq_fastscan_scanner(n_pairs: int, n_queries: int, isa: str):
     """Fast-scan of a flat array of packed codes, ``n_queries`` queries per pass over a block,
-    fused with top-k (per query).
+    fused with top-k (per query); disk-cached per configuration
+    (:mod:`vq.kernels.fastscan_flat_template`).
 
     ``scan(luts, packed, n, out_dist, out_idx)``: luts uint8 [nq * n_pairs, 32] (nq a multiple
     of ``n_queries``), packed uint8 [nblocks * n_pairs, 32], n the number of vectors;
     out_dist float32 [nq, k] quantized distances ascending (+inf padding), out_idx int64
     [nq, k] rows (-1 padding).
     """
-    Q = n_queries
-    block = block_kernel(check_isa(isa), n_pairs, Q)
-    simd = block is not None
-
-    @njit(parallel=True, nogil=True)
-    def scan(luts, packed, n, out_dist, out_idx):
-        nq, k = out_dist.shape
-        nblocks = packed.shape[0] // n_pairs
-        groups = nq // Q
-        # fewer groups of queries than threads: each group's blocks are split between threads
-        # (a part each), the parts' top-k merged at the end
-        threads = numba.get_num_threads()
-        parts = 1 if groups >= threads else max(1, min(threads // max(groups, 1), nblocks))
-        part_d = np.empty((parts, nq, k), dtype=np.float32)
-        part_i = np.empty((parts, nq, k), dtype=np.int64)
-        for task in prange(groups * parts):
-            g, part = task // parts, task % parts
-            heap_d = np.full((Q, k), np.inf, dtype=np.float32)
-            heap_i = np.full((Q, k), -1, dtype=np.int64)
-            thr = np.full(Q, 65535, dtype=np.int32)
-            dist = np.empty((Q, BLOCK), dtype=np.uint16)
-            mask = np.empty(Q, dtype=np.int32)
-            lut_rows = np.arange(Q) * n_pairs + g * Q * n_pairs
-            for b in range(part * nblocks // parts, (part + 1) * nblocks // parts):
-                if simd:
-                    block(packed, b * n_pairs, luts, lut_rows, thr, dist, mask)
-                else:
-                    portable_block(packed, b * n_pairs, luts, lut_rows, n_pairs, thr, dist, mask)
-                for q in range(Q):
-                    if mask[q] != 0:
-                        m = np.uint32(mask[q])
-                        thr[q] = _offer(heap_d[q], heap_i[q], dist[q], m, b * BLOCK, n)
-            for q in range(Q):
-                _heap_sorted(heap_d[q], heap_i[q], part_d[part, g * Q + q], part_i[part, g * Q + q])
-        for q in prange(nq):
-            if parts == 1:
-                out_dist[q] = part_d[0, q]
-                out_idx[q] = part_i[0, q]
-                continue
-            # the k smallest (distance, row) of the parts: distances are whole numbers
-            keys = np.empty(parts * k, dtype=np.int64)
-            for e in range(parts * k):
-                d, r = part_d[e // k, q, e % k], part_i[e // k, q, e % k]
-                keys[e] = (np.int64(d) << 40) | r if r >= 0 else np.iinfo(np.int64).max
-            keys = np.sort(keys)
-            for e in range(k):
-                if keys[e] == np.iinfo(np.int64).max:
-                    out_dist[q, e] = np.inf
-                    out_idx[q, e] = -1
-                else:
-                    out_dist[q, e] = np.float32(keys[e] >> 40)
-                    out_idx[q, e] = keys[e] & ((1 << 40) - 1)
-
-    return scan
+    module = specialise(
+        "vq.kernels.fastscan_flat_template",
+        N_PAIRS=int(n_pairs),
+        N_QUERIES=int(n_queries),
+        ISA=check_isa(isa),
+    )
+    return module.scan
 
 
 def pack_lists(codes: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

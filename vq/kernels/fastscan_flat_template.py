@@ -1,0 +1,75 @@
+"""Template: fast-scan of a flat array of packed codes, N_QUERIES queries per pass over a
+block, fused with top-k, with the block kernel of ISA unrolled over N_PAIRS rows (see
+:func:`vq.kernels.fastscan.pq_fastscan_scanner`, which specialises it through
+:func:`vq.kernels.cache.specialise`; never imported as it is)."""
+
+import numpy as np
+from numba import prange
+
+from vq.kernels.cache import kernel
+from vq.kernels.fastscan import BLOCK, _offer, block_kernel, portable_block
+from vq.kernels.scan import _heap_sorted
+from vq.kernels.simd import thread_count
+
+# -- specialised constants (vq.kernels.cache.specialise writes these lines) --
+ISA = "portable"
+N_PAIRS = 1
+N_QUERIES = 1
+# -- end of specialised constants --
+
+Q = N_QUERIES
+block = block_kernel(ISA, N_PAIRS, Q)
+SIMD = block is not None
+
+
+@kernel(parallel=True, nogil=True)
+def scan(luts, packed, n, out_dist, out_idx):
+    """luts uint8 [nq * N_PAIRS, 32] (nq a multiple of N_QUERIES), packed uint8
+    [nblocks * N_PAIRS, 32], n the number of vectors; out_dist float32 [nq, k] quantized
+    distances ascending (+inf padding), out_idx int64 [nq, k] rows (-1 padding)."""
+    nq, k = out_dist.shape
+    nblocks = packed.shape[0] // N_PAIRS
+    groups = nq // Q
+    # fewer groups of queries than threads: each group's blocks are split between threads
+    # (a part each), the parts' top-k merged at the end
+    threads = thread_count()
+    parts = 1 if groups >= threads else max(1, min(threads // max(groups, 1), nblocks))
+    part_d = np.empty((parts, nq, k), dtype=np.float32)
+    part_i = np.empty((parts, nq, k), dtype=np.int64)
+    for task in prange(groups * parts):
+        g, part = task // parts, task % parts
+        heap_d = np.full((Q, k), np.inf, dtype=np.float32)
+        heap_i = np.full((Q, k), -1, dtype=np.int64)
+        thr = np.full(Q, 65535, dtype=np.int32)
+        dist = np.empty((Q, BLOCK), dtype=np.uint16)
+        mask = np.empty(Q, dtype=np.int32)
+        lut_rows = np.arange(Q) * N_PAIRS + g * Q * N_PAIRS
+        for b in range(part * nblocks // parts, (part + 1) * nblocks // parts):
+            if SIMD:
+                block(packed, b * N_PAIRS, luts, lut_rows, thr, dist, mask)
+            else:
+                portable_block(packed, b * N_PAIRS, luts, lut_rows, N_PAIRS, thr, dist, mask)
+            for q in range(Q):
+                if mask[q] != 0:
+                    m = np.uint32(mask[q])
+                    thr[q] = _offer(heap_d[q], heap_i[q], dist[q], m, b * BLOCK, n)
+        for q in range(Q):
+            _heap_sorted(heap_d[q], heap_i[q], part_d[part, g * Q + q], part_i[part, g * Q + q])
+    for q in prange(nq):
+        if parts == 1:
+            out_dist[q] = part_d[0, q]
+            out_idx[q] = part_i[0, q]
+            continue
+        # the k smallest (distance, row) of the parts: distances are whole numbers
+        keys = np.empty(parts * k, dtype=np.int64)
+        for e in range(parts * k):
+            d, r = part_d[e // k, q, e % k], part_i[e // k, q, e % k]
+            keys[e] = (np.int64(d) << 40) | r if r >= 0 else np.iinfo(np.int64).max
+        keys = np.sort(keys)
+        for e in range(k):
+            if keys[e] == np.iinfo(np.int64).max:
+                out_dist[q, e] = np.inf
+                out_idx[q, e] = -1
+            else:
+                out_dist[q, e] = np.float32(keys[e] >> 40)
+                out_idx[q, e] = keys[e] & ((1 << 40) - 1)

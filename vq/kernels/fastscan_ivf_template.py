@@ -1,0 +1,225 @@
+"""Template: the IVF fast-scan kernel for M = 2 N_PAIRS sub-quantizers of DSUB dimensions with
+the block kernels of ISA (see :func:`vq.kernels.fastscan_ivf.ivf_fastscan_lists`, which
+specialises it through :func:`vq.kernels.cache.specialise` and documents ``scan``; never
+imported as it is)."""
+
+import numpy as np
+from numba import prange
+
+from vq.kernels.cache import kernel
+from vq.kernels.fastscan import BLOCK, block_kernel, portable_block, quantize_tables, trailing_zeros
+from vq.kernels.fastscan_ivf import (
+    _EMPTY,
+    _ROW_BITS,
+    IVF_QUERY_BLOCK,
+    _push,
+    _write_key,
+    _write_sorted,
+)
+from vq.kernels.scan import IP_TABLE, L2_TABLE
+from vq.kernels.simd import add_row, copy_row, table_row_kernels, thread_count
+
+# -- specialised constants (vq.kernels.cache.specialise writes these lines) --
+DSUB = 1
+ISA = "portable"
+N_PAIRS = 1
+# -- end of specialised constants --
+
+Q = IVF_QUERY_BLOCK
+M = 2 * N_PAIRS
+# one block kernel per group size, so that a group of one query does one query's work
+block1, block2, block3 = (block_kernel(ISA, N_PAIRS, g) for g in (1, 2, 3))
+ip_row, l2_row = table_row_kernels(DSUB)
+SIMD = ISA != "portable"
+
+
+@kernel(nogil=True)
+def scan_slice(q0, q1, p0, p1, parts, luts, T, shifts, probes, list_blocks, offsets,
+               packed, heaps, counts):  # fmt: skip
+    """A thread's share: the probes p0, p0 + parts, ... (< p1) of queries q0..q1, sorted
+    by list, each list read once per group of Q of its queries."""
+    nprobe = probes.shape[1]
+    nlist = list_blocks.shape[0] - 1
+    start = np.zeros(nlist + 1, dtype=np.int64)  # counting sort of the pairs by list
+    for q in range(q0, q1):
+        for p in range(p0, p1, parts):
+            if probes[q, p] >= 0:
+                start[probes[q, p] + 1] += 1
+    for lst in range(nlist):
+        start[lst + 1] += start[lst]
+    fill = start[:nlist].copy()
+    order = np.empty(start[nlist], dtype=np.int64)
+    for q in range(q0, q1):
+        for p in range(p0, p1, parts):
+            lst = probes[q, p]
+            if lst >= 0:
+                order[fill[lst]] = q * nprobe + p
+                fill[lst] += 1
+    lut_rows = np.zeros(Q, dtype=np.int64)  # the group's tables: rows of luts
+    thr = np.zeros(Q, dtype=np.int32)
+    dist = np.empty((Q, BLOCK), dtype=np.uint16)
+    mask = np.zeros(Q, dtype=np.int32)
+    query = np.zeros(Q, dtype=np.int64)
+    shift = np.zeros(Q, dtype=np.int64)
+    for lst in range(nlist):
+        first, end = offsets[lst], offsets[lst + 1]
+        b0, b1 = list_blocks[lst], list_blocks[lst + 1]
+        for g in range(start[lst], start[lst + 1], Q):
+            size = min(Q, start[lst + 1] - g)
+            for t in range(size):
+                r = order[g + t]
+                query[t] = r // nprobe
+                lut_rows[t] = (r if T > 1 else query[t]) * N_PAIRS
+                shift[t] = shifts[query[t], r % nprobe]
+            for t in range(size, Q):
+                thr[t] = 0  # an empty slot (the portable block reads it): nothing passes
+                lut_rows[t] = 0
+            for b in range(b0, b1):
+                live = False
+                for t in range(size):
+                    # distances equal to the k-th best may still win on their row
+                    limit = min((heaps[query[t], 0] >> _ROW_BITS) + 1, 65535) - shift[t]
+                    thr[t] = max(limit, 0)
+                    live = live or limit > 0
+                if not live:
+                    break
+                code_row = b * N_PAIRS
+                if SIMD:
+                    if size == 3:
+                        block3(packed, code_row, luts, lut_rows, thr, dist, mask)
+                    elif size == 2:
+                        block2(packed, code_row, luts, lut_rows, thr, dist, mask)
+                    else:
+                        block1(packed, code_row, luts, lut_rows, thr, dist, mask)
+                else:
+                    portable_block(packed, code_row, luts, lut_rows, N_PAIRS, thr, dist, mask)
+                row0 = first + (b - b0) * BLOCK
+                for t in range(size):
+                    m = np.uint32(mask[t])
+                    heap = heaps[query[t]]
+                    while m != 0:
+                        v = trailing_zeros(m)
+                        m &= m - np.uint32(1)
+                        row = row0 + v
+                        if row < end:
+                            key = ((shift[t] + np.int64(dist[t, v])) << _ROW_BITS) | row
+                            if key < heap[0]:
+                                _push(heap, counts, query[t], key)
+
+
+@kernel(nogil=True)
+def tables(q, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base, probes,
+           T, luts, shifts, out_scale, out_offset, table, residual, scratch):  # fmt: skip
+    """Query q's tables (T of them: one per probe, or one for all), quantized with one
+    scale into ``luts[q * T : (q + 1) * T]`` and shifts[q]; ``table`` [M * 16],
+    ``residual`` [dim] and ``scratch`` [T, M, 16] are the calling thread's work space."""
+    summed = list_tables.shape[0] > 0
+    x = queries[q]
+    if kind == IP_TABLE:
+        for m in range(M):
+            ip_row(x, m * DSUB, codebooks_t, m * DSUB * 16, alpha, table, m * 16)
+    elif kind == L2_TABLE:
+        for m in range(M):
+            l2_row(x, m * DSUB, codebooks_t, m * DSUB * 16, norms, m * 16, table, m * 16)
+    for t in range(T):
+        lst = max(probes[q, t], 0)
+        if kind != IP_TABLE and kind != L2_TABLE:  # residual tables, per probe
+            for d in range(x.shape[0]):
+                residual[d] = x[d] - centroids[lst, d]
+            for m in range(M):
+                l2_row(residual, m * DSUB, codebooks_t, m * DSUB * 16, norms, m * 16, table,
+                       m * 16)  # fmt: skip
+        for m in range(M):  # vector rows: numba's loop here stays scalar
+            if summed:
+                add_row(table, m * 16, list_tables, (lst * M + m) * 16, scratch, (t * M + m) * 16)
+            else:
+                copy_row(table, m * 16, scratch, (t * M + m) * 16)
+    sc, of = quantize_tables(scratch, base[q], luts[q * T : (q + 1) * T], shifts[q])
+    out_scale[q] = sc
+    out_offset[q] = of
+
+
+@kernel(nogil=True)
+def tables_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind, alpha,
+                 base, probes, T, luts, shifts, out_scale, out_offset):  # fmt: skip
+    """``tables`` for queries q0..q1, with one work space."""
+    table = np.empty(M * 16, dtype=np.float32)
+    residual = np.empty(queries.shape[1], dtype=np.float32)
+    scratch = np.empty((T, M, 16), dtype=np.float32)
+    for q in range(q0, q1):
+        tables(q, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
+            probes, T, luts, shifts, out_scale, out_offset, table, residual, scratch
+        )  # fmt: skip
+
+
+@kernel(parallel=True, nogil=True)
+def scan(
+    queries,
+    codebooks_t,
+    norms,
+    centroids,
+    list_tables,
+    kind,
+    alpha,
+    base,
+    probes,
+    list_blocks,
+    offsets,
+    packed,
+    out_dist,
+    out_idx,
+    out_scale,
+    out_offset,
+    ranked,
+):
+    nq, nprobe = probes.shape
+    k = out_dist.shape[1]
+    summed = list_tables.shape[0] > 0
+    # one table per probe where the list changes it, else one per query for all probes
+    T = nprobe if summed or (kind != IP_TABLE and kind != L2_TABLE) else 1
+    luts = np.empty((nq * T, N_PAIRS, 32), dtype=np.uint8)
+    flat_luts = luts.reshape((nq * T * N_PAIRS, 32))  # the rows the block kernels read
+    shifts = np.empty((nq, nprobe), dtype=np.int32)
+    threads = thread_count()
+    # a batch of at least one query per thread: each thread takes a slice of the queries;
+    # a smaller one: each thread takes every query's probes p with p % parts == its part
+    parts = 1 if nq >= threads else max(1, min(threads, nprobe))
+    n_slices = max(1, min(nq, threads)) if parts == 1 else parts  # nq may be 0
+    per = -(-nq // n_slices) if parts == 1 else nq
+    heaps = np.full((parts, nq, k), _EMPTY, dtype=np.int64)
+    counts = np.zeros((parts, nq), dtype=np.int64)  # keys in each heap
+    if parts == 1:  # one parallel region: each thread its slice, tables to results
+        for s in prange(n_slices):
+            q0, q1 = np.int64(s) * per, min(nq, (np.int64(s) + 1) * per)
+            tables_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind,
+                alpha, base, probes, T, luts, shifts, out_scale, out_offset
+            )  # fmt: skip
+            # every query's nearest list first: its k-th best settles sooner
+            for p0, p1 in ((0, min(1, nprobe)), (1, nprobe)):
+                scan_slice(
+                    q0, q1, p0, p1, 1, flat_luts, T, shifts, probes, list_blocks, offsets,
+                    packed, heaps[0], counts[0],
+                )  # fmt: skip
+            for q in range(q0, q1):
+                scale, offset = out_scale[q], out_offset[q]
+                if ranked:
+                    _write_sorted(heaps[0, q], counts[0, q], scale, offset, out_dist[q],
+                                  out_idx[q])  # fmt: skip
+                else:  # candidates for re-ranking, not sorted: leaves (the nearer
+                    # half, roughly) first, which lets the re-ranking heap settle sooner
+                    for e in range(k):
+                        key = heaps[0, q, k - 1 - e]
+                        _write_key(key, scale, offset, out_dist[q], out_idx[q], e)
+        return
+    for q in prange(nq):  # a small batch: tables, probes split between threads, merge
+        tables_range(q, q + 1, queries, codebooks_t, norms, centroids, list_tables, kind,
+                     alpha, base, probes, T, luts, shifts, out_scale, out_offset)  # fmt: skip
+    for part in prange(parts):
+        scan_slice(
+            0, nq, np.int64(part), nprobe, parts, flat_luts, T, shifts, probes, list_blocks,
+            offsets, packed, heaps[part], counts[part],
+        )  # fmt: skip
+    for q in prange(nq):  # the parts' heaps hold distinct rows
+        keys = np.sort(heaps[:, q].ravel())[:k]
+        for e in range(k):
+            _write_key(keys[e], out_scale[q], out_offset[q], out_dist[q], out_idx[q], e)
