@@ -7,6 +7,7 @@
     vq nsynth [options]      the main job: vq against faiss on NSynth embeddings
     vq validate [options]    quantizer and index checks against faiss on generated vectors
     vq bench [name ...]      the benchmarks (from a source checkout: bench/ is not installed)
+    vq warmup [--index DESCRIPTION ...] [--dim D]   compile the kernels ahead of time
 
 Vector files: .fvecs, .bvecs (converted to float32), .ivecs (ground truth), and ann-benchmarks
 .hdf5 (train vectors for build, test vectors and neighbors for search). Every subcommand takes
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-COMMANDS = ("build", "search", "export", "nsynth", "validate", "bench")
+COMMANDS = ("build", "search", "export", "nsynth", "validate", "bench", "warmup")
 
 
 class InputError(Exception):
@@ -66,6 +67,16 @@ def _threads(n: int) -> None:
     numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
 
 
+def _compile_notice(what: str):
+    """A context printing one line on stderr before the first kernel compilation inside (the
+    kernels are then kept for every later process)."""
+    from vq.kernels import cache
+
+    where = cache.folder()
+    kept = f"kept in {where}" if where is not None else "in memory: the cache is not writable"
+    return cache.announce(f"vq: compiling {what}, once per machine ({kept})")
+
+
 def build(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="vq build", description="Train an index on a vector file, add the vectors, save it."
@@ -106,12 +117,13 @@ def build(argv: list[str]) -> int:
         if args.train_size < len(x):
             rng = np.random.default_rng(args.seed)
             train = x[np.sort(rng.choice(len(x), args.train_size, replace=False))]
-    start = time.perf_counter()
-    index.train(train)
-    t_train = time.perf_counter() - start
-    start = time.perf_counter()
-    index.add(x)
-    t_add = time.perf_counter() - start
+    with _compile_notice(f"the kernels of {args.index} (dim {x.shape[1]})"):
+        start = time.perf_counter()
+        index.train(train)
+        t_train = time.perf_counter() - start
+        start = time.perf_counter()
+        index.add(x)
+        t_add = time.perf_counter() - start
     index.save(args.output)
     print(
         f"{args.index}: {index.ntotal} vectors of dim {x.shape[1]}, trained on {len(train)} in "
@@ -159,9 +171,11 @@ def search(argv: list[str]) -> int:
         _set(index, "nprobe", args.nprobe)
     if args.k_factor is not None:
         _set(index, "k_factor", args.k_factor)
-    start = time.perf_counter()
-    _, ids = index.search(q, args.k)
-    seconds = time.perf_counter() - start
+    kind = f"{type(index).__name__} of dim {index.dim}"
+    with _compile_notice(f"search kernels for this {kind}"):
+        start = time.perf_counter()
+        _, ids = index.search(q, args.k)
+        seconds = time.perf_counter() - start
     line = f"{len(q)} queries, k={args.k}: {seconds:.3f} s, {len(q) / seconds:.0f} QPS"
     if args.gt is not None:
         truth = read_neighbors(args.gt)
@@ -172,6 +186,48 @@ def search(argv: list[str]) -> int:
     print(line)
     if args.out is not None:
         write_ivecs(args.out, ids)
+    return 0
+
+
+def warmup(argv: list[str]) -> int:
+    from vq.kernels import cache
+    from vq.warmup import COMMON
+
+    p = argparse.ArgumentParser(
+        prog="vq warmup",
+        description="Compile the kernels of the common index kinds ahead of time, once per "
+        f"machine (kept in {cache.folder() or 'memory only: the cache is not writable'}).",
+    )
+    p.add_argument(
+        "--index",
+        action="append",
+        default=None,
+        metavar="DESCRIPTION",
+        help=f"an index description (repeatable; default: {', '.join(COMMON)})",
+    )
+    p.add_argument("--dim", type=int, default=128, help="vector dimension (default 128)")
+    p.add_argument("--metric", choices=["l2", "ip", "both"], default="l2", help="default l2")
+    p.add_argument("--no-layer", action="store_true", help="skip the quantizer-layer step")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
+    args = p.parse_args(argv)
+    from vq.warmup import warmup as run
+
+    _threads(args.threads)
+    if args.dim <= 0:
+        raise InputError(f"--dim must be positive, got {args.dim}")
+    metrics = ("l2", "ip") if args.metric == "both" else (args.metric,)
+
+    def report(item) -> None:
+        state = f"{item.compiled} kernels compiled" if item.compiled else "all cached"
+        print(f"{item.description:28s} {item.seconds:6.1f} s  ({state})", flush=True)
+
+    start = time.perf_counter()
+    done = run(args.index or COMMON, args.dim, metrics, not args.no_layer, report)
+    compiled = sum(item.compiled for item in done)
+    print(
+        f"warm-up of {len(done)} kinds at dim {args.dim}: {time.perf_counter() - start:.1f} s, "
+        f"{compiled} kernels compiled; kept in {cache.folder() or 'memory only'}"
+    )
     return 0
 
 
@@ -209,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             return search(rest)
         if command == "bench":
             return bench(rest)
+        if command == "warmup":
+            return warmup(rest)
         if command == "export":
             from vq.export import cli as export_cli
 

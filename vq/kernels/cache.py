@@ -133,6 +133,9 @@ def specialise(template: str, **constants) -> ModuleType:
     Returns:
         The module, the same object for the same arguments within a process.
     """
+    for name, value in constants.items():
+        if not isinstance(value, int | float | str | bool):
+            raise TypeError(f"{name}: a specialised constant must be a plain value, got {value!r}")
     key = (template, tuple(sorted(constants.items())))
     with _lock:
         module = _specialised.get(key)
@@ -159,9 +162,6 @@ def _source(template: str, constants: dict) -> str:
         raise TypeError(
             f"{template} is specialised by {sorted(declared)}, got values for {sorted(constants)}"
         )
-    for name, value in constants.items():
-        if not isinstance(value, int | float | str | bool):
-            raise TypeError(f"{name}: a specialised constant must be a plain value, got {value!r}")
     body = "".join(f"{name} = {value!r}\n" for name, value in sorted(constants.items()))
     return head + body + text[end:]
 

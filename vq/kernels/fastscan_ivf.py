@@ -22,36 +22,13 @@ from numba import njit
 
 from vq.kernels.cache import specialise
 from vq.kernels.fastscan import check_isa
+from vq.kernels.heaps import heapify, sift_down
 
 #: queries sharing one pass over a list's blocks
 IVF_QUERY_BLOCK = 3
 _ROW_BITS = 40  # rows below 2**40; distances (< 2**17) above them
 _ROW_MASK = (1 << _ROW_BITS) - 1
 _EMPTY = np.iinfo(np.int64).max
-
-
-@njit(inline="always")
-def _sift_down(heap, k, key, i=0):
-    """Put ``key`` at node i (the root by default) of the int64 max-heap ``heap[:k]`` and
-    sift it down."""
-    while True:
-        c = 2 * i + 1
-        if c >= k:
-            break
-        if c + 1 < k:
-            c += np.int64(heap[c + 1] > heap[c])  # the larger child, without a branch
-        if heap[c] <= key:
-            break
-        heap[i] = heap[c]
-        i = c
-    heap[i] = key
-
-
-@njit(inline="always")
-def _heapify(heap):
-    k = heap.shape[0]
-    for i in range(k // 2 - 1, -1, -1):
-        _sift_down(heap, k, heap[i], i)
 
 
 @njit(inline="always")
@@ -66,9 +43,9 @@ def _push(heap, counts, q, key):
         heap[k - 1 - n] = key
         counts[q] = n + 1
         if n + 1 == k:
-            _heapify(heap)
+            heapify(heap)
     else:
-        _sift_down(heap, k, key)
+        sift_down(heap, k, key)
 
 
 @njit(inline="always")
@@ -76,11 +53,11 @@ def _write_sorted(heap, count, scale, offset, out_dist, out_idx):
     """A heap of ``count`` keys (consumed) as float distances ascending (+inf padding) and
     rows (-1)."""
     if count < heap.shape[0]:
-        _heapify(heap)
+        heapify(heap)
     for size in range(heap.shape[0], 0, -1):
         key = heap[0]
         last = heap[size - 1]
-        _sift_down(heap, size - 1, last)
+        sift_down(heap, size - 1, last)
         _write_key(key, scale, offset, out_dist, out_idx, size - 1)
 
 

@@ -16,6 +16,7 @@ from vq.kernels.fastscan_ivf import (
     _write_key,
     _write_sorted,
 )
+from vq.kernels.heaps import smallest_keys
 from vq.kernels.scan import IP_TABLE, L2_TABLE
 from vq.kernels.simd import add_row, copy_row, table_row_kernels, thread_count
 
@@ -191,35 +192,58 @@ def scan(
     if parts == 1:  # one parallel region: each thread its slice, tables to results
         for s in prange(n_slices):
             q0, q1 = np.int64(s) * per, min(nq, (np.int64(s) + 1) * per)
-            tables_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind,
-                alpha, base, probes, T, luts, shifts, out_scale, out_offset
+            serve_slice(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind,
+                alpha, base, probes, T, luts, flat_luts, shifts, list_blocks, offsets, packed,
+                heaps[0], counts[0], out_dist, out_idx, out_scale, out_offset, ranked,
             )  # fmt: skip
-            # every query's nearest list first: its k-th best settles sooner
-            for p0, p1 in ((0, min(1, nprobe)), (1, nprobe)):
-                scan_slice(
-                    q0, q1, p0, p1, 1, flat_luts, T, shifts, probes, list_blocks, offsets,
-                    packed, heaps[0], counts[0],
-                )  # fmt: skip
-            for q in range(q0, q1):
-                scale, offset = out_scale[q], out_offset[q]
-                if ranked:
-                    _write_sorted(heaps[0, q], counts[0, q], scale, offset, out_dist[q],
-                                  out_idx[q])  # fmt: skip
-                else:  # candidates for re-ranking, not sorted: leaves (the nearer
-                    # half, roughly) first, which lets the re-ranking heap settle sooner
-                    for e in range(k):
-                        key = heaps[0, q, k - 1 - e]
-                        _write_key(key, scale, offset, out_dist[q], out_idx[q], e)
         return
     for q in prange(nq):  # a small batch: tables, probes split between threads, merge
-        tables_range(q, q + 1, queries, codebooks_t, norms, centroids, list_tables, kind,
+        q0 = np.int64(q)  # int64 arguments: each distinct type compiles the callee again
+        tables_range(q0, q0 + 1, queries, codebooks_t, norms, centroids, list_tables, kind,
                      alpha, base, probes, T, luts, shifts, out_scale, out_offset)  # fmt: skip
     for part in prange(parts):
         scan_slice(
-            0, nq, np.int64(part), nprobe, parts, flat_luts, T, shifts, probes, list_blocks,
-            offsets, packed, heaps[part], counts[part],
+            np.int64(0), nq, np.int64(part), nprobe, parts, flat_luts, T, shifts, probes,
+            list_blocks, offsets, packed, heaps[part], counts[part],
         )  # fmt: skip
     for q in prange(nq):  # the parts' heaps hold distinct rows
-        keys = np.sort(heaps[:, q].ravel())[:k]
-        for e in range(k):
-            _write_key(keys[e], out_scale[q], out_offset[q], out_dist[q], out_idx[q], e)
+        merge_parts(heaps, np.int64(q), out_scale, out_offset, out_dist, out_idx)
+
+
+# the parallel loops above call one kernel each: loop bodies written inline take numba several
+# times longer to compile
+@kernel(nogil=True)
+def serve_slice(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
+                probes, T, luts, flat_luts, shifts, list_blocks, offsets, packed, heaps, counts,
+                out_dist, out_idx, out_scale, out_offset, ranked):  # fmt: skip
+    """Queries q0..q1, from their tables to their results."""
+    k = out_dist.shape[1]
+    nprobe = probes.shape[1]
+    tables_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
+                 probes, T, luts, shifts, out_scale, out_offset)  # fmt: skip
+    # every query's nearest list first: its k-th best settles sooner
+    one = np.int64(1)
+    for p0, p1 in ((np.int64(0), min(one, nprobe)), (one, nprobe)):
+        scan_slice(q0, q1, p0, p1, one, flat_luts, T, shifts, probes, list_blocks, offsets, packed,
+                   heaps, counts)  # fmt: skip
+    for q in range(q0, q1):
+        scale, offset = out_scale[q], out_offset[q]
+        if ranked:
+            _write_sorted(heaps[q], counts[q], scale, offset, out_dist[q], out_idx[q])
+        else:  # candidates for re-ranking, not sorted: leaves (the nearer half, roughly)
+            # first, which lets the re-ranking heap settle sooner
+            for e in range(k):
+                _write_key(heaps[q, k - 1 - e], scale, offset, out_dist[q], out_idx[q], e)
+
+
+@kernel(nogil=True)
+def merge_parts(heaps, q, out_scale, out_offset, out_dist, out_idx):
+    """Query q's k smallest keys over the parts' heaps [parts, nq, k], as results."""
+    parts, _, k = heaps.shape
+    keys = np.empty(parts * k, dtype=np.int64)
+    for e in range(parts * k):
+        keys[e] = heaps[e // k, q, e % k]
+    best = np.empty(k, dtype=np.int64)
+    smallest_keys(keys, best)
+    for e in range(k):
+        _write_key(best[e], out_scale[q], out_offset[q], out_dist[q], out_idx[q], e)

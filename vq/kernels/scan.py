@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit, prange
 
 from vq.kernels.cache import kernel
+from vq.kernels.heaps import smallest_keys
 from vq.kernels.simd import prefetch_line, row_min
 
 _ADC_QUERY_BLOCK = 8
@@ -440,46 +441,49 @@ def smallest_k_rows(products, queries, x_norms, inner_product, out_dist, out_idx
             computes it), or -⟨q, x⟩; out_idx: int64 [nq, k] columns; ties by lower column.
             k <= n.
     """
-    nq, n = products.shape
-    k = out_dist.shape[1]
+    for q in prange(products.shape[0]):
+        _smallest_k_row(products[q], queries[q], x_norms, inner_product, out_dist[q], out_idx[q])
+
+
+@kernel(nogil=True)
+def _smallest_k_row(row, query, x_norms, inner_product, dist, idx):
+    """smallest_k_rows for one row (a function of its own: the parallel loop around it then
+    compiles in a fraction of the time a loop holding all of this takes)."""
+    n, k = row.shape[0], dist.shape[0]
     padded = -(-n // 16) * 16
-    for q in prange(nq):
-        row = products[q]
-        dist = out_dist[q]
-        idx = out_idx[q]
-        q_norm = np.float32(0.0)
-        if not inner_product:
-            for d in range(queries.shape[1]):
-                q_norm += queries[q, d] * queries[q, d]
-        values = np.empty(padded, dtype=np.float32)  # the ranked values, +inf padding
-        for j in range(n):
-            if inner_product:
-                values[j] = -row[j]
-            else:
-                values[j] = max((q_norm + x_norms[j]) - np.float32(2.0) * row[j], np.float32(0))
-        values[n:] = np.inf
-        if k > _INSERTION_K:
-            _smallest_k_by_keys(values[:n], dist, idx)
-            continue
-        size = 0
-        threshold = np.float32(np.inf)
-        for s in range(0, n, 16):
-            if size == k and row_min(values, s) >= threshold:
-                continue  # none of these 16 is kept: one vector test
-            for j in range(s, min(s + 16, n)):
-                d = values[j]
-                if size < k or d < threshold:
-                    pos = size if size < k else k - 1
-                    while pos > 0 and dist[pos - 1] > d:
-                        if pos < k:
-                            dist[pos] = dist[pos - 1]
-                            idx[pos] = idx[pos - 1]
-                        pos -= 1
-                    dist[pos] = d
-                    idx[pos] = j
-                    if size < k:
-                        size += 1
-                    threshold = dist[k - 1] if size == k else np.float32(np.inf)
+    q_norm = np.float32(0.0)
+    if not inner_product:
+        for d in range(query.shape[0]):
+            q_norm += query[d] * query[d]
+    values = np.empty(padded, dtype=np.float32)  # the ranked values, +inf padding
+    for j in range(n):
+        if inner_product:
+            values[j] = -row[j]
+        else:
+            values[j] = max((q_norm + x_norms[j]) - np.float32(2.0) * row[j], np.float32(0))
+    values[n:] = np.inf
+    if k > _INSERTION_K:
+        _smallest_k_by_keys(values[:n], dist, idx)
+        return
+    size = 0
+    threshold = np.float32(np.inf)
+    for s in range(0, n, 16):
+        if size == k and row_min(values, s) >= threshold:
+            continue  # none of these 16 is kept: one vector test
+        for j in range(s, min(s + 16, n)):
+            d = values[j]
+            if size < k or d < threshold:
+                pos = size if size < k else k - 1
+                while pos > 0 and dist[pos - 1] > d:
+                    if pos < k:
+                        dist[pos] = dist[pos - 1]
+                        idx[pos] = idx[pos - 1]
+                    pos -= 1
+                dist[pos] = d
+                idx[pos] = j
+                if size < k:
+                    size += 1
+                threshold = dist[k - 1] if size == k else np.float32(np.inf)
 
 
 #: smallest_k_rows keeps up to this many by insertion, more by selecting sort keys
@@ -499,7 +503,8 @@ def _smallest_k_by_keys(values, out_dist, out_idx):
         b = np.int64(bits[j])
         b ^= (b >> 31) & 0x7FFFFFFF  # negative floats: reversed, below the positive ones
         keys[j] = (b << 32) | j
-    best = np.sort(np.partition(keys, k - 1)[:k])
+    best = np.empty(k, dtype=np.int64)
+    smallest_keys(keys, best)
     for e in range(k):
         j = best[e] & 0xFFFFFFFF
         out_idx[e] = j

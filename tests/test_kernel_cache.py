@@ -1,0 +1,129 @@
+"""The kernels' disk cache: compiled once per machine, loaded by every later process."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import vq
+from vq.kernels import cache
+
+# a small search of every engine kind: flat (BLAS + heaps), IVF-PQ, fast-scan IVF + re-ranking
+# (kernels specialised through template modules); the child prints its compile count
+_SEARCH = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import vq
+    from vq.kernels import cache
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((600, 16), dtype=np.float32)
+    for description in ("Flat", "IVF4,PQ4", "IVF4,PQ8x4fs,RFlat"):
+        index = vq.index_factory(16, description)
+        index.train(x)
+        index.add(x)
+        index.search(x[:5], 3)
+    print(json.dumps({"compiles": cache.compiles(), "folder": str(cache.folder())}))
+    """
+)
+
+
+def _child(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **env},
+        check=False,
+    )
+
+
+def test_a_second_process_sharing_the_cache_compiles_nothing():
+    first = _child(_SEARCH)  # compiles what the suite's earlier processes have not
+    assert first.returncode == 0, first.stderr
+    second = _child(_SEARCH)
+    assert second.returncode == 0, second.stderr
+    report = json.loads(second.stdout.strip().splitlines()[-1])
+    assert report["folder"] == json.loads(first.stdout.strip().splitlines()[-1])["folder"]
+    assert report["compiles"] == 0
+
+
+def test_the_cache_folder_is_keyed_by_version_and_cpu():
+    folder = cache.folder()
+    assert folder is not None
+    assert folder.parent == cache.cache_root()
+    assert vq.__version__ in folder.name
+    assert cache.cpu_key() in folder.name
+
+
+@pytest.mark.parametrize("variable", ["NUMBA_CACHE_DIR", "XDG_CACHE_HOME"])
+def test_the_cache_root_follows_the_environment(tmp_path, variable):
+    code = "from vq.kernels import cache; print(cache.folder())"
+    env = {variable: str(tmp_path)}
+    if variable == "XDG_CACHE_HOME":
+        env["NUMBA_CACHE_DIR"] = ""  # unset: NUMBA_CACHE_DIR wins where it is set
+    out = _child(code, **env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().startswith(str(tmp_path / "vq" / "kernels-"))
+
+
+def test_an_unwritable_cache_warns_once_and_compiles_in_memory(tmp_path):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    code = textwrap.dedent(
+        """
+        import warnings
+        warnings.simplefilter("always")
+        import numpy as np
+        from vq.kernels import cache, heaps
+        from vq.kernels.fastscan import flat_tables
+        keys, out = np.array([5, 3, 9, 1], dtype=np.int64), np.empty(2, dtype=np.int64)
+        heaps.smallest_keys(keys, out)
+        build = flat_tables(2, 1)  # a specialised module, executed in memory
+        print(cache.folder(), out.tolist(), build.py_func.__code__.co_filename.startswith("<"))
+        """
+    )
+    out = _child(code, NUMBA_CACHE_DIR=str(blocked / "sub"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["None", "[1,", "3]", "True"]
+    assert out.stderr.count("cannot use the kernel cache") == 1
+    assert "NUMBA_CACHE_DIR" in out.stderr
+
+
+def test_specialise_gives_one_module_per_configuration():
+    a = cache.specialise("vq.kernels.fastscan_tables_template", M=4, DSUB=2)
+    assert cache.specialise("vq.kernels.fastscan_tables_template", DSUB=2, M=4) is a
+    assert cache.specialise("vq.kernels.fastscan_tables_template", M=4, DSUB=3) is not a
+    assert (a.M, a.DSUB) == (4, 2)
+    assert os.path.dirname(a.__file__) == str(cache.folder() / "specialised")
+
+
+def test_specialise_refuses_missing_or_unknown_constants():
+    with pytest.raises(TypeError, match=r"specialised by \['DSUB', 'M'\]"):
+        cache.specialise("vq.kernels.fastscan_tables_template", M=4)
+    with pytest.raises(TypeError, match="plain value"):
+        cache.specialise("vq.kernels.fastscan_tables_template", M=4, DSUB=[2])
+    with pytest.raises(ImportError, match="no kernel template"):
+        cache.specialise("vq.kernels.no_such_template", M=4)
+
+
+def test_the_command_line_announces_a_compile_once(tmp_path):
+    code = textwrap.dedent(
+        """
+        from vq.kernels import cache, heaps
+        import numpy as np
+        with cache.announce("compiling now"):
+            for _ in range(2):
+                heaps.smallest_keys(np.arange(4), np.empty(2, dtype=np.int64))
+        """
+    )
+    out = _child(code, NUMBA_CACHE_DIR=str(tmp_path))  # empty: it must compile
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("compiling now") == 1
+    again = _child(code, NUMBA_CACHE_DIR=str(tmp_path))  # cached: nothing to announce
+    assert again.returncode == 0, again.stderr
+    assert "compiling now" not in again.stderr
