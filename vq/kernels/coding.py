@@ -12,12 +12,10 @@ and, among exact ties, the lowest index — the same answer as ``numpy.argmin``.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 from numba import njit, prange
 
-from vq.kernels.cache import kernel
+from vq.kernels.cache import kernel, specialise
 
 _INDEX_MASK = np.int64(0xFFFFFFFF)
 _KEY_MAX = np.int64(0x7FFFFFFFFFFFFFFF)
@@ -68,7 +66,6 @@ _PQ_BLOCK = 32
 _EXPANSION_ERROR = np.float32(1e-5)
 
 
-@functools.cache
 def pq_encoder(dsub: int):
     """The PQ encoding kernel specialised for sub-vectors of ``dsub`` dimensions.
 
@@ -90,83 +87,16 @@ def pq_encoder(dsub: int):
     compared on ``Σ (x_j - c_j)²``, so data far from the origin encodes as faiss's direct
     computation does.
     """
-    dsub = int(dsub)
-
-    @kernel(parallel=True, fastmath=True, nogil=True)
-    def pq_encode(x, codebooks_t, norms, codes, sq_err):
-        n = x.shape[0]
-        n_sub, _, ksub = codebooks_t.shape
-        want_err = sq_err.shape[0] == n
-        n_blocks = (n + _PQ_BLOCK - 1) // _PQ_BLOCK
-        norm_max = np.empty(n_sub, np.float32)
-        for m in range(n_sub):
-            norm_max[m] = norms[m].max()
-        for block in prange(n_blocks):
-            dist = np.empty(ksub, np.float32)
-            bits = dist.view(np.int32)
-            xs = np.empty(dsub, np.float32)
-            for i in range(block * _PQ_BLOCK, min(n, block * _PQ_BLOCK + _PQ_BLOCK)):
-                err = np.float32(0.0)
-                for m in range(n_sub):
-                    x_norm = np.float32(0.0)
-                    for j in range(dsub):
-                        xs[j] = x[i, m * dsub + j]
-                        x_norm += xs[j] * xs[j]
-                    for k in range(ksub):
-                        acc = norms[m, k]
-                        for j in range(dsub):
-                            acc += xs[j] * codebooks_t[m, j, k]
-                        dist[k] = acc
-                    best = _KEY_MAX
-                    for k in range(ksub):
-                        best = min(best, _key(bits[k], k))
-                    # the expanded form loses digits when the vectors are far from the origin
-                    # (|x|², |c|² >> |x - c|²): every candidate within its rounding error of the
-                    # best is compared again on the exact sum of squared differences
-                    code = best & _INDEX_MASK
-                    limit = dist[code] + _EXPANSION_ERROR * (x_norm + norm_max[m])
-                    close = 0
-                    for k in range(ksub):  # vectorised count; almost always 1 (the best)
-                        close += np.int32(dist[k] <= limit)
-                    if close == 1:
-                        codes[i, m] = code
-                        err += max(dist[code] + x_norm, np.float32(0.0))
-                        continue
-                    exact = np.float32(np.inf)
-                    for k in range(ksub):
-                        if dist[k] <= limit:
-                            e = np.float32(0.0)
-                            for j in range(dsub):
-                                diff = xs[j] + np.float32(0.5) * codebooks_t[m, j, k]
-                                e += diff * diff
-                            if e < exact:
-                                exact, code = e, k
-                    codes[i, m] = code
-                    err += exact
-                if want_err:
-                    sq_err[i] = err
-
-    return pq_encode
+    module = specialise("vq.kernels.pq_code_template", DSUB=int(dsub))
+    return module.pq_encode
 
 
-@functools.cache
 def pq_decoder(dsub: int):
     """The PQ decoding kernel for sub-vectors of ``dsub`` dimensions (a compile-time constant,
     as in :func:`pq_encoder`): ``pq_decode(codes, codebooks, out)`` concatenates sub-centroids,
     codes [n, M] (any integer dtype), codebooks float32 [M, ksub, dsub] → out float32
     [n, M * dsub]."""
-    dsub = int(dsub)
-
-    @kernel(parallel=True, nogil=True)
-    def pq_decode(codes, codebooks, out):
-        n, n_sub = codes.shape
-        for i in prange(n):
-            for m in range(n_sub):
-                c = codes[i, m]
-                for j in range(dsub):
-                    out[i, m * dsub + j] = codebooks[m, c, j]
-
-    return pq_decode
+    return specialise("vq.kernels.pq_code_template", DSUB=int(dsub)).pq_decode
 
 
 @kernel(parallel=True, nogil=True)

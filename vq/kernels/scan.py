@@ -9,12 +9,10 @@ unrolls the inner sum.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 from numba import njit, prange
 
-from vq.kernels.cache import kernel
+from vq.kernels.cache import kernel, specialise
 from vq.kernels.heaps import smallest_keys
 from vq.kernels.simd import prefetch_line, row_min
 
@@ -121,7 +119,6 @@ def code_view(codes: np.ndarray, ksub: int) -> tuple[np.ndarray, bool]:
     return codes, False
 
 
-@functools.cache
 def adc_scanner(n_tables: int, words: bool = False):
     """ADC scan fused with top-k selection, specialised for ``n_tables`` look-up tables (M).
 
@@ -138,35 +135,8 @@ def adc_scanner(n_tables: int, words: bool = False):
     codes is read from memory once per 8 queries while their tables stay in cache; threads split
     the query blocks.
     """
-    n_tables, words = int(n_tables), bool(words)  # plain constants keep the disk cache valid
-
-    @kernel(parallel=True, nogil=True)
-    def adc_scan(tables, codes, out_dist, out_idx):
-        nq = tables.shape[0]
-        n = codes.shape[0]
-        k = out_dist.shape[1]
-        n_qblocks = (nq + _ADC_QUERY_BLOCK - 1) // _ADC_QUERY_BLOCK
-        for qb in prange(n_qblocks):
-            q0 = qb * _ADC_QUERY_BLOCK
-            q1 = min(nq, q0 + _ADC_QUERY_BLOCK)
-            heap_d = np.full((q1 - q0, k), np.inf, dtype=np.float32)
-            heap_i = np.full((q1 - q0, k), -1, dtype=np.int64)
-            for c0 in range(0, n, _ADC_CODE_BLOCK):
-                c1 = min(n, c0 + _ADC_CODE_BLOCK)
-                for q in range(q0, q1):
-                    t = tables[q]
-                    hd = heap_d[q - q0]
-                    hi = heap_i[q - q0]
-                    threshold = hd[0]
-                    for i in range(c0, c1):
-                        d = _code_distance(t, codes, i, n_tables, words)
-                        if d < threshold:
-                            _heap_replace_top(hd, hi, d, i)
-                            threshold = hd[0]
-            for q in range(q0, q1):
-                _heap_sorted(heap_d[q - q0], heap_i[q - q0], out_dist[q], out_idx[q])
-
-    return adc_scan
+    module = specialise("vq.kernels.pq_scan_template", N_TABLES=int(n_tables), WORDS=bool(words))
+    return module.adc_scan
 
 
 @njit(inline="always", fastmath=True)
@@ -205,7 +175,6 @@ _IVF_QUERY_BLOCK = 16
 IP_TABLE, L2_TABLE, RESIDUAL_L2_TABLE = 0, 1, 2
 
 
-@functools.cache
 def ivfpq_scanner(n_tables: int, words: bool, dsub: int):
     """ADC scan of the probed inverted lists, fused with top-k, specialised for M tables of
     sub-vectors of ``dsub`` dimensions.
@@ -232,69 +201,9 @@ def ivfpq_scanner(n_tables: int, words: bool, dsub: int):
 
     Threads split blocks of 16 queries (the work buffers are allocated once per block).
     """
-    # plain constants keep the disk cache valid
-    n_tables, words, dsub = int(n_tables), bool(words), int(dsub)
-
-    @kernel(parallel=True, nogil=True)
-    def ivfpq_scan(
-        queries,
-        codebooks_t,
-        norms,
-        centroids,
-        list_tables,
-        kind,
-        alpha,
-        base,
-        probes,
-        codes,
-        offsets,
-        out_dist,
-        out_idx,
-    ):
-        nq, nprobe = probes.shape
-        k = out_dist.shape[1]
-        size = list_tables.shape[1] if list_tables.shape[0] else norms.size
-        summed = list_tables.shape[0] > 0
-        n_blocks = (nq + _IVF_QUERY_BLOCK - 1) // _IVF_QUERY_BLOCK
-        for blk in prange(n_blocks):
-            heap_d = np.empty(k, dtype=np.float32)
-            heap_i = np.empty(k, dtype=np.int64)
-            table = np.empty(size, dtype=np.float32)
-            buf = np.empty(size, dtype=np.float32)
-            residual = np.empty(queries.shape[1], dtype=np.float32)
-            for q in range(blk * _IVF_QUERY_BLOCK, min(nq, (blk + 1) * _IVF_QUERY_BLOCK)):
-                heap_d[:] = np.inf
-                heap_i[:] = -1
-                x = queries[q]
-                if kind == IP_TABLE:
-                    _inner_product_table(x, codebooks_t, table, n_tables, dsub, alpha)
-                elif kind == L2_TABLE:
-                    _l2_table(x, codebooks_t, norms, table, n_tables, dsub)
-                for p in range(nprobe):
-                    lst = probes[q, p]
-                    if lst < 0:
-                        continue
-                    t = table
-                    if kind == RESIDUAL_L2_TABLE:
-                        for s in range(x.shape[0]):
-                            residual[s] = x[s] - centroids[lst, s]
-                        _l2_table(residual, codebooks_t, norms, buf, n_tables, dsub)
-                        t = buf
-                    elif summed:
-                        lt = list_tables[lst]
-                        for j in range(size):
-                            buf[j] = table[j] + lt[j]
-                        t = buf
-                    b = base[q, p]
-                    threshold = heap_d[0]
-                    for i in range(offsets[lst], offsets[lst + 1]):
-                        d = b + _code_distance(t, codes, i, n_tables, words)
-                        if d < threshold:
-                            _heap_replace_top(heap_d, heap_i, d, i)
-                            threshold = heap_d[0]
-                _heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
-
-    return ivfpq_scan
+    template = "vq.kernels.ivfpq_scan_template"
+    module = specialise(template, N_TABLES=int(n_tables), WORDS=bool(words), DSUB=int(dsub))
+    return module.ivfpq_scan
 
 
 @njit(inline="always", fastmath=True)

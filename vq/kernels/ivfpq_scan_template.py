@@ -1,0 +1,85 @@
+"""Template: the ADC scan of probed inverted lists fused with top-k, for N_TABLES look-up tables
+of sub-vectors of DSUB dimensions, codes read a byte (or with WORDS a uint32 word) at a time
+(see :func:`vq.kernels.ivfpq_scanner`, which specialises it through
+:func:`vq.kernels.cache.specialise` and documents it; never imported as it is)."""
+
+import numpy as np
+from numba import prange
+
+from vq.kernels.cache import kernel
+from vq.kernels.scan import (
+    _IVF_QUERY_BLOCK,
+    IP_TABLE,
+    L2_TABLE,
+    RESIDUAL_L2_TABLE,
+    _code_distance,
+    _heap_replace_top,
+    _heap_sorted,
+    _inner_product_table,
+    _l2_table,
+)
+
+# -- specialised constants (vq.kernels.cache.specialise writes these lines) --
+DSUB = 1
+N_TABLES = 1
+WORDS = False
+# -- end of specialised constants --
+
+
+@kernel(parallel=True, nogil=True)
+def ivfpq_scan(queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base, probes,
+               codes, offsets, out_dist, out_idx):  # fmt: skip
+    """Threads split blocks of 16 queries (one kernel per block: a loop body written inline
+    takes numba several times longer to compile)."""
+    n_blocks = (probes.shape[0] + _IVF_QUERY_BLOCK - 1) // _IVF_QUERY_BLOCK
+    for blk in prange(n_blocks):
+        ivfpq_block(np.int64(blk), queries, codebooks_t, norms, centroids, list_tables, kind,
+                    alpha, base, probes, codes, offsets, out_dist, out_idx)  # fmt: skip
+
+
+@kernel(nogil=True)
+def ivfpq_block(blk, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
+                probes, codes, offsets, out_dist, out_idx):  # fmt: skip
+    """Queries blk * 16 ...: their tables, then their probed lists (work buffers allocated
+    once per block)."""
+    nq, nprobe = probes.shape
+    k = out_dist.shape[1]
+    size = list_tables.shape[1] if list_tables.shape[0] else norms.size
+    summed = list_tables.shape[0] > 0
+    heap_d = np.empty(k, dtype=np.float32)
+    heap_i = np.empty(k, dtype=np.int64)
+    table = np.empty(size, dtype=np.float32)
+    buf = np.empty(size, dtype=np.float32)
+    residual = np.empty(queries.shape[1], dtype=np.float32)
+    for q in range(blk * _IVF_QUERY_BLOCK, min(nq, (blk + 1) * _IVF_QUERY_BLOCK)):
+        for e in range(k):
+            heap_d[e] = np.inf
+            heap_i[e] = -1
+        x = queries[q]
+        if kind == IP_TABLE:
+            _inner_product_table(x, codebooks_t, table, N_TABLES, DSUB, alpha)
+        elif kind == L2_TABLE:
+            _l2_table(x, codebooks_t, norms, table, N_TABLES, DSUB)
+        for p in range(nprobe):
+            lst = probes[q, p]
+            if lst < 0:
+                continue
+            t = table
+            if kind == RESIDUAL_L2_TABLE:
+                for s in range(x.shape[0]):
+                    residual[s] = x[s] - centroids[lst, s]
+                _l2_table(residual, codebooks_t, norms, buf, N_TABLES, DSUB)
+                t = buf
+            elif summed:
+                lt = list_tables[lst]
+                for j in range(size):
+                    buf[j] = table[j] + lt[j]
+                t = buf
+            b = base[q, p]
+            threshold = heap_d[0]
+            for i in range(offsets[lst], offsets[lst + 1]):
+                d = b + _code_distance(t, codes, i, N_TABLES, WORDS)
+                if d < threshold:
+                    _heap_replace_top(heap_d, heap_i, d, i)
+                    threshold = heap_d[0]
+        _heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])

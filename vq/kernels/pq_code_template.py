@@ -1,0 +1,91 @@
+"""Template: PQ encoding and decoding for sub-vectors of DSUB dimensions, a compile-time
+constant so that the inner loops unroll (see :func:`vq.kernels.pq_encoder` and
+:func:`vq.kernels.pq_decoder`, which specialise it through :func:`vq.kernels.cache.specialise`
+and document it; never imported as it is)."""
+
+import numpy as np
+from numba import prange
+
+from vq.kernels.cache import kernel
+from vq.kernels.coding import _EXPANSION_ERROR, _INDEX_MASK, _KEY_MAX, _PQ_BLOCK, _key
+
+# -- specialised constants (vq.kernels.cache.specialise writes these lines) --
+DSUB = 1
+# -- end of specialised constants --
+
+
+@kernel(parallel=True, fastmath=True, nogil=True)
+def pq_encode(x, codebooks_t, norms, codes, sq_err):
+    """Threads split blocks of 32 vectors (one kernel per block: a loop body written inline
+    takes numba several times longer to compile)."""
+    n_sub = codebooks_t.shape[0]
+    norm_max = np.empty(n_sub, np.float32)
+    for m in range(n_sub):
+        top = -np.float32(np.inf)
+        for k in range(norms.shape[1]):
+            top = max(top, norms[m, k])
+        norm_max[m] = top
+    n_blocks = (x.shape[0] + _PQ_BLOCK - 1) // _PQ_BLOCK
+    for block in prange(n_blocks):
+        encode_block(np.int64(block), x, codebooks_t, norms, norm_max, codes, sq_err)
+
+
+@kernel(fastmath=True, nogil=True)
+def encode_block(block, x, codebooks_t, norms, norm_max, codes, sq_err):
+    """The vectors block * 32 ... (see ``pq_encoder``)."""
+    n = x.shape[0]
+    n_sub, _, ksub = codebooks_t.shape
+    want_err = sq_err.shape[0] == n
+    dist = np.empty(ksub, np.float32)
+    bits = dist.view(np.int32)
+    xs = np.empty(DSUB, np.float32)
+    for i in range(block * _PQ_BLOCK, min(n, block * _PQ_BLOCK + _PQ_BLOCK)):
+        err = np.float32(0.0)
+        for m in range(n_sub):
+            x_norm = np.float32(0.0)
+            for j in range(DSUB):
+                xs[j] = x[i, m * DSUB + j]
+                x_norm += xs[j] * xs[j]
+            for k in range(ksub):
+                acc = norms[m, k]
+                for j in range(DSUB):
+                    acc += xs[j] * codebooks_t[m, j, k]
+                dist[k] = acc
+            best = _KEY_MAX
+            for k in range(ksub):
+                best = min(best, _key(bits[k], k))
+            # the expanded form loses digits when the vectors are far from the origin
+            # (|x|², |c|² >> |x - c|²): every candidate within its rounding error of the
+            # best is compared again on the exact sum of squared differences
+            code = best & _INDEX_MASK
+            limit = dist[code] + _EXPANSION_ERROR * (x_norm + norm_max[m])
+            close = 0
+            for k in range(ksub):  # vectorised count; almost always 1 (the best)
+                close += np.int32(dist[k] <= limit)
+            if close == 1:
+                codes[i, m] = code
+                err += max(dist[code] + x_norm, np.float32(0.0))
+                continue
+            exact = np.float32(np.inf)
+            for k in range(ksub):
+                if dist[k] <= limit:
+                    e = np.float32(0.0)
+                    for j in range(DSUB):
+                        diff = xs[j] + np.float32(0.5) * codebooks_t[m, j, k]
+                        e += diff * diff
+                    if e < exact:
+                        exact, code = e, k
+            codes[i, m] = code
+            err += exact
+        if want_err:
+            sq_err[i] = err
+
+
+@kernel(parallel=True, nogil=True)
+def pq_decode(codes, codebooks, out):
+    n, n_sub = codes.shape
+    for i in prange(n):
+        for m in range(n_sub):
+            c = codes[i, m]
+            for j in range(DSUB):
+                out[i, m * DSUB + j] = codebooks[m, c, j]
