@@ -21,6 +21,9 @@ N_QUERIES = 1
 Q = N_QUERIES
 block = block_kernel(ISA, N_PAIRS, Q)
 SIMD = block is not None
+# a constant, not np.iinfo inside the kernel: that would tie the compiled kernel to numba's
+# arraymath module, whose import (scipy's BLAS check) costs a cached load 0.3 s
+_EMPTY = np.iinfo(np.int64).max
 
 
 @kernel(parallel=True, nogil=True)
@@ -86,14 +89,13 @@ def _merge_parts(part_d, part_i, q, out_dist, out_idx):
     whole numbers)."""
     parts, _, k = part_d.shape
     keys = np.empty(parts * k, dtype=np.int64)
-    empty = np.iinfo(np.int64).max
     for e in range(parts * k):
         d, r = part_d[e // k, q, e % k], part_i[e // k, q, e % k]
-        keys[e] = (np.int64(d) << 40) | r if r >= 0 else empty
+        keys[e] = (np.int64(d) << 40) | r if r >= 0 else _EMPTY
     best = np.empty(k, dtype=np.int64)
     smallest_keys(keys, best)
     for e in range(k):
-        if best[e] == empty:
+        if best[e] == _EMPTY:
             out_dist[q, e] = np.inf
             out_idx[q, e] = -1
         else:
