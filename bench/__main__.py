@@ -6,7 +6,7 @@ default to 1M (``--data nsynth`` for the NSynth embeddings, ~5 min on two cores 
 most of it faiss's OPQ training).
 """
 
-from bench import ann, encode, fastscan, kmeans, memory, pq_search
+from bench import ann, coldstart, encode, fastscan, kmeans, latency, memory, pq_search
 
 if __name__ == "__main__":
     for module, argv in (
@@ -16,6 +16,8 @@ if __name__ == "__main__":
         (ann, ["--n", "200000"]),
         (fastscan, ["--n", "200000"]),
         (memory, []),
+        (coldstart, []),
+        (latency, []),
     ):
         module.main(argv)
         print()

@@ -38,8 +38,11 @@ def machine_header(threads: int) -> str:
                 break
     except OSError:
         pass
+    from vq.kernels.fastscan import best_isa
+
     return (
-        f"machine: {cpu}, {os.cpu_count()} cores, {threads} threads per system; "
+        f"machine: {cpu} ({best_isa()} kernels), {os.cpu_count()} cores, "
+        f"{threads} threads per system; "
         f"torch {torch.__version__}, numba {numba.__version__}, numpy {numpy.__version__}, "
         f"faiss {faiss.__version__}"
     )

@@ -9,7 +9,17 @@ pytest.importorskip("faiss")
 pytest.importorskip("matplotlib")
 
 import bench.common  # noqa: E402
-from bench import ann, encode, fastscan, ivf_search, kmeans, memory, pq_search  # noqa: E402
+from bench import (  # noqa: E402
+    ann,
+    coldstart,
+    encode,
+    fastscan,
+    ivf_search,
+    kmeans,
+    latency,
+    memory,
+    pq_search,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -166,3 +176,26 @@ def test_vqvae_nsynth(results, tmp_path):
     assert [r["system"] for r in trained] == ["vq", "vector-quantize-pytorch"]
     for r in trained:  # normalised log-mels: an untrained decoder's error is about 1
         assert 0 < float(r["test reconstruction MSE"]) < 3
+
+
+def test_coldstart_times_a_fresh_process_per_kind(results):
+    kinds = ["Flat", "ProductQuantizer", coldstart.LAYER]
+    argv = ["--n", "2000", "--repeats", "1", "--no-cold", "--kinds", *kinds]
+    rows = coldstart.main(argv)
+    assert [r["kind"] for r in rows] == kinds
+    table = read_csv(results / "coldstart.csv", ["kind", "vq import s", "vq load+first s"])
+    assert [r["kind"] for r in table] == kinds
+    for row in rows:  # every child reported positive, finite times
+        assert 0 < row["vq import s"] < 60 and 0 < row["vq load+first s"] < 60
+    assert rows[0]["faiss load+first s"] > 0  # faiss ran beside vq on the index
+    assert "faiss load+first s" not in rows[2]  # no faiss equivalent of the layer step
+
+
+def test_latency_reports_percentiles_of_both_libraries(results):
+    rows = latency.main(["--n", "2000", "--queries", "30", "--kinds", "Flat", "IVF64,PQ16"])
+    assert [r["index"] for r in rows] == ["Flat", "IVF64,PQ16"]
+    for row in rows:
+        assert 0 < row["vq p50 us"] <= row["vq p99 us"]
+        assert 0 < row["faiss p50 us"] <= row["faiss p99 us"]
+    assert rows[0]["same ids"] == 1.0  # exact search: the same neighbours
+    read_csv(results / "latency.csv", ["index", "vq p50 us", "faiss p50 us", "p50 ratio"])
