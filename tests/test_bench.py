@@ -179,7 +179,7 @@ def test_vqvae_nsynth(results, tmp_path):
 
 
 def test_coldstart_times_a_fresh_process_per_kind(results):
-    kinds = ["Flat", "ProductQuantizer", coldstart.LAYER]
+    kinds = ["ProductQuantizer", coldstart.LAYER]  # (each index kind runs the same code)
     argv = ["--n", "2000", "--repeats", "1", "--no-cold", "--kinds", *kinds]
     rows = coldstart.main(argv)
     assert [r["kind"] for r in rows] == kinds
@@ -187,8 +187,8 @@ def test_coldstart_times_a_fresh_process_per_kind(results):
     assert [r["kind"] for r in table] == kinds
     for row in rows:  # every child reported positive, finite times
         assert 0 < row["vq import s"] < 60 and 0 < row["vq load+first s"] < 60
-    assert rows[0]["faiss load+first s"] > 0  # faiss ran beside vq on the index
-    assert "faiss load+first s" not in rows[2]  # no faiss equivalent of the layer step
+    assert rows[0]["faiss load+first s"] > 0  # faiss ran beside vq
+    assert "faiss load+first s" not in rows[1]  # no faiss equivalent of the layer step
 
 
 def test_latency_reports_percentiles_of_both_libraries(results):

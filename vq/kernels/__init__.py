@@ -1,7 +1,10 @@
 """Numba kernels: the CPU fast path.
 
 They know nothing of quantizers or indexes: plain float32/int arrays in, results written into
-caller-provided outputs. Every kernel releases the GIL (``nogil=True``) and is cached on disk.
+caller-provided outputs. Every kernel releases the GIL (``nogil=True``) and compiles once per
+machine: :mod:`vq.kernels.cache` keeps them in the user's cache directory and loads them without
+starting numba's compiler; kernels specialised by value (sub-vector size, number of tables, SIMD
+variant) are the ``*_template`` modules, one cached source file per configuration.
 
 - :mod:`vq.kernels.coding`: exact arg-min, PQ encode/decode, additive decode, k-means++ steps.
 - :mod:`vq.kernels.scan`: look-up-table (ADC) and flat scans fused with top-k selection, over
@@ -9,6 +12,7 @@ caller-provided outputs. Every kernel releases the GIL (``nogil=True``) and is c
 - :mod:`vq.kernels.fastscan`, :mod:`vq.kernels.fastscan_ivf`: 4-bit fast-scan (byte-shuffle
   look-ups of uint8 tables), flat and over inverted lists.
 - :mod:`vq.kernels.simd`: 16-float vector helpers (LLVM intrinsics) the kernels share.
+- :mod:`vq.kernels.heaps`: top-k on int64 ``distance << bits | row`` keys.
 """
 
 from vq.kernels.coding import (

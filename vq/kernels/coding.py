@@ -12,6 +12,8 @@ and, among exact ties, the lowest index — the same answer as ``numpy.argmin``.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit, prange
 
@@ -66,6 +68,7 @@ _PQ_BLOCK = 32
 _EXPANSION_ERROR = np.float32(1e-5)
 
 
+@functools.cache  # a dictionary hit per call, not specialise()'s checks
 def pq_encoder(dsub: int):
     """The PQ encoding kernel specialised for sub-vectors of ``dsub`` dimensions.
 
@@ -91,6 +94,7 @@ def pq_encoder(dsub: int):
     return module.pq_encode
 
 
+@functools.cache  # a dictionary hit per call, not specialise()'s checks
 def pq_decoder(dsub: int):
     """The PQ decoding kernel for sub-vectors of ``dsub`` dimensions (a compile-time constant,
     as in :func:`pq_encoder`): ``pq_decode(codes, codebooks, out)`` concatenates sub-centroids,

@@ -339,6 +339,7 @@ def quantize_all(tables, bias, out_luts, out_bias, out_scale, out_offset):
         out_offset[q] = o
 
 
+@functools.cache  # a dictionary hit per call, not specialise()'s checks
 def flat_tables(M: int, dsub: int):
     """The kernel building and quantizing every query's tables for a flat fast-scan,
     specialised for M sub-quantizers of ``dsub`` dimensions (disk-cached per configuration:
@@ -369,6 +370,7 @@ def _offer(heap_d, heap_i, dist, mask, first_row, end_row):
     return min(np.int64(heap_d[0]) if heap_d[0] < 65536 else 65535, 65535)
 
 
+@functools.cache  # a dictionary hit per call, not specialise()'s checks
 def pq_fastscan_scanner(n_pairs: int, n_queries: int, isa: str):
     """Fast-scan of a flat array of packed codes, ``n_queries`` queries per pass over a block,
     fused with top-k (per query); disk-cached per configuration

@@ -17,6 +17,8 @@ the thread count or on which query shares a pass with which.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit
 
@@ -73,6 +75,7 @@ def _write_key(key, scale, offset, out_dist, out_idx, e):
         out_idx[e] = key & _ROW_MASK
 
 
+@functools.cache  # a dictionary hit per call, not specialise()'s checks
 def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
     """The IVF fast-scan kernel for M = 2 ``n_pairs`` sub-quantizers of ``dsub`` dimensions.
 

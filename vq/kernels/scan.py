@@ -9,6 +9,8 @@ unrolls the inner sum.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit, prange
 
@@ -119,6 +121,7 @@ def code_view(codes: np.ndarray, ksub: int) -> tuple[np.ndarray, bool]:
     return codes, False
 
 
+@functools.cache  # a dictionary hit per call, not specialise()'s checks
 def adc_scanner(n_tables: int, words: bool = False):
     """ADC scan fused with top-k selection, specialised for ``n_tables`` look-up tables (M).
 
@@ -175,6 +178,7 @@ _IVF_QUERY_BLOCK = 16
 IP_TABLE, L2_TABLE, RESIDUAL_L2_TABLE = 0, 1, 2
 
 
+@functools.cache  # a dictionary hit per call, not specialise()'s checks
 def ivfpq_scanner(n_tables: int, words: bool, dsub: int):
     """ADC scan of the probed inverted lists, fused with top-k, specialised for M tables of
     sub-vectors of ``dsub`` dimensions.
