@@ -61,9 +61,12 @@ def cpu_key() -> str:
 
 
 def _sources_hash() -> str:
-    """A hash of every kernel source (this package), numba's and llvmlite's versions."""
+    """A hash of every kernel source (this package, but for this module, which compiles
+    nothing), numba's and llvmlite's versions."""
     h = hashlib.sha256(f"{numba.__version__} {llvmlite.__version__}".encode())
     for path in sorted(Path(__file__).parent.glob("*.py")):
+        if path.name == Path(__file__).name:
+            continue
         h.update(path.name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:10]
@@ -120,7 +123,8 @@ def kernel(**options) -> Callable:
                 dispatcher = numba.njit(cache=cache, **options)(func)
             finally:
                 numba_config.CACHE_DIR = previous
-        dispatcher.__class__ = Kernel  # the same object, one method more
+        if type(dispatcher) is CPUDispatcher:  # (not under NUMBA_DISABLE_JIT)
+            dispatcher.__class__ = Kernel  # the same object, one method more
         return dispatcher
 
     return decorate
