@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "warm bar (<= 0.25 s, <= 2x faiss + 0.1 s)",
     ]
     print("\nTime to the first answer in a new process (best of the warm samples)")
-    print(machine_header(1) + "\n")
+    print(machine_header(os.cpu_count() or 1) + " (the children keep their defaults)\n")
     print(markdown_table(rows, columns))
     write_csv("coldstart", rows, columns)
     return rows

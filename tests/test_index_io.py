@@ -583,3 +583,28 @@ def test_round_trip_keeps_k_of_wrappers(tmp_path, desc):
     index = vq.index_factory(32, desc)
     index.k = 7
     assert reload(index, tmp_path / "index.vqi").k == 7
+
+
+def test_loading_imports_no_graph_compiler(tmp_path, blobs):
+    """load_index checks shapes on the meta device, where some torch ops (eye, arange, mul)
+    run through decompositions that import sympy and torch._dynamo: 1.7 s of a new process's
+    first search. Every kind loads and answers without them."""
+    kinds = ["Flat", "PQ8", "IVF8,Flat", "OPQ8,IVF8,PQ8", "IVF8,PQ8x4fsr,RFlat", "PQ8x4fs"]
+    paths = []
+    for i, desc in enumerate(kinds):
+        build(desc, "l2", blobs).save(tmp_path / f"{i}.vq")
+        paths.append(str(tmp_path / f"{i}.vq"))
+    code = textwrap.dedent(
+        """
+        import sys, numpy as np, vq
+        q = np.zeros((2, 32), dtype=np.float32)
+        for path in sys.argv[1:]:
+            vq.load_index(path).search(q, 3)
+        print([m for m in ("sympy", "torch._dynamo") if m in sys.modules])
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, *paths], capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

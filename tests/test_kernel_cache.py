@@ -131,3 +131,19 @@ def test_the_command_line_announces_a_compile_once(tmp_path):
     again = _child(code, NUMBA_CACHE_DIR=str(tmp_path))  # cached: nothing to announce
     assert again.returncode == 0, again.stderr
     assert "compiling now" not in again.stderr
+
+
+def test_vq_imports_and_searches_with_numba_jit_disabled():
+    code = textwrap.dedent(
+        """
+        import numpy as np, vq
+        x = np.random.default_rng(0).standard_normal((300, 8), dtype=np.float32)
+        index = vq.index_factory(8, "IVF4,Flat")
+        index.train(x)
+        index.add(x)
+        print(index.search(x[:2], 3)[1][:, 0].tolist())
+        """
+    )
+    out = _child(code, NUMBA_DISABLE_JIT="1")  # numba debugging: plain Python functions
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[0, 1]"  # each query finds itself

@@ -205,18 +205,22 @@ class CodebookLearner(nn.Module):
         def current(x, weight, *state):
             return tuple(t.clone() for t in state)
 
-        def fresh(x, weight, *state):
-            centroids, counts = _kmeans_init_op(x, weight, k, niter, self.cosine, synced)
+        def new_state(centroids, counts):
             centroids = centroids.to(state[0].dtype)
             if self.by_ema:
                 return centroids, counts, centroids.float() * self._smoothed(counts)[..., None]
             return centroids, counts
 
+        def fresh(x, weight, *state):
+            return new_state(*_kmeans_init_op(x, weight, k, niter, self.cosine, synced))
+
         done = self.initted[groups].all()
         if is_eager():  # a Python branch: torch.cond would trace both functions on every call
             if bool(done):
                 return
-            new = fresh(x, weight, *state)
+            # the function itself: the custom op's eager call imports torch._dynamo, 1.6 s of a
+            # new process's first training step
+            new = new_state(*kmeans_init(x, weight, k, niter, self.cosine, synced))
         else:  # one graph before and after initialisation
             new = torch.cond(done, current, fresh, (x, weight, *state))
         with torch.no_grad():

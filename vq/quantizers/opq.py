@@ -99,7 +99,10 @@ class OPQ(Quantizer):
         self.M, self.nbits, self.dim_out = M, nbits, dim_out
         self.niter, self.niter_pq, self.niter_pq_0 = niter, niter_pq, niter_pq_0
         self.seed, self.max_train_points = seed, max_train_points
-        self.register_buffer("rotation", torch.eye(dim_out, dim))
+        # not torch.eye: on the meta device (where load_index checks shapes) it imports sympy
+        rotation = torch.zeros(dim_out, dim)
+        rotation.diagonal().fill_(1.0)
+        self.register_buffer("rotation", rotation)
 
     def _fit(self, x: torch.Tensor) -> None:
         gen = _generator(self.seed)
