@@ -147,3 +147,24 @@ def test_vq_imports_and_searches_with_numba_jit_disabled():
     out = _child(code, NUMBA_DISABLE_JIT="1")  # numba debugging: plain Python functions
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[0, 1]"  # each query finds itself
+
+
+def test_vq_warmup_reports_each_kind_and_refuses_bad_ones():
+    vq_cli = [sys.executable, "-m", "vq.cli", "warmup", "--dim", "16", "--no-layer"]
+    out = subprocess.run(
+        [*vq_cli, "--index", "Flat", "--index", "IVF4,Flat", "--jobs", "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("Flat ") and lines[1].startswith("IVF4,Flat ")
+    assert lines[-1].startswith("warm-up of 2 kinds at dim 16:")
+    assert str(cache.folder()) in lines[-1]
+    bad = subprocess.run(
+        [*vq_cli, "--index", "IVF4,Nope"], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("error: index_factory:")

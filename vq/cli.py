@@ -17,6 +17,7 @@ Vector files: .fvecs, .bvecs (converted to float32), .ivecs (ground truth), and 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -208,13 +209,19 @@ def warmup(argv: list[str]) -> int:
     p.add_argument("--dim", type=int, default=128, help="vector dimension (default 128)")
     p.add_argument("--metric", choices=["l2", "ip", "both"], default="l2", help="default l2")
     p.add_argument("--no-layer", action="store_true", help="skip the quantizer-layer step")
-    p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=max(1, min(4, os.cpu_count() or 1)),
+        help="kinds compiled at a time, a process each (default: the cores, at most 4)",
+    )
     args = p.parse_args(argv)
     from vq.warmup import warmup as run
 
-    _threads(args.threads)
     if args.dim <= 0:
         raise InputError(f"--dim must be positive, got {args.dim}")
+    if args.jobs <= 0:
+        raise InputError(f"--jobs must be positive, got {args.jobs}")
     metrics = ("l2", "ip") if args.metric == "both" else (args.metric,)
 
     def report(item) -> None:
@@ -222,7 +229,7 @@ def warmup(argv: list[str]) -> int:
         print(f"{item.description:28s} {item.seconds:6.1f} s  ({state})", flush=True)
 
     start = time.perf_counter()
-    done = run(args.index or COMMON, args.dim, metrics, not args.no_layer, report)
+    done = run(args.index or COMMON, args.dim, metrics, not args.no_layer, report, args.jobs)
     compiled = sum(item.compiled for item in done)
     print(
         f"warm-up of {len(done)} kinds at dim {args.dim}: {time.perf_counter() - start:.1f} s, "

@@ -10,8 +10,10 @@ sub-quantizers), so warm up at the dimension you use.
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +52,7 @@ def warmup(
     metrics: Iterable[str] = ("l2",),
     layer: bool = True,
     report: Callable[[Warmed], None] | None = None,
+    processes: int = 1,
 ) -> list[Warmed]:
     """Compile (or load from the cache) every kernel the given index kinds use.
 
@@ -59,36 +62,60 @@ def warmup(
         metrics: "l2" and/or "ip".
         layer: also one training step of an EMA ``VectorQuantizer`` layer.
         report: called after each item, e.g. to print progress.
+        processes: warm up this many items at a time, each in a process of its own (numba
+            compiles on one core); 1: in this process, one after another.
 
     Returns:
         One :class:`Warmed` per description and metric (and the layer last), in order.
     """
     dim = check_int(dim, "dim", 1)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((2048, dim), dtype=np.float32)
-    done = []
-    for metric in metrics:
-        for description in descriptions:
-            start, before = time.perf_counter(), cache.compiles()
-            index = index_factory(dim, description, metric=metric)
-            index.train(x)
-            index.add(x)
-            for batch in (x[:64], x[:1]):  # the batched and the one-query paths
-                index.search(batch, 10)
-                index.search(torch.from_numpy(batch), 10)
-            seconds = time.perf_counter() - start
-            name = description if metric == "l2" else f"{description} (ip)"
-            done.append(Warmed(name, seconds, cache.compiles() - before))
+    processes = check_int(processes, "processes", 1)
+    items = [(d, m) for m in metrics for d in descriptions]
+    for description, _ in items:  # refuse a bad description before compiling anything
+        index_factory(dim, description)
+    if layer:
+        items.append((_LAYER, "l2"))
+    if processes == 1:
+        done = []
+        for description, metric in items:
+            done.append(_warm_one(description, metric, dim))
             if report is not None:
                 report(done[-1])
-    if layer:
-        start, before = time.perf_counter(), cache.compiles()
-        _layer_step(torch.from_numpy(x[:512]))
-        done.append(Warmed("VectorQuantizer layer step", time.perf_counter() - start,
-                           cache.compiles() - before))  # fmt: skip
-        if report is not None:
-            report(done[-1])
+        return done
+    context = multiprocessing.get_context("spawn")  # no fork of a process holding threads
+    with ProcessPoolExecutor(min(processes, len(items)), mp_context=context) as pool:
+        futures = [pool.submit(_warm_one, d, m, dim, 1) for d, m in items]
+        done = []
+        for future in futures:  # in order; each reported once finished
+            done.append(future.result())
+            if report is not None:
+                report(done[-1])
     return done
+
+
+_LAYER = "VectorQuantizer layer step"
+
+
+def _warm_one(description: str, metric: str, dim: int, threads: int | None = None) -> Warmed:
+    """Run the calls of one item (in a worker process: on ``threads`` threads)."""
+    if threads is not None:
+        import numba
+
+        torch.set_num_threads(threads)
+        numba.set_num_threads(threads)
+    x = np.random.default_rng(0).standard_normal((2048, dim), dtype=np.float32)
+    start, before = time.perf_counter(), cache.compiles()
+    if description == _LAYER:
+        _layer_step(torch.from_numpy(x[:512]))
+        return Warmed(description, time.perf_counter() - start, cache.compiles() - before)
+    index = index_factory(dim, description, metric=metric)
+    index.train(x)
+    index.add(x)
+    for batch in (x[:64], x[:1]):  # the batched and the one-query paths
+        index.search(batch, 10)
+        index.search(torch.from_numpy(batch), 10)
+    name = description if metric == "l2" else f"{description} (ip)"
+    return Warmed(name, time.perf_counter() - start, cache.compiles() - before)
 
 
 def _layer_step(x: torch.Tensor) -> None:
