@@ -199,3 +199,35 @@ def test_latency_reports_percentiles_of_both_libraries(results):
         assert 0 < row["faiss p50 us"] <= row["faiss p99 us"]
     assert rows[0]["same ids"] == 1.0  # exact search: the same neighbours
     read_csv(results / "latency.csv", ["index", "vq p50 us", "faiss p50 us", "p50 ratio"])
+
+
+def test_coldstart_reports_cold_cache_bars_and_the_cli(results, capsys):
+    argv = "--n 2000 --nq 5 --repeats 1 --cli-n 3000 --cli-index Flat --kinds Flat".split()
+    rows = coldstart.main([*argv, coldstart.CLI])
+    assert [r["kind"] for r in rows] == ["Flat", coldstart.CLI]
+    flat, cli = rows
+    assert 0 < flat["vq load+first s"] <= flat["vq cold load+first s"]  # the cold one compiles
+    assert flat["vq / faiss load+first"] == flat["vq load+first s"] / flat["faiss load+first s"]
+    assert flat["warm bar"].startswith(("met", "not met"))
+    assert flat["cold bar"] in ("met", "not met")
+    # the CLI is timed whole, warm only, beside faiss's child on the same index
+    assert cli["vq process s"] > 0 and cli["faiss process s"] > 0
+    assert "vq import s" not in cli and "vq cold load+first s" not in cli
+    table = read_csv(results / "coldstart.csv", coldstart.CSV_COLUMNS)
+    assert [r["kind"] for r in table] == ["Flat", coldstart.CLI]
+    printed = capsys.readouterr().out
+    assert f"| {coldstart.CLI} | n/a | n/a |" in printed  # no import / load+first of its own
+
+
+def test_latency_reports_means_recalls_and_nprobe_of_both(results):
+    rows = latency.main("--n 2000 --queries 30 --nprobe 4 --kinds IVF64,PQ16".split())
+    (row,) = rows
+    assert row["nprobe"] == 4
+    assert 0 < row["vq mean us"] and 0 < row["faiss mean us"]
+    assert row["p50 ratio"] == row["vq p50 us"] / row["faiss p50 us"]
+    # the same codes searched with the same nprobe: the same neighbours, the same recall
+    assert row["same ids"] >= 0.95
+    assert abs(row["vq recall@10"] - row["faiss recall@10"]) <= 0.05
+    assert row["target"].startswith("p50 <= 1x: ")
+    columns = ["nprobe", "vq mean us", "faiss mean us", "p99 ratio", "vq recall@10", "same ids"]
+    read_csv(results / "latency.csv", columns)
