@@ -19,6 +19,7 @@ The dtype policy, in one place:
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +35,8 @@ def is_eager() -> bool:
     """False while torch.compile, TorchScript tracing or ONNX export is recording a graph."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return False
-    in_export = getattr(torch.onnx, "is_in_onnx_export", None)
+    onnx = sys.modules.get("torch.onnx")  # not imported: no export (importing it costs 50 ms)
+    in_export = getattr(onnx, "is_in_onnx_export", None)
     return not (in_export is not None and in_export())
 
 
