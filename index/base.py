@@ -25,10 +25,12 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from vq import _cpu, kernels
-from vq._checks import as_ids, as_vectors, check_int, check_vectors, like_input
+from vq._checks import as_ids, as_vectors, check_int, check_vectors, is_eager, like_input
 from vq._cpu import serial_if_small
 
 METRICS = ("l2", "ip")
+#: searches of at most this many queries may take the lean path (``Index._search_small``)
+SMALL_BATCH = 16
 
 
 class ReadWriteLock:
@@ -38,7 +40,8 @@ class ReadWriteLock:
     would wait for itself forever)."""
 
     def __init__(self):
-        self._cond = threading.Condition(threading.Lock())
+        self._mutex = threading.Lock()  # entered directly where no wait is needed (faster)
+        self._cond = threading.Condition(self._mutex)
         self._readers = 0
         self._writer: int | None = None
         self._writes = 0  # the writer's nesting depth
@@ -47,24 +50,33 @@ class ReadWriteLock:
 
     @contextmanager
     def read(self) -> Iterator[None]:
-        me = threading.get_ident()
+        token = self.acquire_read()
+        try:
+            yield
+        finally:
+            self.release_read(token)
+
+    def acquire_read(self) -> tuple[int, bool]:
+        """``read()`` without a context manager (a few µs less per call): the token to give
+        back to :meth:`release_read`."""
         depth = getattr(self._local, "depth", 0)
-        nested = depth > 0 or self._writer == me
+        nested = depth > 0 or self._writer == threading.get_ident()
         if not nested:
-            with self._cond:
+            with self._mutex:
                 while self._writer is not None or self._waiting_writers:
                     self._cond.wait()
                 self._readers += 1
         self._local.depth = depth + 1
-        try:
-            yield
-        finally:
-            self._local.depth = depth
-            if not nested:
-                with self._cond:
-                    self._readers -= 1
-                    if not self._readers:
-                        self._cond.notify_all()
+        return depth, nested
+
+    def release_read(self, token: tuple[int, bool]) -> None:
+        depth, nested = token
+        self._local.depth = depth
+        if not nested:
+            with self._mutex:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
 
     @contextmanager
     def write(self) -> Iterator[None]:
@@ -247,14 +259,14 @@ class Index(nn.Module):
         if isinstance(x, bool):
             return super().train(x)
         t = as_vectors(x, self.dim, "x")
-        with self._lock.write(), torch.no_grad():
+        with self._writing(), torch.no_grad():
             self._train(t.to(self.device))
         return self
 
     def add(self, x: Any) -> None:
         """Add vectors [n, dim] with ids ``ntotal, ntotal + 1, …`` (faiss's sequential ids)."""
         t = as_vectors(x, self.dim, "x")
-        with self._lock.write():
+        with self._writing():
             ids = torch.arange(self.ntotal, self.ntotal + t.shape[0], device=self.device)
             self._check_new_ids(ids, "add: the sequential ids")
             self._add(t, ids)
@@ -265,7 +277,7 @@ class Index(nn.Module):
         name vectors by id)."""
         t = as_vectors(x, self.dim, "x")
         i = as_ids(ids, t.shape[0], "ids")
-        with self._lock.write():
+        with self._writing():
             i = i.to(self.device)
             self._check_new_ids(i, "ids")
             self._add(t, i)
@@ -311,7 +323,7 @@ class Index(nn.Module):
         """Remove every stored vector whose id is in ``ids`` (integers: an array, tensor, list
         or one int; ids not stored are ignored); returns how many were removed."""
         i = as_ids(ids, None, "ids", unique=False, stored=False)
-        with self._lock.write():
+        with self._writing():
             return self._remove(i.to(self.device))
 
     def _remove(self, ids: torch.Tensor) -> int:
@@ -340,6 +352,9 @@ class Index(nn.Module):
             descending) and int64 [nq, k] ids; missing results are id -1 with distance +inf
             (-inf for "ip"). numpy for numpy queries, tensors on the queries' device otherwise.
         """
+        found = self._search_small(queries, k, params)
+        if found is not None:
+            return found
         k = self.k if k is None else k
         if isinstance(k, bool) or not isinstance(k, int | np.integer) or k <= 0:
             raise ValueError(f"k must be a positive integer, got {k!r}")
@@ -376,6 +391,128 @@ class Index(nn.Module):
     def forward(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``search(queries, self.k)`` for torch queries."""
         return self.search(queries, self.k)
+
+    # -- the lean path of small searches ---------------------------------------------------
+    def _search_small(self, queries: Any, k: Any, params: dict):
+        """``search`` of at most :data:`SMALL_BATCH` float32 queries on CPU (numpy, or a CPU
+        tensor outside autograd and graph capture) straight to ids: numba kernels on the
+        calling thread over numpy views of the buffers, no torch operation, no thread pool
+        wake-up where the work is small (a service answering one query at a time). None where
+        it does not apply: the general path then serves the call, and raises any error."""
+        if type(queries) is np.ndarray:
+            if queries.dtype != np.float32:
+                return None
+            q, tensor = queries, False
+        elif isinstance(queries, torch.Tensor):
+            if (
+                queries.dtype != torch.float32
+                or queries.device.type != "cpu"
+                or queries.requires_grad
+                or not is_eager()
+            ):
+                return None
+            q, tensor = queries.numpy(), True
+        else:
+            return None
+        if q.ndim != 2 or not 0 < q.shape[0] <= SMALL_BATCH or q.shape[1] != self.dim:
+            return None
+        if k is None:
+            k = self.k
+        elif type(k) is not int:
+            if isinstance(k, bool) or not isinstance(k, np.integer):
+                return None
+            k = int(k)
+        if k <= 0 or not _cpu.numpy_path():
+            return None
+        if params and not params.keys() <= set(self.search_options()):
+            return None
+        if not q.flags.c_contiguous:
+            q = np.ascontiguousarray(q)
+        if not kernels.all_finite(q):
+            return None
+        token = self._lock.acquire_read()
+        try:
+            search = self._lean()
+            found = None if search is None else search(q, k, True, **params)
+        finally:
+            self._lock.release_read(token)
+        if found is None or not tensor:
+            return found
+        return torch.from_numpy(found[0]), torch.from_numpy(found[1])
+
+    def _lean(self):
+        """The lean search of the index as it is now, ``search(q, k, ranked=True, **params)``
+        → float32 distances and int64 ids, numpy [nq, k] padded as ``search`` pads (in any
+        order if not ``ranked``: re-ranking candidates), or None where the call is not small;
+        q: checked C-contiguous float32 [nq <= SMALL_BATCH, dim]. None where the index has no
+        lean path (untrained, empty, not on CPU, or a kind without one). Built by
+        ``_lean_search`` over numpy views of the buffers, and kept until a buffer, parameter
+        or submodule anywhere in the module tree is replaced or modified in place, or the
+        index is written to (which drops it at once, so that it holds no stale storage)."""
+        cached = self.__dict__.get("_lean_cache")
+        if cached is not None:
+            search, checks = cached
+            for table, name, value, version in checks:
+                if table.get(name) is not value or (
+                    version is not None and value._version != version
+                ):
+                    break
+            else:
+                return search
+        usable = self.is_trained and self.ntotal > 0 and self.device.type == "cpu"
+        search = self._lean_search() if usable else None
+        checks = []
+        for m in self.modules():
+            for table in (m._buffers, m._parameters):
+                for name, t in table.items():
+                    checks.append((table, name, t, None if t is None else t._version))
+            for name, child in m._modules.items():
+                checks.append((m._modules, name, child, None))
+        self.__dict__["_lean_cache"] = (search, checks)
+        return search
+
+    def _lean_search(self):
+        """``_lean``'s search for this index: the kind's ``_lean_rows`` with rows mapped to
+        ids and the results padded to k; None where ``_lean_rows`` is."""
+        rows_search = self._lean_rows()
+        if rows_search is None:
+            return None
+        ntotal = self.ntotal
+        ids = self.ids.numpy() if self.ids.shape[0] == ntotal else _NO_IDS  # [0]: the rows
+        ip = self.metric == "ip"
+        fill = np.float32(-np.inf if ip else np.inf)
+
+        def search(q: np.ndarray, k: int, ranked: bool = True, **params):
+            found = rows_search(q, min(k, ntotal), ranked, **params)
+            if found is None:
+                return None
+            out_dist = np.empty((q.shape[0], k), np.float32)
+            out_ids = np.empty((q.shape[0], k), np.int64)
+            kernels.rows_to_ids_small(found[0], found[1], ids, ip, fill, out_dist, out_ids)
+            return out_dist, out_ids
+
+        return search
+
+    def _lean_rows(self):
+        """The kind's lean search by stored row: a function ``(q, k, ranked, **params)`` →
+        distances float32 [nq, k], ascending (negated inner products for "ip"), and rows int64
+        [nq, k] (-1 where missing), numpy, k <= ntotal, or None for a call that is not small;
+        built for the index as it is (see ``_lean``). None: the kind has no lean path (the
+        default)."""
+        return None
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """The index for this thread alone (see ``ReadWriteLock``); on the way out, the lean
+        searches and derived arrays of the whole module tree are dropped (their storage with
+        them)."""
+        with self._lock.write():
+            try:
+                yield
+            finally:
+                for m in self.modules():
+                    m.__dict__.pop("_lean_cache", None)
+                    m.__dict__.pop("_derived_cache", None)
 
     # -- helpers --------------------------------------------------------------------------
     def _search_work(self, nq: int, k: int, **params) -> float:
@@ -450,7 +587,7 @@ class Index(nn.Module):
             )
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        with self._lock.write():
+        with self._writing():
             # stored data grows with add(): take the incoming sizes before copying
             for name, buf in list(self._buffers.items()):
                 incoming = state_dict.get(prefix + name)

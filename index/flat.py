@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
+import numba
 import numpy as np
 import torch
 
-from vq import kernels
+from vq import _cpu, kernels
 from vq._cpu import empty, fast_path
-from vq.index.base import Index
+from vq.index.base import _KERNELS, Index, kernels_threadsafe
+
+_NO_NORMS = np.zeros(0, np.float32)
 
 
 class FlatIndex(Index):
@@ -65,6 +70,40 @@ class FlatIndex(Index):
         search recomputing them was half of a one-query search at 50,000 vectors)."""
         x = self.vectors
         return self._derived("norms", (x,), lambda: (x * x).sum(dim=1).numpy())
+
+    def _lean_rows(self):
+        """One pass over the stored vectors for all the (few) queries, on the calling thread,
+        or split by rows between the threads when one thread would take long."""
+        ip = self.metric == "ip"
+        x = self.vectors.contiguous().numpy()
+        norms = _NO_NORMS if ip else self._norms()
+        n = x.shape[0]
+        work = self._search_work
+
+        def search(q: np.ndarray, k: int, ranked: bool):
+            nq = q.shape[0]
+            parts = 1
+            if work(nq, k) >= _cpu.SERIAL_WORK:
+                parts = min(numba.get_num_threads(), max(1, n // 4096))
+            heap_d = np.full((parts, nq, k), np.inf, np.float32)
+            heap_i = np.full((parts, nq, k), -1, np.int64)
+            if parts == 1:
+                kernels.flat_rows(q, x, norms, ip, 0, n, heap_d[0], heap_i[0])
+            else:
+                _cpu.start_numba_threads()
+                with nullcontext() if kernels_threadsafe() else _KERNELS:
+                    kernels.flat_parts(q, x, norms, ip, heap_d, heap_i)
+            dist = heap_d.transpose(1, 0, 2).reshape(nq, parts * k)
+            rows = heap_i.transpose(1, 0, 2).reshape(nq, parts * k)
+            order = np.lexsort((rows, dist))[:, :k]  # by distance, ties by row
+            dist = np.take_along_axis(dist, order, 1)
+            rows = np.take_along_axis(rows, order, 1)
+            if ip:
+                return dist, rows
+            q_norms = np.einsum("ij,ij->i", q, q)[:, None]
+            return np.maximum(dist + q_norms, np.float32(0)), rows
+
+        return search
 
     def _search_numba(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """BLAS inner products of a block of queries with a block of vectors (small enough to

@@ -20,6 +20,8 @@ from vq.distances import nearest
 from vq.index.base import Index
 from vq.quantizers import VectorQuantizer
 
+_NO_NORMS = np.zeros(0, np.float32)
+
 
 class IVFIndex(Index):
     """Shared by :class:`IVFFlat` and :class:`IVFPQ`: the coarse quantizer, the CSR inverted
@@ -219,7 +221,38 @@ class IVFIndex(Index):
         """The numba scan: the k nearest rows, ascending (in any order if not ``ranked``)."""
         raise NotImplementedError
 
-    def _scan_torch(self, q, coarse, lists, k) -> tuple[torch.Tensor, torch.Tensor]:
+    def _lean_rows(self):
+        """The coarse step and the scan, each one kernel on the calling thread; None (the
+        general path, in parallel) for a call whose estimated work is not small."""
+        scan = self._lean_scan()
+        ip = self.metric == "ip"
+        centroids = self.quantizer.codebook.float().contiguous().numpy()
+        norms = _NO_NORMS if ip else self._centroid_norms()
+        nlist = self.nlist
+        # _search_work's estimate: fixed + nprobe * per_probe per query
+        fixed = self._search_work(1, 1, nprobe=1) - self.ntotal / nlist * self._vector_ns()
+        per_probe = self.ntotal / nlist * self._vector_ns()
+        serial_work = _cpu.SERIAL_WORK
+
+        def search(q: np.ndarray, k: int, ranked: bool, nprobe: int | None = None):
+            nprobe = self.nprobe if nprobe is None else _check_nprobe(nprobe)
+            nprobe = min(nprobe, nlist)
+            nq = q.shape[0]
+            if nq * (fixed + nprobe * per_probe) >= serial_work:
+                return None
+            coarse = np.empty((nq, nprobe), np.float32)
+            lists = np.empty((nq, nprobe), np.int64)
+            kernels.probe_lists(q, centroids, norms, ip, coarse, lists)
+            dist = np.empty((nq, k), np.float32)
+            rows = np.empty((nq, k), np.int64)
+            scan(q, coarse, lists, dist, rows, ranked)
+            return dist, rows
+
+        return search
+
+    def _lean_scan(self):
+        """The lean path's scan: ``scan(q, coarse, lists, out_dist, out_rows, ranked)`` as
+        ``_scan_numba`` over numpy arrays of at most 16 queries, on the calling thread."""
         raise NotImplementedError
 
     @staticmethod
@@ -257,6 +290,15 @@ class IVFFlat(IVFIndex):
 
     def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"lists": self._assign(x), "vectors": x.float()}
+
+    def _lean_scan(self):
+        ip = self.metric == "ip"
+        x, offsets = self.vectors.contiguous().numpy(), self.offsets.numpy()
+
+        def scan(q, coarse, lists, out_dist, out_rows, ranked):
+            kernels.ivf_flat_range(0, q.shape[0], q, x, lists, offsets, ip, out_dist, out_rows)
+
+        return scan
 
     def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked=True) -> None:
         kernels.ivf_flat_scan(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vq import kernels
@@ -90,6 +91,28 @@ class Refine(Wrapper):
         else:
             dist, rows = self._rerank_torch(q, cand, k)
         return self._finish(-dist if self.metric == "ip" else dist, rows, k)
+
+    def _lean_rows(self):
+        """The wrapped index's lean search for ``k * k_factor`` candidates, re-ranked on the
+        calling thread; None where the wrapped index has none."""
+        candidates = self.index._lean()
+        if candidates is None:
+            return None
+        ip = self.metric == "ip"
+        x = self.vectors.contiguous().numpy()
+
+        def search(q: np.ndarray, k: int, ranked: bool, k_factor: int | None = None, **params):
+            k_factor = _check_k_factor(self.k_factor if k_factor is None else k_factor)
+            found = candidates(q, k * k_factor, False, **params)
+            if found is None:
+                return None
+            cand = found[1]  # the wrapped index stores this index's rows as its ids
+            nq = q.shape[0]
+            dist, rows = np.empty((nq, k), np.float32), np.empty((nq, k), np.int64)
+            kernels.refine_range(0, nq, q, x, cand, ip, dist, rows)
+            return dist, rows
+
+        return search
 
     def _rerank_torch(self, q: torch.Tensor, cand: torch.Tensor, k: int):
         """Ascending distances (negated inner products for "ip") and rows [nq, <=k]."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vq.index.base import Index, Wrapper
@@ -95,6 +96,17 @@ class PreTransform(Wrapper):
 
     def _search_ids(self, q: torch.Tensor, k: int, **params):
         return self.index._search_ids(self.apply(q), k, **params)
+
+    def _lean_search(self):
+        inner = self.index._lean()
+        if inner is None:
+            return None
+        rt = self.transform.rotation.float().T.contiguous().numpy()
+
+        def search(q: np.ndarray, k: int, ranked: bool = True, **params):
+            return inner(np.ascontiguousarray(q @ rt, dtype=np.float32), k, ranked, **params)
+
+        return search
 
     def _candidate_ids(self, q: torch.Tensor, k: int, **params) -> torch.Tensor:
         return self.index._candidate_ids(self.apply(q), k, **params)

@@ -25,7 +25,8 @@ _SEARCH = textwrap.dedent(
         index = vq.index_factory(16, description)
         index.train(x)
         index.add(x)
-        index.search(x[:5], 3)
+        index.search(x[:5], 3)  # the lean path of small searches
+        index.search(x[:40], 3)  # the general path
     compiler = [m for m in ("numba.np.arraymath", "scipy.linalg") if m in sys.modules]
     print(json.dumps({"compiles": cache.compiles(), "folder": str(cache.folder()),
                       "compiler": compiler}))

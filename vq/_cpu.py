@@ -34,6 +34,19 @@ def fast_path(x: torch.Tensor) -> bool:
     return ok
 
 
+def numpy_path() -> bool:
+    """Whether the numba kernels may serve numpy arrays (the lean path of small searches):
+    not inside :func:`torch_only`."""
+    return not _disabled
+
+
+def start_numba_threads() -> None:
+    """Start numba's thread pool, keeping torch's thread count (see
+    :func:`_start_numba_threads`), before a parallel kernel's first call on numpy arrays."""
+    if not _numba_started:
+        _start_numba_threads()
+
+
 def _start_numba_threads() -> None:
     """Start numba's thread pool once, keeping torch's thread count: numba's OpenMP layer
     shares libgomp with torch and, when its pool starts, resets the count to numba's — which

@@ -12,6 +12,8 @@ variant) are the ``*_template`` modules, one cached source file per configuratio
 - :mod:`vq.kernels.fastscan`, :mod:`vq.kernels.fastscan_ivf`: 4-bit fast-scan (byte-shuffle
   look-ups of uint8 tables), flat and over inverted lists.
 - :mod:`vq.kernels.simd`: 16-float vector helpers (LLVM intrinsics) the kernels share.
+- :mod:`vq.kernels.small`: the lean path of a few queries (flat rows, the coarse probe), on
+  the calling thread.
 - :mod:`vq.kernels.heaps`: top-k on int64 ``distance << bits | row`` keys.
 """
 
@@ -31,12 +33,22 @@ from vq.kernels.scan import (
     code_view,
     heap_push_block,
     heaps_sorted,
+    ivf_flat_range,
     ivf_flat_scan,
     ivfpq_scanner,
+    ivfpq_serial,
+    refine_range,
     refine_scan,
     rows_to_ids,
     smallest_k_rows,
     words_layout,
+)
+from vq.kernels.small import (
+    all_finite,
+    flat_parts,
+    flat_rows,
+    probe_lists,
+    rows_to_ids_small,
 )
 
 __all__ = [
@@ -44,19 +56,27 @@ __all__ = [
     "L2_TABLE",
     "RESIDUAL_L2_TABLE",
     "adc_scanner",
+    "all_finite",
     "code_view",
     "heap_push_block",
     "heaps_sorted",
     "additive_decode",
     "argmin_rows",
     "ivf_flat_scan",
+    "flat_parts",
+    "flat_rows",
+    "ivf_flat_range",
     "ivfpq_scanner",
+    "ivfpq_serial",
+    "probe_lists",
+    "refine_range",
     "kmeanspp_pick",
     "kmeanspp_sample",
     "pq_decoder",
     "pq_encoder",
     "refine_scan",
     "rows_to_ids",
+    "rows_to_ids_small",
     "smallest_k_rows",
     "words_layout",
 ]

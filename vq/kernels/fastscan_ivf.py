@@ -92,6 +92,17 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
     candidates of a re-ranking step, spared a sort that costs as much as their scan at a k of
     100 or more).
     """
+    return _module(n_pairs, dsub, isa).scan
+
+
+@functools.cache
+def ivf_fastscan_serial(n_pairs: int, dsub: int, isa: str):
+    """:func:`ivf_fastscan_lists`'s ``scan`` (same arguments and results) on the calling
+    thread: the lean path of a few queries, which a thread-pool wake-up would cost more than
+    it saves."""
+    return _module(n_pairs, dsub, isa).scan_serial
+
+
+def _module(n_pairs: int, dsub: int, isa: str):
     template = "vq.kernels.fastscan_ivf_template"
-    module = specialise(template, N_PAIRS=int(n_pairs), DSUB=int(dsub), ISA=check_isa(isa))
-    return module.scan
+    return specialise(template, N_PAIRS=int(n_pairs), DSUB=int(dsub), ISA=check_isa(isa))

@@ -210,6 +210,26 @@ def scan(
         merge_parts(heaps, np.int64(q), out_scale, out_offset, out_dist, out_idx)
 
 
+@kernel(nogil=True)
+def scan_serial(queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base, probes,
+                list_blocks, offsets, packed, out_dist, out_idx, out_scale, out_offset,
+                ranked):  # fmt: skip
+    """``scan`` on the calling thread (the lean path of a few queries: no thread pool)."""
+    nq, nprobe = probes.shape
+    k = out_dist.shape[1]
+    summed = list_tables.shape[0] > 0
+    T = nprobe if summed or (kind != IP_TABLE and kind != L2_TABLE) else 1
+    luts = np.empty((nq * T, N_PAIRS, 32), dtype=np.uint8)
+    flat_luts = luts.reshape((nq * T * N_PAIRS, 32))
+    shifts = np.empty((nq, nprobe), dtype=np.int32)
+    heaps = np.full((1, nq, k), _EMPTY, dtype=np.int64)
+    counts = np.zeros((1, nq), dtype=np.int64)
+    serve_slice(np.int64(0), np.int64(nq), queries, codebooks_t, norms, centroids, list_tables,
+        kind, alpha, base, probes, T, luts, flat_luts, shifts, list_blocks, offsets, packed,
+        heaps[0], counts[0], out_dist, out_idx, out_scale, out_offset, ranked,
+    )  # fmt: skip
+
+
 # the parallel loops above call one kernel each: loop bodies written inline take numba several
 # times longer to compile
 @kernel(nogil=True)

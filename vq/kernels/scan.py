@@ -205,9 +205,19 @@ def ivfpq_scanner(n_tables: int, words: bool, dsub: int):
 
     Threads split blocks of 16 queries (the work buffers are allocated once per block).
     """
+    return _ivfpq_module(n_tables, words, dsub).ivfpq_scan
+
+
+@functools.cache
+def ivfpq_serial(n_tables: int, words: bool, dsub: int):
+    """:func:`ivfpq_scanner`'s kernel for at most 16 queries on the calling thread (the lean
+    path): ``ivfpq_block(0, queries, ...)`` with the arguments of ``ivfpq_scan`` after the 0."""
+    return _ivfpq_module(n_tables, words, dsub).ivfpq_block
+
+
+def _ivfpq_module(n_tables: int, words: bool, dsub: int):
     template = "vq.kernels.ivfpq_scan_template"
-    module = specialise(template, N_TABLES=int(n_tables), WORDS=bool(words), DSUB=int(dsub))
-    return module.ivfpq_scan
+    return specialise(template, N_TABLES=int(n_tables), WORDS=bool(words), DSUB=int(dsub))
 
 
 @njit(inline="always", fastmath=True)
@@ -236,11 +246,23 @@ def ivf_flat_scan(queries, vectors, probes, offsets, inner_product, out_dist, ou
         out_dist: float32 [nq, k] ascending (+inf padding); out_idx: int64 [nq, k] rows in
             ``vectors`` (-1 padding).
     """
-    nq, nprobe = probes.shape
+    for q in prange(probes.shape[0]):
+        q0 = np.int64(q)
+        ivf_flat_range(q0, q0 + 1, queries, vectors, probes, offsets, inner_product, out_dist,
+                       out_idx)  # fmt: skip
+
+
+@kernel(nogil=True, fastmath=True)
+def ivf_flat_range(q0, q1, queries, vectors, probes, offsets, inner_product, out_dist, out_idx):
+    """:func:`ivf_flat_scan` for queries ``q0..q1`` (int64) on the calling thread."""
+    nprobe = probes.shape[1]
     k = out_dist.shape[1]
-    for q in prange(nq):
-        heap_d = np.full(k, np.inf, dtype=np.float32)
-        heap_i = np.full(k, -1, dtype=np.int64)
+    heap_d = np.empty(k, dtype=np.float32)
+    heap_i = np.empty(k, dtype=np.int64)
+    for q in range(q0, q1):
+        for e in range(k):  # loops: slice assignments take numba seconds to compile
+            heap_d[e] = np.inf
+            heap_i[e] = -1
         x = queries[q]
         for p in range(nprobe):
             lst = probes[q, p]
@@ -277,12 +299,23 @@ def refine_scan(queries, vectors, candidates, inner_product, out_dist, out_idx):
         out_dist: float32 [nq, k] ascending (+inf padding); out_idx: int64 [nq, k] rows of
             ``vectors`` (-1 padding).
     """
-    nq, n_cand = candidates.shape
+    for q in prange(candidates.shape[0]):
+        q0 = np.int64(q)
+        refine_range(q0, q0 + 1, queries, vectors, candidates, inner_product, out_dist, out_idx)
+
+
+@kernel(nogil=True, fastmath=True)
+def refine_range(q0, q1, queries, vectors, candidates, inner_product, out_dist, out_idx):
+    """:func:`refine_scan` for queries ``q0..q1`` (int64) on the calling thread."""
+    n_cand = candidates.shape[1]
     k = out_dist.shape[1]
     row_bytes = vectors.shape[1] * 4
-    for q in prange(nq):
-        heap_d = np.full(k, np.inf, dtype=np.float32)
-        heap_i = np.full(k, -1, dtype=np.int64)
+    heap_d = np.empty(k, dtype=np.float32)
+    heap_i = np.empty(k, dtype=np.int64)
+    for q in range(q0, q1):
+        for e in range(k):  # loops: slice assignments take numba seconds to compile
+            heap_d[e] = np.inf
+            heap_i[e] = -1
         x = queries[q]
         threshold = heap_d[0]
         for c in range(min(_PREFETCH_AHEAD, n_cand)):

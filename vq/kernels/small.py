@@ -1,0 +1,113 @@
+"""Kernels of the lean path: a search of a few queries on the calling thread (or, for a large
+flat scan, split by rows between threads), called straight from numpy arrays with no matrix
+product, torch tensor or thread-pool wake-up before them.
+
+- :func:`flat_rows`: exact distances of rows ``r0..r1`` to a few queries into per-query heaps,
+  each stored vector read once for all the queries; :func:`flat_parts` splits the rows.
+- :func:`probe_lists`: the coarse step of an IVF search, inner products with the centroids
+  and the ``nprobe`` nearest, as :func:`vq.kernels.smallest_k_rows` ranks them.
+- :func:`rows_to_ids_small`: rows to ids and padding; :func:`all_finite`: the input check.
+
+Each numpy operation on a small array costs a microsecond or more in Python, about what one
+of these calls costs: the lean path hands whole steps to kernels instead.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from vq.kernels.cache import kernel
+from vq.kernels.scan import _heap_replace_top, _smallest_k_row
+
+
+@kernel(nogil=True, fastmath=True)
+def flat_rows(queries, vectors, x_norms, inner_product, r0, r1, heap_d, heap_i):
+    """Offer rows ``r0..r1`` of ``vectors`` to each query's max-heap.
+
+    Args:
+        queries: float32 [nq, d]; vectors: float32 [n, d]; x_norms: float32 [n] (read for l2).
+        inner_product: rank by -⟨q, x⟩; else by ‖x‖² - 2⟨q, x⟩ (the query's own ‖q‖² left to
+            the caller, as :func:`vq.kernels.heap_push_block` does).
+        r0, r1: int64, the rows to scan.
+        heap_d: float32 [nq, k], heap_i: int64 [nq, k]: max-heaps (+inf / -1 when empty),
+            finished by :func:`vq.kernels.heaps_sorted`.
+    """
+    nq, dim = queries.shape
+    for i in range(r0, r1):
+        v = vectors[i]
+        for q in range(nq):
+            x = queries[q]
+            s = np.float32(0.0)
+            for j in range(dim):
+                s += x[j] * v[j]
+            d = -s if inner_product else x_norms[i] - np.float32(2.0) * s
+            if d < heap_d[q, 0]:
+                _heap_replace_top(heap_d[q], heap_i[q], d, i)
+
+
+@kernel(parallel=True, nogil=True)
+def flat_parts(queries, vectors, x_norms, inner_product, heap_d, heap_i):
+    """:func:`flat_rows` with the rows cut into ``heap_d.shape[0]`` parts, one per thread,
+    each into heaps of its own (``heap_d`` [parts, nq, k], ``heap_i`` likewise); the caller
+    merges them."""
+    parts = heap_d.shape[0]
+    n = vectors.shape[0]
+    per = -(-n // parts)
+    for p in prange(parts):
+        r0 = np.int64(p) * per
+        flat_rows(queries, vectors, x_norms, inner_product, r0, min(n, r0 + per), heap_d[p],
+                  heap_i[p])  # fmt: skip
+
+
+@kernel(nogil=True, fastmath=True)
+def probe_lists(queries, centroids, c_norms, inner_product, out_scores, out_lists):
+    """The ``nprobe`` nearest centroids of each query, on the calling thread.
+
+    Args:
+        queries: float32 [nq, d]; centroids: float32 [nlist, d]; c_norms: float32 [nlist],
+            their squared norms (read for l2).
+        inner_product: rank by -⟨q, c⟩ rather than by squared L2 distance.
+        out_scores: float32 [nq, nprobe], ascending: ‖q - c‖² clamped at 0, or -⟨q, c⟩;
+            out_lists: int64 [nq, nprobe], their centroids (ties by lower number).
+    """
+    nq, dim = queries.shape
+    nlist = centroids.shape[0]
+    row = np.empty(nlist, dtype=np.float32)
+    for q in range(nq):
+        x = queries[q]
+        for c in range(nlist):
+            s = np.float32(0.0)
+            for j in range(dim):
+                s += x[j] * centroids[c, j]
+            row[c] = s
+        _smallest_k_row(row, x, c_norms, inner_product, out_scores[q], out_lists[q])
+
+
+@kernel(nogil=True)
+def all_finite(x):
+    """Whether every value of the float32 array ``x`` [n, d] is finite (one pass, no
+    temporary: ``np.isfinite(x).all()`` costs a few µs more on a small array)."""
+    for i in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            if not np.isfinite(x[i, j]):
+                return False
+    return True
+
+
+@kernel(nogil=True)
+def rows_to_ids_small(dist, rows, ids, negate, fill, out_dist, out_ids):
+    """:func:`vq.kernels.rows_to_ids` on the calling thread, the distances negated first if
+    ``negate`` (inner products ranked as negated values): the last step of a lean search.
+    ``ids`` [0] when the ids are the rows themselves."""
+    kk = rows.shape[1]
+    mapped = ids.shape[0] > 0
+    for q in range(rows.shape[0]):
+        for j in range(out_ids.shape[1]):
+            r = rows[q, j] if j < kk else -1
+            if r < 0:
+                out_ids[q, j] = -1
+                out_dist[q, j] = fill
+            else:
+                out_ids[q, j] = ids[r] if mapped else r
+                out_dist[q, j] = -dist[q, j] if negate else dist[q, j]
