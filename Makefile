@@ -1,5 +1,5 @@
 # make demo: the main job, vq against faiss on NSynth embeddings (creates .venv on first use)
-# make test: lint + the whole test suite
+# make test: lint + the whole test suite (one pytest worker per core; they share the kernel cache)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -17,7 +17,7 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto
 
 bench: $(VENV)/.installed
 	$(PY) -m bench

@@ -14,13 +14,14 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def set_threads(n: int) -> None:
-    """Give torch, numba and faiss the same thread count."""
+    """Give torch, vq's kernels and faiss the same thread count."""
     import faiss
-    import numba
     import torch
 
+    import vq
+
     torch.set_num_threads(n)
-    numba.set_num_threads(n)
+    vq.set_num_threads(n)
     faiss.omp_set_num_threads(n)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -104,39 +104,6 @@ class ReadWriteLock:
 
     def __reduce__(self):  # copies (deepcopy, pickling by torch) get a fresh, free lock
         return (type(self), ())
-
-
-# numba's "workqueue" threading layer aborts the process when two threads run parallel kernels
-# at once (tbb and omp do not): there, searches run one at a time
-_KERNELS = threading.Lock()
-_kernels_threadsafe: bool | None = None
-
-
-def kernels_threadsafe() -> bool:
-    """Whether numba's threading layer lets several threads run parallel kernels at once."""
-    global _kernels_threadsafe
-    if _kernels_threadsafe is not None:
-        return _kernels_threadsafe
-    import numba
-
-    try:
-        _kernels_threadsafe = numba.threading_layer() != "workqueue"
-        return _kernels_threadsafe
-    except ValueError:  # no parallel kernel has run yet: predict numba's choice
-        pass
-    layer = numba.config.THREADING_LAYER
-    if layer in ("tbb", "omp", "threadsafe"):
-        return True
-    if layer == "workqueue":
-        return False
-    candidates = ("tbb", "omp") if layer == "default" else ("tbb",)  # "safe", "forksafe"
-    for name in candidates:
-        try:
-            __import__(f"numba.np.ufunc.{name}pool")
-            return True
-        except ImportError:
-            continue
-    return False
 
 
 class Index(nn.Module):
@@ -368,9 +335,8 @@ class Index(nn.Module):
             )
         q = check_vectors(queries, self.dim, "queries")
         nq, k, step = q.shape[0], int(k), self.search_batch_size
-        guard = nullcontext() if kernels_threadsafe() else _KERNELS
         small = serial_if_small(self._search_work(min(nq, step), int(k), **params))
-        with self._lock.read(), guard, torch.no_grad(), small:
+        with self._lock.read(), torch.no_grad(), small:
             if nq <= step:
                 dist, ids = self._search_ids(_rows(q, self.device), k, **params)
             else:  # bounded memory: per-chunk tables and buffers, results written in place
@@ -488,7 +454,7 @@ class Index(nn.Module):
                 return None
             out_dist = np.empty((q.shape[0], k), np.float32)
             out_ids = np.empty((q.shape[0], k), np.int64)
-            kernels.rows_to_ids_small(found[0], found[1], ids, ip, fill, out_dist, out_ids)
+            kernels.rows_to_ids(found[0], found[1], ids, ip, fill, out_dist, out_ids)
             return out_dist, out_ids
 
         return search
@@ -565,7 +531,8 @@ class Index(nn.Module):
                 dist.contiguous().numpy(),
                 rows.contiguous().numpy(),
                 _NO_IDS if stored is None else stored.contiguous().numpy(),
-                fill,
+                False,
+                np.float32(fill),
                 out_dist.numpy(),
                 out_ids.numpy(),
             )

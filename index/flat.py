@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
-import numba
 import numpy as np
 import torch
 
 from vq import _cpu, kernels
 from vq._cpu import empty, fast_path
-from vq.index.base import _KERNELS, Index, kernels_threadsafe
+from vq.index.base import Index
+from vq.kernels import threads
 
 _NO_NORMS = np.zeros(0, np.float32)
 
@@ -84,15 +82,13 @@ class FlatIndex(Index):
             nq = q.shape[0]
             parts = 1
             if work(nq, k) >= _cpu.SERIAL_WORK:
-                parts = min(numba.get_num_threads(), max(1, n // 4096))
+                parts = min(threads.get_num_threads(), max(1, n // 4096))
             heap_d = np.full((parts, nq, k), np.inf, np.float32)
             heap_i = np.full((parts, nq, k), -1, np.int64)
             if parts == 1:
                 kernels.flat_rows(q, x, norms, ip, 0, n, heap_d[0], heap_i[0])
             else:
-                _cpu.start_numba_threads()
-                with nullcontext() if kernels_threadsafe() else _KERNELS:
-                    kernels.flat_parts(q, x, norms, ip, heap_d, heap_i)
+                kernels.flat_parts(q, x, norms, ip, heap_d, heap_i)
             dist = heap_d.transpose(1, 0, 2).reshape(nq, parts * k)
             rows = heap_i.transpose(1, 0, 2).reshape(nq, parts * k)
             order = np.lexsort((rows, dist))[:, :k]  # by distance, ties by row

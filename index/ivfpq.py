@@ -232,7 +232,7 @@ class IVFPQ(IVFIndex):
 
         def scan(q, coarse, lists, out_dist, out_rows, ranked):
             base = coarse if coarse_base else np.zeros(coarse.shape, np.float32)
-            kernel(0, q, *args, base, lists, codes, offsets, out_dist, out_rows)
+            kernel(0, q.shape[0], q, *args, base, lists, codes, offsets, out_dist, out_rows)
 
         return scan
 

@@ -323,14 +323,19 @@ WORKQUEUE = """
     threads = [threading.Thread(target=searcher, args=(t,)) for t in range(4)]
     [t.start() for t in threads]
     [t.join() for t in threads]
-    print(numba.threading_layer(), len(bad))
+    try:
+        layer = numba.threading_layer()
+    except ValueError:  # never started
+        layer = "unused"
+    print(layer, len(bad))
 """
 
 
 def test_workqueue_threading_layer_does_not_abort():
     """numba's workqueue layer aborts the whole process when two threads run parallel kernels
-    at once; searches then take turns instead."""
+    at once; vq's kernels run on vq's own thread pool and never start numba's layer, so
+    concurrent searches under that setting give the sequential answers."""
     proc = child(WORKQUEUE, env={"NUMBA_THREADING_LAYER": "workqueue"})
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-2000:]
-    assert out.split() == ["workqueue", "0"]
+    assert out.split() == ["unused", "0"]

@@ -89,7 +89,7 @@ def test_an_unwritable_cache_warns_once_and_compiles_in_memory(tmp_path):
         keys, out = np.array([5, 3, 9, 1], dtype=np.int64), np.empty(2, dtype=np.int64)
         heaps.smallest_keys(keys, out)
         build = flat_tables(2, 1)  # a specialised module, executed in memory
-        print(cache.folder(), out.tolist(), build.py_func.__code__.co_filename.startswith("<"))
+        print(cache.folder(), out.tolist(), build.__code__.co_filename.startswith("<"))
         """
     )
     out = _child(code, NUMBA_CACHE_DIR=str(blocked / "sub"))

@@ -57,7 +57,8 @@ def sq_errors(x: np.ndarray, x_hat) -> np.ndarray:
 def test_vq_error_is_at_most_the_last_training_objective(seed, n, d, k, niter, scale):
     x = blobs(seed, n, d, clusters=5, scale=scale)
     q = vq.VectorQuantizer(d, k, niter=niter, seed=seed).fit(x)
-    result = vq.kmeans(x, k, niter=niter, seed=seed)  # the same training, with its objective
+    # the same training (VectorQuantizer seeds with k-means++), with its objective
+    result = vq.kmeans(x, k, niter=niter, init="k-means++", seed=seed)
     np.testing.assert_array_equal(q.codebook.numpy(), result.centroids)
     error = sq_errors(x, q.decode(q.encode(x))).sum()
     # float32 distances (||x||² - 2⟨x, c⟩ + ||c||²) are exact to about 1e-7 of ||x||²

@@ -59,13 +59,14 @@ def read_neighbors(path: Path) -> np.ndarray:
 
 
 def _threads(n: int) -> None:
-    import numba
     import torch
+
+    import vq
 
     if n <= 0:
         raise InputError(f"--threads must be positive, got {n}")
     torch.set_num_threads(n)
-    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    vq.set_num_threads(n)
 
 
 def _compile_notice(what: str):

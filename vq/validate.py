@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from vq.kernels.threads import set_num_threads
+
 
 @dataclass
 class Check:
@@ -87,10 +89,9 @@ def faiss_available() -> bool:
 def set_threads(threads: int) -> None:
     """The same thread count for torch, numba and faiss."""
     import faiss
-    import numba
 
     torch.set_num_threads(threads)
-    numba.set_num_threads(threads)
+    set_num_threads(threads)
     faiss.omp_set_num_threads(threads)
 
 

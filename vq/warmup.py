@@ -23,6 +23,7 @@ from vq import kernels
 from vq._checks import check_int
 from vq.index import index_factory
 from vq.kernels import cache
+from vq.kernels.threads import set_num_threads
 
 #: the index kinds `vq warmup` compiles by default (at the dimension given)
 COMMON = (
@@ -100,10 +101,8 @@ _LAYER = "VectorQuantizer layer step"
 def _warm_one(description: str, metric: str, dim: int, threads: int | None = None) -> Warmed:
     """Run the calls of one item (in a worker process: on ``threads`` threads)."""
     if threads is not None:
-        import numba
-
         torch.set_num_threads(threads)
-        numba.set_num_threads(threads)
+        set_num_threads(threads)
     x = np.random.default_rng(0).standard_normal((2048, dim), dtype=np.float32)
     start, before = time.perf_counter(), cache.compiles()
     if description == _LAYER:

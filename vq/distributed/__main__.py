@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vq.kernels.threads import set_num_threads
+
 COMMANDS = ("build", "search")
 
 
@@ -190,10 +192,8 @@ def _start(threads: int | None) -> tuple[int, int]:
     if threads is not None:
         if threads <= 0:
             raise InputError(f"--threads must be positive, got {threads}")
-        import numba
-
         torch.set_num_threads(threads)
-        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        set_num_threads(threads)
     if init_process_group():
         return dist.get_world_size(), dist.get_rank()
     return 1, 0

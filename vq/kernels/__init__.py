@@ -48,7 +48,6 @@ from vq.kernels.small import (
     flat_parts,
     flat_rows,
     probe_lists,
-    rows_to_ids_small,
 )
 
 __all__ = [
@@ -76,7 +75,6 @@ __all__ = [
     "pq_encoder",
     "refine_scan",
     "rows_to_ids",
-    "rows_to_ids_small",
     "smallest_k_rows",
     "words_layout",
 ]

@@ -15,9 +15,10 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from vq.kernels.cache import kernel, specialise
+from vq.kernels.threads import parallel_for
 
 _INDEX_MASK = np.int64(0xFFFFFFFF)
 _KEY_MAX = np.int64(0x7FFFFFFFFFFFFFFF)
@@ -29,7 +30,6 @@ def _key(bits, index):
     return (np.int64(b) << 32) | index
 
 
-@kernel(parallel=True, fastmath=True, nogil=True)
 def argmin_rows(dots, bias, out_index, out_value, out_second):
     """Row-wise arg-min of ``dots + bias``, in place.
 
@@ -40,10 +40,18 @@ def argmin_rows(dots, bias, out_index, out_value, out_second):
         out_value: float32 [n] receives the minimum.
         out_second: float32 [n] receives the second smallest value (+inf when k = 1); pass an
             empty array to skip that work.
+
+    Threads split the rows.
     """
+    parallel_for(argmin_range, dots.shape[0], dots, bias, out_index, out_value, out_second)
+
+
+@kernel(fastmath=True, nogil=True)
+def argmin_range(i0, i1, dots, bias, out_index, out_value, out_second):
+    """:func:`argmin_rows` for rows ``i0..i1`` on the calling thread."""
     n, k = dots.shape
     want_second = out_second.shape[0] == n
-    for i in prange(n):
+    for i in range(i0, i1):
         row = dots[i]
         for j in range(k):
             row[j] += bias[j]
@@ -103,13 +111,18 @@ def pq_decoder(dsub: int):
     return specialise("vq.kernels.pq_code_template", DSUB=int(dsub)).pq_decode
 
 
-@kernel(parallel=True, nogil=True)
 def additive_decode(codes, codebooks, out):
     """Sum one codeword per stage: codes [n, Q], codebooks float32 [Q, K, d]
-    → out float32 [n, d]."""
-    n, n_stages = codes.shape
+    → out float32 [n, d]. Threads split the rows."""
+    parallel_for(additive_decode_range, codes.shape[0], codes, codebooks, out)
+
+
+@kernel(nogil=True)
+def additive_decode_range(i0, i1, codes, codebooks, out):
+    """:func:`additive_decode` for rows ``i0..i1`` on the calling thread."""
+    n_stages = codes.shape[1]
     d = codebooks.shape[2]
-    for i in prange(n):
+    for i in range(i0, i1):
         for j in range(d):
             out[i, j] = codebooks[0, codes[i, 0], j]
         for q in range(1, n_stages):

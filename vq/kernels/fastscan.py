@@ -34,7 +34,7 @@ import os
 import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import intrinsic
 
 from vq.kernels.cache import kernel, specialise
@@ -83,7 +83,7 @@ def unpack_codes(packed: np.ndarray, n: int) -> np.ndarray:
 
 
 # -- tables ------------------------------------------------------------------------------------
-@kernel(fastmath=True, nogil=True)
+@njit(fastmath=True, nogil=True, inline="always")
 def quantize_tables(tables, bias, out_luts, out_bias):
     """Quantize one query's float tables to uint8 with one scale for all of them.
 
@@ -328,12 +328,12 @@ def portable_block(codes, code_row, luts, lut_rows, n_pairs, thresholds, out_dis
         out_mask[q] = np.int32(np.int64(mask) - (np.int64(1) << 32) if mask >= 2**31 else mask)
 
 
-@kernel(parallel=True, nogil=True)
+@kernel(nogil=True)
 def quantize_all(tables, bias, out_luts, out_bias, out_scale, out_offset):
     """:func:`quantize_tables` for every query: tables float32 [nq, P, M, 16], bias float32
     [nq, P] → out_luts uint8 [nq, P, M / 2, 32], out_bias int32 [nq, P], out_scale and
     out_offset float32 [nq]."""
-    for q in prange(tables.shape[0]):
+    for q in range(tables.shape[0]):
         s, o = quantize_tables(tables[q], bias[q], out_luts[q], out_bias[q])
         out_scale[q] = s
         out_offset[q] = o

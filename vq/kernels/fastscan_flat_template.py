@@ -4,13 +4,13 @@ block, fused with top-k, with the block kernel of ISA unrolled over N_PAIRS rows
 :func:`vq.kernels.cache.specialise`; never imported as it is)."""
 
 import numpy as np
-from numba import prange
+from numba import njit
 
 from vq.kernels.cache import kernel
 from vq.kernels.fastscan import BLOCK, _offer, block_kernel, portable_block
 from vq.kernels.heaps import smallest_keys
 from vq.kernels.scan import _heap_sorted
-from vq.kernels.simd import thread_count
+from vq.kernels.threads import get_num_threads, parallel_for
 
 # -- specialised constants (vq.kernels.cache.specialise writes these lines) --
 ISA = "portable"
@@ -26,38 +26,39 @@ SIMD = block is not None
 _EMPTY = np.iinfo(np.int64).max
 
 
-@kernel(parallel=True, nogil=True)
 def scan(luts, packed, n, out_dist, out_idx):
     """luts uint8 [nq * N_PAIRS, 32] (nq a multiple of N_QUERIES), packed uint8
     [nblocks * N_PAIRS, 32], n the number of vectors; out_dist float32 [nq, k] quantized
     distances ascending (+inf padding), out_idx int64 [nq, k] rows (-1 padding).
 
-    Each parallel loop calls one kernel of its own: a loop body written inline takes numba
-    several times longer to compile."""
+    Threads split the groups of N_QUERIES queries; with fewer groups than threads, each
+    group's blocks are split into parts as well, whose top-k are merged at the end."""
     nq, k = out_dist.shape
     nblocks = packed.shape[0] // N_PAIRS
     groups = nq // Q
-    # fewer groups of queries than threads: each group's blocks are split between threads
-    # (a part each), the parts' top-k merged at the end
-    threads = thread_count()
+    threads = get_num_threads()
     parts = 1 if groups >= threads else max(1, min(threads // max(groups, 1), nblocks))
     if parts == 1:
-        first = np.int64(0)
-        for g in prange(groups):  # (int64 arguments: the loop index is unsigned in the
-            # parallel body, and each distinct type would compile the callee once more)
-            _scan_blocks(luts, packed, n, np.int64(g), first, nblocks, out_dist, out_idx)
+        parallel_for(scan_tasks, groups, luts, packed, n, 1, out_dist[None], out_idx[None])
         return
     part_d = np.empty((parts, nq, k), dtype=np.float32)
     part_i = np.empty((parts, nq, k), dtype=np.int64)
-    for task in prange(groups * parts):
-        g, part = np.int64(task) // parts, np.int64(task) % parts
-        b0, b1 = part * nblocks // parts, (part + 1) * nblocks // parts
-        _scan_blocks(luts, packed, n, g, b0, b1, part_d[part], part_i[part])
-    for q in prange(nq):
-        _merge_parts(part_d, part_i, np.int64(q), out_dist, out_idx)
+    parallel_for(scan_tasks, groups * parts, luts, packed, n, parts, part_d, part_i)
+    merge_parts(part_d, part_i, out_dist, out_idx)
 
 
 @kernel(nogil=True)
+def scan_tasks(t0, t1, luts, packed, n, parts, out_dist, out_idx):
+    """Tasks t0..t1 of a scan cut into ``parts`` parts per group: task t is part t % parts
+    of group t // parts, written into ``out_dist[part]``/``out_idx[part]`` [parts, nq, k]."""
+    nblocks = packed.shape[0] // N_PAIRS
+    for t in range(t0, t1):
+        g, part = t // parts, t % parts
+        b0, b1 = part * nblocks // parts, (part + 1) * nblocks // parts
+        _scan_blocks(luts, packed, n, g, b0, b1, out_dist[part], out_idx[part])
+
+
+@njit(nogil=True)
 def _scan_blocks(luts, packed, n, g, b0, b1, out_dist, out_idx):
     """Blocks b0..b1 against query group g: its queries' top-k into ``out_dist``/``out_idx``
     [nq, k] (their rows g * Q ...)."""
@@ -84,20 +85,21 @@ def _scan_blocks(luts, packed, n, g, b0, b1, out_dist, out_idx):
 
 
 @kernel(nogil=True)
-def _merge_parts(part_d, part_i, q, out_dist, out_idx):
-    """Query q's k smallest (distance, row) over the parts [parts, nq, k] (distances are
+def merge_parts(part_d, part_i, out_dist, out_idx):
+    """Each query's k smallest (distance, row) over the parts [parts, nq, k] (distances are
     whole numbers)."""
-    parts, _, k = part_d.shape
+    parts, nq, k = part_d.shape
     keys = np.empty(parts * k, dtype=np.int64)
-    for e in range(parts * k):
-        d, r = part_d[e // k, q, e % k], part_i[e // k, q, e % k]
-        keys[e] = (np.int64(d) << 40) | r if r >= 0 else _EMPTY
     best = np.empty(k, dtype=np.int64)
-    smallest_keys(keys, best)
-    for e in range(k):
-        if best[e] == _EMPTY:
-            out_dist[q, e] = np.inf
-            out_idx[q, e] = -1
-        else:
-            out_dist[q, e] = np.float32(best[e] >> 40)
-            out_idx[q, e] = best[e] & ((1 << 40) - 1)
+    for q in range(nq):
+        for e in range(parts * k):
+            d, r = part_d[e // k, q, e % k], part_i[e // k, q, e % k]
+            keys[e] = (np.int64(d) << 40) | r if r >= 0 else _EMPTY
+        smallest_keys(keys, best)
+        for e in range(k):
+            if best[e] == _EMPTY:
+                out_dist[q, e] = np.inf
+                out_idx[q, e] = -1
+            else:
+                out_dist[q, e] = np.float32(best[e] >> 40)
+                out_idx[q, e] = best[e] & ((1 << 40) - 1)

@@ -4,7 +4,7 @@ specialises it through :func:`vq.kernels.cache.specialise` and documents ``scan`
 imported as it is)."""
 
 import numpy as np
-from numba import prange
+from numba import njit
 
 from vq.kernels.cache import kernel
 from vq.kernels.fastscan import BLOCK, block_kernel, portable_block, quantize_tables, trailing_zeros
@@ -18,7 +18,8 @@ from vq.kernels.fastscan_ivf import (
 )
 from vq.kernels.heaps import smallest_keys
 from vq.kernels.scan import IP_TABLE, L2_TABLE
-from vq.kernels.simd import add_row, copy_row, table_row_kernels, thread_count
+from vq.kernels.simd import add_row, copy_row, table_row_kernels
+from vq.kernels.threads import get_num_threads, parallel_for
 
 # -- specialised constants (vq.kernels.cache.specialise writes these lines) --
 DSUB = 1
@@ -108,7 +109,7 @@ def scan_slice(q0, q1, p0, p1, parts, luts, T, shifts, probes, list_blocks, offs
                                 _push(heap, counts, query[t], key)
 
 
-@kernel(nogil=True)
+@njit(inline="always")
 def tables(q, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base, probes,
            T, luts, shifts, out_scale, out_offset, table, residual, scratch):  # fmt: skip
     """Query q's tables (T of them: one per probe, or one for all), quantized with one
@@ -153,61 +154,40 @@ def tables_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, ki
         )  # fmt: skip
 
 
-@kernel(parallel=True, nogil=True)
-def scan(
-    queries,
-    codebooks_t,
-    norms,
-    centroids,
-    list_tables,
-    kind,
-    alpha,
-    base,
-    probes,
-    list_blocks,
-    offsets,
-    packed,
-    out_dist,
-    out_idx,
-    out_scale,
-    out_offset,
-    ranked,
-):
+def scan(queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base, probes,
+         list_blocks, offsets, packed, out_dist, out_idx, out_scale, out_offset,
+         ranked):  # fmt: skip
+    """See :func:`vq.kernels.fastscan_ivf.ivf_fastscan_lists`. Threads take slices of the
+    queries; a batch smaller than the thread count has its tables built first, then each
+    thread takes every query's probes p with p % parts == its part, into heaps of its own,
+    merged at the end."""
     nq, nprobe = probes.shape
     k = out_dist.shape[1]
-    summed = list_tables.shape[0] > 0
     # one table per probe where the list changes it, else one per query for all probes
-    T = nprobe if summed or (kind != IP_TABLE and kind != L2_TABLE) else 1
+    T = nprobe if list_tables.shape[0] > 0 or (kind != IP_TABLE and kind != L2_TABLE) else 1
     luts = np.empty((nq * T, N_PAIRS, 32), dtype=np.uint8)
     flat_luts = luts.reshape((nq * T * N_PAIRS, 32))  # the rows the block kernels read
     shifts = np.empty((nq, nprobe), dtype=np.int32)
-    threads = thread_count()
-    # a batch of at least one query per thread: each thread takes a slice of the queries;
-    # a smaller one: each thread takes every query's probes p with p % parts == its part
+    threads = get_num_threads()
     parts = 1 if nq >= threads else max(1, min(threads, nprobe))
-    n_slices = max(1, min(nq, threads)) if parts == 1 else parts  # nq may be 0
-    per = -(-nq // n_slices) if parts == 1 else nq
     heaps = np.full((parts, nq, k), _EMPTY, dtype=np.int64)
     counts = np.zeros((parts, nq), dtype=np.int64)  # keys in each heap
-    if parts == 1:  # one parallel region: each thread its slice, tables to results
-        for s in prange(n_slices):
-            q0, q1 = np.int64(s) * per, min(nq, (np.int64(s) + 1) * per)
-            serve_slice(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind,
-                alpha, base, probes, T, luts, flat_luts, shifts, list_blocks, offsets, packed,
-                heaps[0], counts[0], out_dist, out_idx, out_scale, out_offset, ranked,
-            )  # fmt: skip
-        return
-    for q in prange(nq):  # a small batch: tables, probes split between threads, merge
-        q0 = np.int64(q)  # int64 arguments: each distinct type compiles the callee again
-        tables_range(q0, q0 + 1, queries, codebooks_t, norms, centroids, list_tables, kind,
-                     alpha, base, probes, T, luts, shifts, out_scale, out_offset)  # fmt: skip
-    for part in prange(parts):
-        scan_slice(
-            np.int64(0), nq, np.int64(part), nprobe, parts, flat_luts, T, shifts, probes,
-            list_blocks, offsets, packed, heaps[part], counts[part],
+    if parts == 1:  # each thread a slice of the queries, from tables to results
+        parallel_for(serve_slice, nq, queries, codebooks_t, norms, centroids, list_tables,
+            kind, alpha, base, probes, T, luts, flat_luts, shifts, list_blocks, offsets, packed,
+            heaps[0], counts[0], out_dist, out_idx, out_scale, out_offset, ranked,
         )  # fmt: skip
-    for q in prange(nq):  # the parts' heaps hold distinct rows
-        merge_parts(heaps, np.int64(q), out_scale, out_offset, out_dist, out_idx)
+        return
+    tables_range(0, nq, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
+                 probes, T, luts, shifts, out_scale, out_offset)  # fmt: skip
+
+    def scan_parts(part0: int, part1: int) -> None:
+        for part in range(part0, part1):
+            scan_slice(0, nq, part, nprobe, parts, flat_luts, T, shifts, probes, list_blocks,
+                       offsets, packed, heaps[part], counts[part])  # fmt: skip
+
+    parallel_for(scan_parts, parts)
+    merge_parts(heaps, out_scale, out_offset, out_dist, out_idx)  # distinct rows per part
 
 
 @kernel(nogil=True)
@@ -230,8 +210,6 @@ def scan_serial(queries, codebooks_t, norms, centroids, list_tables, kind, alpha
     )  # fmt: skip
 
 
-# the parallel loops above call one kernel each: loop bodies written inline take numba several
-# times longer to compile
 @kernel(nogil=True)
 def serve_slice(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
                 probes, T, luts, flat_luts, shifts, list_blocks, offsets, packed, heaps, counts,
@@ -257,13 +235,14 @@ def serve_slice(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kin
 
 
 @kernel(nogil=True)
-def merge_parts(heaps, q, out_scale, out_offset, out_dist, out_idx):
-    """Query q's k smallest keys over the parts' heaps [parts, nq, k], as results."""
-    parts, _, k = heaps.shape
+def merge_parts(heaps, out_scale, out_offset, out_dist, out_idx):
+    """Each query's k smallest keys over the parts' heaps [parts, nq, k], as results."""
+    parts, nq, k = heaps.shape
     keys = np.empty(parts * k, dtype=np.int64)
-    for e in range(parts * k):
-        keys[e] = heaps[e // k, q, e % k]
     best = np.empty(k, dtype=np.int64)
-    smallest_keys(keys, best)
-    for e in range(k):
-        _write_key(best[e], out_scale[q], out_offset[q], out_dist[q], out_idx[q], e)
+    for q in range(nq):
+        for e in range(parts * k):
+            keys[e] = heaps[e // k, q, e % k]
+        smallest_keys(keys, best)
+        for e in range(k):
+            _write_key(best[e], out_scale[q], out_offset[q], out_dist[q], out_idx[q], e)

@@ -4,11 +4,9 @@ of sub-vectors of DSUB dimensions, codes read a byte (or with WORDS a uint32 wor
 :func:`vq.kernels.cache.specialise` and documents it; never imported as it is)."""
 
 import numpy as np
-from numba import prange
 
 from vq.kernels.cache import kernel
 from vq.kernels.scan import (
-    _IVF_QUERY_BLOCK,
     IP_TABLE,
     L2_TABLE,
     RESIDUAL_L2_TABLE,
@@ -18,6 +16,7 @@ from vq.kernels.scan import (
     _inner_product_table,
     _l2_table,
 )
+from vq.kernels.threads import parallel_for
 
 # -- specialised constants (vq.kernels.cache.specialise writes these lines) --
 DSUB = 1
@@ -26,23 +25,19 @@ WORDS = False
 # -- end of specialised constants --
 
 
-@kernel(parallel=True, nogil=True)
 def ivfpq_scan(queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base, probes,
                codes, offsets, out_dist, out_idx):  # fmt: skip
-    """Threads split blocks of 16 queries (one kernel per block: a loop body written inline
-    takes numba several times longer to compile)."""
-    n_blocks = (probes.shape[0] + _IVF_QUERY_BLOCK - 1) // _IVF_QUERY_BLOCK
-    for blk in prange(n_blocks):
-        ivfpq_block(np.int64(blk), queries, codebooks_t, norms, centroids, list_tables, kind,
-                    alpha, base, probes, codes, offsets, out_dist, out_idx)  # fmt: skip
+    """Threads split the queries (the work buffers are allocated once per thread)."""
+    parallel_for(ivfpq_range, probes.shape[0], queries, codebooks_t, norms, centroids,
+                 list_tables, kind, alpha, base, probes, codes, offsets, out_dist,
+                 out_idx)  # fmt: skip
 
 
 @kernel(nogil=True)
-def ivfpq_block(blk, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
+def ivfpq_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
                 probes, codes, offsets, out_dist, out_idx):  # fmt: skip
-    """Queries blk * 16 ...: their tables, then their probed lists (work buffers allocated
-    once per block)."""
-    nq, nprobe = probes.shape
+    """Queries q0..q1 on the calling thread: each one's tables, then its probed lists."""
+    nprobe = probes.shape[1]
     k = out_dist.shape[1]
     size = list_tables.shape[1] if list_tables.shape[0] else norms.size
     summed = list_tables.shape[0] > 0
@@ -51,7 +46,7 @@ def ivfpq_block(blk, queries, codebooks_t, norms, centroids, list_tables, kind, 
     table = np.empty(size, dtype=np.float32)
     buf = np.empty(size, dtype=np.float32)
     residual = np.empty(queries.shape[1], dtype=np.float32)
-    for q in range(blk * _IVF_QUERY_BLOCK, min(nq, (blk + 1) * _IVF_QUERY_BLOCK)):
+    for q in range(q0, q1):
         for e in range(k):
             heap_d[e] = np.inf
             heap_i[e] = -1

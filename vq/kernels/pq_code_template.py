@@ -4,42 +4,33 @@ constant so that the inner loops unroll (see :func:`vq.kernels.pq_encoder` and
 and document it; never imported as it is)."""
 
 import numpy as np
-from numba import prange
 
 from vq.kernels.cache import kernel
 from vq.kernels.coding import _EXPANSION_ERROR, _INDEX_MASK, _KEY_MAX, _PQ_BLOCK, _key
+from vq.kernels.threads import parallel_for
 
 # -- specialised constants (vq.kernels.cache.specialise writes these lines) --
 DSUB = 1
 # -- end of specialised constants --
 
 
-@kernel(parallel=True, fastmath=True, nogil=True)
 def pq_encode(x, codebooks_t, norms, codes, sq_err):
-    """Threads split blocks of 32 vectors (one kernel per block: a loop body written inline
-    takes numba several times longer to compile)."""
-    n_sub = codebooks_t.shape[0]
-    norm_max = np.empty(n_sub, np.float32)
-    for m in range(n_sub):
-        top = -np.float32(np.inf)
-        for k in range(norms.shape[1]):
-            top = max(top, norms[m, k])
-        norm_max[m] = top
-    n_blocks = (x.shape[0] + _PQ_BLOCK - 1) // _PQ_BLOCK
-    for block in prange(n_blocks):
-        encode_block(np.int64(block), x, codebooks_t, norms, norm_max, codes, sq_err)
+    """Threads split the vectors, in blocks of 32 (see ``pq_encoder``)."""
+    norm_max = norms.max(axis=1)
+    parallel_for(encode_range, x.shape[0], x, codebooks_t, norms, norm_max, codes, sq_err,
+                 grain=_PQ_BLOCK)  # fmt: skip
 
 
 @kernel(fastmath=True, nogil=True)
-def encode_block(block, x, codebooks_t, norms, norm_max, codes, sq_err):
-    """The vectors block * 32 ... (see ``pq_encoder``)."""
+def encode_range(i0, i1, x, codebooks_t, norms, norm_max, codes, sq_err):
+    """Vectors ``i0..i1`` on the calling thread (see ``pq_encoder``)."""
     n = x.shape[0]
     n_sub, _, ksub = codebooks_t.shape
     want_err = sq_err.shape[0] == n
     dist = np.empty(ksub, np.float32)
     bits = dist.view(np.int32)
     xs = np.empty(DSUB, np.float32)
-    for i in range(block * _PQ_BLOCK, min(n, block * _PQ_BLOCK + _PQ_BLOCK)):
+    for i in range(i0, i1):
         err = np.float32(0.0)
         for m in range(n_sub):
             x_norm = np.float32(0.0)
@@ -81,10 +72,16 @@ def encode_block(block, x, codebooks_t, norms, norm_max, codes, sq_err):
             sq_err[i] = err
 
 
-@kernel(parallel=True, nogil=True)
 def pq_decode(codes, codebooks, out):
-    n, n_sub = codes.shape
-    for i in prange(n):
+    """Threads split the rows (see ``pq_decoder``)."""
+    parallel_for(decode_range, codes.shape[0], codes, codebooks, out)
+
+
+@kernel(nogil=True)
+def decode_range(i0, i1, codes, codebooks, out):
+    """Rows ``i0..i1`` on the calling thread."""
+    n_sub = codes.shape[1]
+    for i in range(i0, i1):
         for m in range(n_sub):
             c = codes[i, m]
             for j in range(DSUB):

@@ -4,7 +4,6 @@ specialises it through :func:`vq.kernels.cache.specialise` and documents it; nev
 it is)."""
 
 import numpy as np
-from numba import prange
 
 from vq.kernels.cache import kernel
 from vq.kernels.scan import (
@@ -14,6 +13,7 @@ from vq.kernels.scan import (
     _heap_replace_top,
     _heap_sorted,
 )
+from vq.kernels.threads import parallel_for
 
 # -- specialised constants (vq.kernels.cache.specialise writes these lines) --
 N_TABLES = 1
@@ -21,34 +21,35 @@ WORDS = False
 # -- end of specialised constants --
 
 
-@kernel(parallel=True, nogil=True)
 def adc_scan(tables, codes, out_dist, out_idx):
-    """Threads split the blocks of queries (one kernel per block: a loop body written inline
-    takes numba several times longer to compile)."""
-    n_qblocks = (tables.shape[0] + _ADC_QUERY_BLOCK - 1) // _ADC_QUERY_BLOCK
-    for qb in prange(n_qblocks):
-        adc_block(np.int64(qb), tables, codes, out_dist, out_idx)
+    """Threads split the queries, in blocks of 8."""
+    parallel_for(adc_range, tables.shape[0], tables, codes, out_dist, out_idx,
+                 grain=_ADC_QUERY_BLOCK)  # fmt: skip
 
 
 @kernel(nogil=True)
-def adc_block(qb, tables, codes, out_dist, out_idx):
-    """Queries qb * 8 ... against every code, a block of codes at a time."""
-    nq, n, k = tables.shape[0], codes.shape[0], out_dist.shape[1]
-    q0 = qb * _ADC_QUERY_BLOCK
-    q1 = min(nq, q0 + _ADC_QUERY_BLOCK)
-    heap_d = np.full((q1 - q0, k), np.inf, dtype=np.float32)
-    heap_i = np.full((q1 - q0, k), -1, dtype=np.int64)
-    for c0 in range(0, n, _ADC_CODE_BLOCK):
-        c1 = min(n, c0 + _ADC_CODE_BLOCK)
+def adc_range(q_start, q_end, tables, codes, out_dist, out_idx):
+    """Queries q_start..q_end, 8 at a time against every code, a block of codes at a time."""
+    n, k = codes.shape[0], out_dist.shape[1]
+    heap_d = np.empty((_ADC_QUERY_BLOCK, k), dtype=np.float32)
+    heap_i = np.empty((_ADC_QUERY_BLOCK, k), dtype=np.int64)
+    for q0 in range(q_start, q_end, _ADC_QUERY_BLOCK):
+        q1 = min(q_end, q0 + _ADC_QUERY_BLOCK)
+        for q in range(q1 - q0):
+            for e in range(k):  # loops: slice assignments take numba seconds to compile
+                heap_d[q, e] = np.inf
+                heap_i[q, e] = -1
+        for c0 in range(0, n, _ADC_CODE_BLOCK):
+            c1 = min(n, c0 + _ADC_CODE_BLOCK)
+            for q in range(q0, q1):
+                t = tables[q]
+                hd = heap_d[q - q0]
+                hi = heap_i[q - q0]
+                threshold = hd[0]
+                for i in range(c0, c1):
+                    d = _code_distance(t, codes, i, N_TABLES, WORDS)
+                    if d < threshold:
+                        _heap_replace_top(hd, hi, d, i)
+                        threshold = hd[0]
         for q in range(q0, q1):
-            t = tables[q]
-            hd = heap_d[q - q0]
-            hi = heap_i[q - q0]
-            threshold = hd[0]
-            for i in range(c0, c1):
-                d = _code_distance(t, codes, i, N_TABLES, WORDS)
-                if d < threshold:
-                    _heap_replace_top(hd, hi, d, i)
-                    threshold = hd[0]
-    for q in range(q0, q1):
-        _heap_sorted(heap_d[q - q0], heap_i[q - q0], out_dist[q], out_idx[q])
+            _heap_sorted(heap_d[q - q0], heap_i[q - q0], out_dist[q], out_idx[q])

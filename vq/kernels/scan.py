@@ -12,11 +12,12 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from vq.kernels.cache import kernel, specialise
 from vq.kernels.heaps import smallest_keys
 from vq.kernels.simd import prefetch_line, row_min
+from vq.kernels.threads import parallel_for
 
 _ADC_QUERY_BLOCK = 8
 _ADC_CODE_BLOCK = 2048
@@ -171,9 +172,6 @@ def _l2_table(x, codebooks_t, norms, out, n_tables, dsub):
             out[m * ksub + j] = max(xn + out[m * ksub + j] + norms[m, j], np.float32(0.0))
 
 
-_IVF_QUERY_BLOCK = 16
-
-
 #: the look-up tables an IVF-PQ scan builds (see ``ivfpq_scanner``)
 IP_TABLE, L2_TABLE, RESIDUAL_L2_TABLE = 0, 1, 2
 
@@ -203,16 +201,17 @@ def ivfpq_scanner(n_tables: int, words: bool, dsub: int):
         out_dist: float32 [nq, k], the k smallest distances ascending (+inf padding);
         out_idx: int64 [nq, k], their rows in ``codes`` (-1 padding).
 
-    Threads split blocks of 16 queries (the work buffers are allocated once per block).
+    Threads split the queries.
     """
     return _ivfpq_module(n_tables, words, dsub).ivfpq_scan
 
 
 @functools.cache
 def ivfpq_serial(n_tables: int, words: bool, dsub: int):
-    """:func:`ivfpq_scanner`'s kernel for at most 16 queries on the calling thread (the lean
-    path): ``ivfpq_block(0, queries, ...)`` with the arguments of ``ivfpq_scan`` after the 0."""
-    return _ivfpq_module(n_tables, words, dsub).ivfpq_block
+    """:func:`ivfpq_scanner`'s kernel on the calling thread (the lean path):
+    ``ivfpq_range(q0, q1, queries, ...)``, the arguments of ``ivfpq_scan`` after queries
+    ``q0..q1``."""
+    return _ivfpq_module(n_tables, words, dsub).ivfpq_range
 
 
 def _ivfpq_module(n_tables: int, words: bool, dsub: int):
@@ -234,9 +233,9 @@ def _exact_distance(x, v, inner_product):
     return d
 
 
-@kernel(parallel=True, nogil=True, fastmath=True)
 def ivf_flat_scan(queries, vectors, probes, offsets, inner_product, out_dist, out_idx):
-    """Exact distances to the vectors of the probed inverted lists, fused with top-k.
+    """Exact distances to the vectors of the probed inverted lists, fused with top-k; threads
+    split the queries.
 
     Args:
         queries: float32 [nq, d]; vectors: float32 [n, d], stored list after list.
@@ -246,10 +245,8 @@ def ivf_flat_scan(queries, vectors, probes, offsets, inner_product, out_dist, ou
         out_dist: float32 [nq, k] ascending (+inf padding); out_idx: int64 [nq, k] rows in
             ``vectors`` (-1 padding).
     """
-    for q in prange(probes.shape[0]):
-        q0 = np.int64(q)
-        ivf_flat_range(q0, q0 + 1, queries, vectors, probes, offsets, inner_product, out_dist,
-                       out_idx)  # fmt: skip
+    parallel_for(ivf_flat_range, probes.shape[0], queries, vectors, probes, offsets,
+                 bool(inner_product), out_dist, out_idx)  # fmt: skip
 
 
 @kernel(nogil=True, fastmath=True)
@@ -287,10 +284,9 @@ def _prefetch_vector(vectors, row, row_bytes):
             prefetch_line(vectors, row, byte)
 
 
-@kernel(parallel=True, nogil=True, fastmath=True)
 def refine_scan(queries, vectors, candidates, inner_product, out_dist, out_idx):
     """Exact distances to given candidate rows, fused with top-k: the re-ranking step of
-    ``Refine`` (faiss ``IndexRefineFlat``).
+    ``Refine`` (faiss ``IndexRefineFlat``); threads split the queries.
 
     Args:
         queries: float32 [nq, d]; vectors: float32 [n, d].
@@ -299,9 +295,8 @@ def refine_scan(queries, vectors, candidates, inner_product, out_dist, out_idx):
         out_dist: float32 [nq, k] ascending (+inf padding); out_idx: int64 [nq, k] rows of
             ``vectors`` (-1 padding).
     """
-    for q in prange(candidates.shape[0]):
-        q0 = np.int64(q)
-        refine_range(q0, q0 + 1, queries, vectors, candidates, inner_product, out_dist, out_idx)
+    parallel_for(refine_range, candidates.shape[0], queries, vectors, candidates,
+                 bool(inner_product), out_dist, out_idx)  # fmt: skip
 
 
 @kernel(nogil=True, fastmath=True)
@@ -334,11 +329,10 @@ def refine_range(q0, q1, queries, vectors, candidates, inner_product, out_dist, 
         _heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
 
 
-@kernel(parallel=True, nogil=True, fastmath=True)
 def heap_push_block(scores, x_norms, first, inner_product, heap_d, heap_i):
     """Offer a block of columns to per-query top-k max-heaps (the Flat index's selection
     step, fused with the distance arithmetic, applied block after block of the database so
-    that the scores stay in cache).
+    that the scores stay in cache); threads split the queries.
 
     Args:
         scores: float32 [nq, b] inner products ⟨q, x⟩ of the queries with vectors
@@ -350,8 +344,15 @@ def heap_push_block(scores, x_norms, first, inner_product, heap_d, heap_i):
         heap_d: float32 [nq, k], heap_i: int64 [nq, k]: max-heaps, +inf/-1 when empty;
             finish them with :func:`heaps_sorted`.
     """
-    nq, b = scores.shape
-    for q in prange(nq):
+    parallel_for(heap_push_range, scores.shape[0], scores, x_norms, int(first),
+                 bool(inner_product), heap_d, heap_i)  # fmt: skip
+
+
+@kernel(nogil=True, fastmath=True)
+def heap_push_range(q0, q1, scores, x_norms, first, inner_product, heap_d, heap_i):
+    """:func:`heap_push_block` for queries ``q0..q1`` on the calling thread."""
+    b = scores.shape[1]
+    for q in range(q0, q1):
         hd = heap_d[q]
         hi = heap_i[q]
         row = scores[q]
@@ -372,7 +373,6 @@ def heap_push_block(scores, x_norms, first, inner_product, heap_d, heap_i):
                     threshold = hd[0]
 
 
-@kernel(parallel=True, nogil=True)
 def smallest_k_rows(products, queries, x_norms, inner_product, out_dist, out_idx):
     """The k nearest columns of each row of inner products: for a small k kept sorted by
     insertion (few insertions once the k-th value has settled), for a larger one selected
@@ -387,13 +387,20 @@ def smallest_k_rows(products, queries, x_norms, inner_product, out_dist, out_idx
             computes it), or -⟨q, x⟩; out_idx: int64 [nq, k] columns; ties by lower column.
             k <= n.
     """
-    for q in prange(products.shape[0]):
-        _smallest_k_row(products[q], queries[q], x_norms, inner_product, out_dist[q], out_idx[q])
+    parallel_for(smallest_k_range, products.shape[0], products, queries, x_norms,
+                 bool(inner_product), out_dist, out_idx)  # fmt: skip
 
 
 @kernel(nogil=True)
+def smallest_k_range(q0, q1, products, queries, x_norms, inner_product, out_dist, out_idx):
+    """:func:`smallest_k_rows` for rows ``q0..q1`` on the calling thread."""
+    for q in range(q0, q1):
+        _smallest_k_row(products[q], queries[q], x_norms, inner_product, out_dist[q], out_idx[q])
+
+
+@njit(nogil=True)
 def _smallest_k_row(row, query, x_norms, inner_product, dist, idx):
-    """smallest_k_rows for one row (a function of its own: the parallel loop around it then
+    """smallest_k_rows for one row (a function of its own, not inlined: the loop around it
     compiles in a fraction of the time a loop holding all of this takes)."""
     n, k = row.shape[0], dist.shape[0]
     padded = -(-n // 16) * 16
@@ -457,27 +464,29 @@ def _smallest_k_by_keys(values, out_dist, out_idx):
         out_dist[e] = values[j]
 
 
-@kernel(parallel=True, nogil=True)
+@kernel(nogil=True)
 def heaps_sorted(heap_d, heap_i, out_dist, out_idx):
     """Each row's max-heap (``heap_d``/``heap_i`` [nq, k], consumed) in ascending order."""
-    for q in prange(heap_d.shape[0]):
+    for q in range(heap_d.shape[0]):
         _heap_sorted(heap_d[q], heap_i[q], out_dist[q], out_idx[q])
 
 
-@kernel(parallel=True, nogil=True)
-def rows_to_ids(dist, rows, ids, fill, out_dist, out_ids):
-    """Search results by stored row → by id, padded: what every CPU search returns.
+@kernel(nogil=True)
+def rows_to_ids(dist, rows, ids, negate, fill, out_dist, out_ids):
+    """Search results by stored row → by id, padded: what every CPU search returns (a pass
+    over nq * k entries: one thread).
 
     Args:
         dist: float32 [nq, kk] distances of ``rows`` int64 [nq, kk] (-1 where missing).
         ids: int64 [ntotal], the id of each row, or [0] when ids are the rows themselves.
+        negate: write ``-dist`` (inner products ranked as negated values).
         fill: the distance of a missing result (+inf, or -inf for inner products).
         out_dist: float32 [nq, k], out_ids: int64 [nq, k], k >= kk: columns past kk are
             missing results.
     """
     kk = rows.shape[1]
     mapped = ids.shape[0] > 0
-    for q in prange(rows.shape[0]):
+    for q in range(rows.shape[0]):
         for j in range(out_ids.shape[1]):
             r = rows[q, j] if j < kk else -1
             if r < 0:
@@ -485,4 +494,4 @@ def rows_to_ids(dist, rows, ids, fill, out_dist, out_ids):
                 out_dist[q, j] = fill
             else:
                 out_ids[q, j] = ids[r] if mapped else r
-                out_dist[q, j] = dist[q, j]
+                out_dist[q, j] = -dist[q, j] if negate else dist[q, j]

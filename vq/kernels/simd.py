@@ -12,7 +12,6 @@ import functools
 import numba
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 _F32 = ir.FloatType()
@@ -227,24 +226,3 @@ def prefetch_line(typingctx, array, row, byte):
         return context.get_dummy_value()
 
     return sig, codegen
-
-
-@intrinsic
-def thread_count(typingctx):
-    """The calling thread's numba thread count (``numba.get_num_threads()`` inside a kernel).
-
-    numba's own ``get_num_threads`` reaches its threading layer through a ctypes pointer, which
-    keeps a kernel out of the disk cache ("uses dynamic globals"); this calls the layer's
-    exported ``get_num_threads`` symbol by name, which a cached kernel links to when it loads.
-    """
-    numba.get_num_threads()  # starts the threading layer, which exports the symbol
-
-    def codegen(context, builder, signature, args):
-        # declared as numba's parallel lowering declares it (returning intp), so that both can
-        # stand in one module; the C function returns an int: keep its low 32 bits
-        fnty = ir.FunctionType(cgutils.intp_t, [])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "get_num_threads")
-        low = builder.trunc(builder.call(fn, []), ir.IntType(32))
-        return builder.sext(low, ir.IntType(64))
-
-    return types.int64(), codegen

@@ -6,7 +6,7 @@ product, torch tensor or thread-pool wake-up before them.
   each stored vector read once for all the queries; :func:`flat_parts` splits the rows.
 - :func:`probe_lists`: the coarse step of an IVF search, inner products with the centroids
   and the ``nprobe`` nearest, as :func:`vq.kernels.smallest_k_rows` ranks them.
-- :func:`rows_to_ids_small`: rows to ids and padding; :func:`all_finite`: the input check.
+- :func:`all_finite`: the input check.
 
 Each numpy operation on a small array costs a microsecond or more in Python, about what one
 of these calls costs: the lean path hands whole steps to kernels instead.
@@ -15,10 +15,10 @@ of these calls costs: the lean path hands whole steps to kernels instead.
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
 
 from vq.kernels.cache import kernel
 from vq.kernels.scan import _heap_replace_top, _smallest_k_row
+from vq.kernels.threads import parallel_for
 
 
 @kernel(nogil=True, fastmath=True)
@@ -46,18 +46,22 @@ def flat_rows(queries, vectors, x_norms, inner_product, r0, r1, heap_d, heap_i):
                 _heap_replace_top(heap_d[q], heap_i[q], d, i)
 
 
-@kernel(parallel=True, nogil=True)
 def flat_parts(queries, vectors, x_norms, inner_product, heap_d, heap_i):
-    """:func:`flat_rows` with the rows cut into ``heap_d.shape[0]`` parts, one per thread,
-    each into heaps of its own (``heap_d`` [parts, nq, k], ``heap_i`` likewise); the caller
-    merges them."""
+    """:func:`flat_rows` with the rows cut into ``heap_d.shape[0]`` parts, shared by the
+    threads, each into heaps of its own (``heap_d`` [parts, nq, k], ``heap_i`` likewise); the
+    caller merges them."""
     parts = heap_d.shape[0]
     n = vectors.shape[0]
     per = -(-n // parts)
-    for p in prange(parts):
-        r0 = np.int64(p) * per
-        flat_rows(queries, vectors, x_norms, inner_product, r0, min(n, r0 + per), heap_d[p],
-                  heap_i[p])  # fmt: skip
+    inner_product = bool(inner_product)
+
+    def run(p0: int, p1: int) -> None:
+        for p in range(p0, p1):
+            r0 = p * per
+            flat_rows(queries, vectors, x_norms, inner_product, r0, min(n, r0 + per), heap_d[p],
+                      heap_i[p])  # fmt: skip
+
+    parallel_for(run, parts)
 
 
 @kernel(nogil=True, fastmath=True)
@@ -93,21 +97,3 @@ def all_finite(x):
             if not np.isfinite(x[i, j]):
                 return False
     return True
-
-
-@kernel(nogil=True)
-def rows_to_ids_small(dist, rows, ids, negate, fill, out_dist, out_ids):
-    """:func:`vq.kernels.rows_to_ids` on the calling thread, the distances negated first if
-    ``negate`` (inner products ranked as negated values): the last step of a lean search.
-    ``ids`` [0] when the ids are the rows themselves."""
-    kk = rows.shape[1]
-    mapped = ids.shape[0] > 0
-    for q in range(rows.shape[0]):
-        for j in range(out_ids.shape[1]):
-            r = rows[q, j] if j < kk else -1
-            if r < 0:
-                out_ids[q, j] = -1
-                out_dist[q, j] = fill
-            else:
-                out_ids[q, j] = ids[r] if mapped else r
-                out_dist[q, j] = -dist[q, j] if negate else dist[q, j]
