@@ -390,8 +390,6 @@ class Index(nn.Module):
             k = int(k)
         if k <= 0 or not _cpu.numpy_path():
             return None
-        if params and not params.keys() <= set(self.search_options()):
-            return None
         if not q.flags.c_contiguous:
             q = np.ascontiguousarray(q)
         if not kernels.all_finite(q):
@@ -399,7 +397,10 @@ class Index(nn.Module):
         token = self._lock.acquire_read()
         try:
             search = self._lean()
-            found = None if search is None else search(q, k, True, **params)
+            if search is None or (params and not params.keys() <= search.options):
+                found = None  # (an unknown option: the general path says which)
+            else:
+                found = search(q, k, True, **params)
         finally:
             self._lock.release_read(token)
         if found is None or not tensor:
@@ -427,6 +428,8 @@ class Index(nn.Module):
                 return search
         usable = self.is_trained and self.ntotal > 0 and self.device.type == "cpu"
         search = self._lean_search() if usable else None
+        if search is not None:
+            search.options = frozenset(self.search_options())
         checks = []
         for m in self.modules():
             for table in (m._buffers, m._parameters):

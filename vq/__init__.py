@@ -6,6 +6,7 @@
 >>> x_hat = pq.decode(codes)        # float32 [n, 128]
 """
 
+import vq._openmp  # noqa: F401  (first: an OpenMP setting that must precede torch)
 from vq.clustering import KMeansResult, kmeans, lbg
 from vq.index import (
     IVFPQ,

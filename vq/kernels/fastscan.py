@@ -38,7 +38,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from vq.kernels.cache import kernel, specialise
-from vq.kernels.scan import _heap_replace_top
+from vq.kernels.scan import _heap_replace_top_row
 from vq.kernels.simd import quantize_row, row_range
 
 BLOCK = 32  # vectors per block
@@ -83,7 +83,7 @@ def unpack_codes(packed: np.ndarray, n: int) -> np.ndarray:
 
 
 # -- tables ------------------------------------------------------------------------------------
-@njit(fastmath=True, nogil=True, inline="always")
+@kernel(fastmath=True, nogil=True)
 def quantize_tables(tables, bias, out_luts, out_bias):
     """Quantize one query's float tables to uint8 with one scale for all of them.
 
@@ -355,19 +355,21 @@ def flat_tables(M: int, dsub: int):
 
 
 @njit(inline="always")
-def _offer(heap_d, heap_i, dist, mask, first_row, end_row):
-    """Offer the vectors of a block whose bit is set in ``mask`` to a top-k heap; returns the
-    new uint16 threshold. ``dist`` uint16 [32]; vector v is row ``first_row + v`` (kept only
-    below ``end_row``) with distance ``dist[v]``."""
+def _offer(heap_d, heap_i, q, dist, mask, first_row, end_row):
+    """Offer the vectors of a block whose bit is set in ``mask`` to row q of the top-k heaps
+    ``heap_d``/``heap_i`` [Q, k]; returns the new uint16 threshold. ``dist`` uint16 [Q, 32]
+    (row q read); vector v is row ``first_row + v`` (kept only below ``end_row``) with
+    distance ``dist[q, v]``. Rows are indexed in place: a view costs two atomics."""
     while mask != 0:
         v = trailing_zeros(mask)
         mask &= mask - np.uint32(1)
         row = first_row + v
         if row < end_row:
-            d = np.float32(dist[v])
-            if d < heap_d[0]:
-                _heap_replace_top(heap_d, heap_i, d, row)
-    return min(np.int64(heap_d[0]) if heap_d[0] < 65536 else 65535, 65535)
+            d = np.float32(dist[q, v])
+            if d < heap_d[q, 0]:
+                _heap_replace_top_row(heap_d, heap_i, q, d, row)
+    top = heap_d[q, 0]
+    return min(np.int64(top) if top < 65536 else 65535, 65535)
 
 
 @functools.cache  # a dictionary hit per call, not specialise()'s checks

@@ -10,6 +10,7 @@ from vq.kernels.cache import kernel
 from vq.kernels.fastscan import BLOCK, _offer, block_kernel, portable_block
 from vq.kernels.heaps import smallest_keys
 from vq.kernels.scan import _heap_sorted
+from vq.kernels.simd import borrow
 from vq.kernels.threads import get_num_threads, parallel_for
 
 # -- specialised constants (vq.kernels.cache.specialise writes these lines) --
@@ -51,6 +52,7 @@ def scan(luts, packed, n, out_dist, out_idx):
 def scan_tasks(t0, t1, luts, packed, n, parts, out_dist, out_idx):
     """Tasks t0..t1 of a scan cut into ``parts`` parts per group: task t is part t % parts
     of group t // parts, written into ``out_dist[part]``/``out_idx[part]`` [parts, nq, k]."""
+    out_dist, out_idx = borrow(out_dist), borrow(out_idx)  # (views: see simd.borrow)
     nblocks = packed.shape[0] // N_PAIRS
     for t in range(t0, t1):
         g, part = t // parts, t % parts
@@ -79,7 +81,7 @@ def _scan_blocks(luts, packed, n, g, b0, b1, out_dist, out_idx):
         for q in range(Q):
             if mask[q] != 0:
                 m = np.uint32(mask[q])
-                thr[q] = _offer(heap_d[q], heap_i[q], dist[q], m, b * BLOCK, n)
+                thr[q] = _offer(heap_d, heap_i, q, dist, m, b * BLOCK, n)
     for q in range(Q):
         _heap_sorted(heap_d[q], heap_i[q], out_dist[g * Q + q], out_idx[g * Q + q])
 
@@ -88,6 +90,7 @@ def _scan_blocks(luts, packed, n, g, b0, b1, out_dist, out_idx):
 def merge_parts(part_d, part_i, out_dist, out_idx):
     """Each query's k smallest (distance, row) over the parts [parts, nq, k] (distances are
     whole numbers)."""
+    out_dist, out_idx = borrow(out_dist), borrow(out_idx)
     parts, nq, k = part_d.shape
     keys = np.empty(parts * k, dtype=np.int64)
     best = np.empty(k, dtype=np.int64)

@@ -24,7 +24,7 @@ from numba import njit
 
 from vq.kernels.cache import specialise
 from vq.kernels.fastscan import check_isa
-from vq.kernels.heaps import heapify, sift_down
+from vq.kernels.heaps import heapify, heapify_row, sift_down, sift_down_row
 
 #: queries sharing one pass over a list's blocks
 IVF_QUERY_BLOCK = 3
@@ -34,20 +34,21 @@ _EMPTY = np.iinfo(np.int64).max
 
 
 @njit(inline="always")
-def _push(heap, counts, q, key):
-    """Offer ``key`` (< heap[0]) to query q's heap of its k smallest keys. The first k are
-    stored from the end, the root staying _EMPTY so that nothing is refused, and heapified
-    at once when the heap is full (``counts[q]`` keys so far): cheaper than k sift-downs when
-    most candidates are kept, as with a large k and short lists."""
-    k = heap.shape[0]
+def _push(heaps, counts, q, key):
+    """Offer ``key`` (< heaps[q, 0]) to query q's heap of its k smallest keys (row q of
+    ``heaps`` [nq, k]). The first k are stored from the end, the root staying _EMPTY so that
+    nothing is refused, and heapified at once when the heap is full (``counts[q]`` keys so
+    far): cheaper than k sift-downs when most candidates are kept, as with a large k and
+    short lists."""
+    k = heaps.shape[1]
     n = counts[q]
     if n < k:
-        heap[k - 1 - n] = key
+        heaps[q, k - 1 - n] = key
         counts[q] = n + 1
         if n + 1 == k:
-            heapify(heap)
+            heapify_row(heaps, q)
     else:
-        sift_down(heap, k, key)
+        sift_down_row(heaps, q, k, key)
 
 
 @njit(inline="always")

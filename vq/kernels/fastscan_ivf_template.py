@@ -4,7 +4,6 @@ specialises it through :func:`vq.kernels.cache.specialise` and documents ``scan`
 imported as it is)."""
 
 import numpy as np
-from numba import njit
 
 from vq.kernels.cache import kernel
 from vq.kernels.fastscan import BLOCK, block_kernel, portable_block, quantize_tables, trailing_zeros
@@ -18,7 +17,7 @@ from vq.kernels.fastscan_ivf import (
 )
 from vq.kernels.heaps import smallest_keys
 from vq.kernels.scan import IP_TABLE, L2_TABLE
-from vq.kernels.simd import add_row, copy_row, table_row_kernels
+from vq.kernels.simd import add_row, borrow, copy_row, table_row_kernels
 from vq.kernels.threads import get_num_threads, parallel_for
 
 # -- specialised constants (vq.kernels.cache.specialise writes these lines) --
@@ -40,6 +39,8 @@ def scan_slice(q0, q1, p0, p1, parts, luts, T, shifts, probes, list_blocks, offs
                packed, heaps, counts):  # fmt: skip
     """A thread's share: the probes p0, p0 + parts, ... (< p1) of queries q0..q1, sorted
     by list, each list read once per group of Q of its queries."""
+    luts, shifts, probes, packed = borrow(luts), borrow(shifts), borrow(probes), borrow(packed)
+    heaps, counts = borrow(heaps), borrow(counts)
     nprobe = probes.shape[1]
     nlist = list_blocks.shape[0] - 1
     start = np.zeros(nlist + 1, dtype=np.int64)  # counting sort of the pairs by list
@@ -98,18 +99,18 @@ def scan_slice(q0, q1, p0, p1, parts, luts, T, shifts, probes, list_blocks, offs
                 row0 = first + (b - b0) * BLOCK
                 for t in range(size):
                     m = np.uint32(mask[t])
-                    heap = heaps[query[t]]
+                    qt = query[t]
                     while m != 0:
                         v = trailing_zeros(m)
                         m &= m - np.uint32(1)
                         row = row0 + v
                         if row < end:
                             key = ((shift[t] + np.int64(dist[t, v])) << _ROW_BITS) | row
-                            if key < heap[0]:
-                                _push(heap, counts, query[t], key)
+                            if key < heaps[qt, 0]:
+                                _push(heaps, counts, qt, key)
 
 
-@njit(inline="always")
+@kernel(nogil=True)
 def tables(q, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base, probes,
            T, luts, shifts, out_scale, out_offset, table, residual, scratch):  # fmt: skip
     """Query q's tables (T of them: one per probe, or one for all), quantized with one
@@ -145,6 +146,7 @@ def tables(q, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, 
 def tables_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind, alpha,
                  base, probes, T, luts, shifts, out_scale, out_offset):  # fmt: skip
     """``tables`` for queries q0..q1, with one work space."""
+    queries, base, luts, shifts = borrow(queries), borrow(base), borrow(luts), borrow(shifts)
     table = np.empty(M * 16, dtype=np.float32)
     residual = np.empty(queries.shape[1], dtype=np.float32)
     scratch = np.empty((T, M, 16), dtype=np.float32)
@@ -215,6 +217,8 @@ def serve_slice(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kin
                 probes, T, luts, flat_luts, shifts, list_blocks, offsets, packed, heaps, counts,
                 out_dist, out_idx, out_scale, out_offset, ranked):  # fmt: skip
     """Queries q0..q1, from their tables to their results."""
+    heaps, counts = borrow(heaps), borrow(counts)  # (views per query: see simd.borrow)
+    out_dist, out_idx = borrow(out_dist), borrow(out_idx)
     k = out_dist.shape[1]
     nprobe = probes.shape[1]
     tables_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
@@ -237,6 +241,7 @@ def serve_slice(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kin
 @kernel(nogil=True)
 def merge_parts(heaps, out_scale, out_offset, out_dist, out_idx):
     """Each query's k smallest keys over the parts' heaps [parts, nq, k], as results."""
+    out_dist, out_idx = borrow(out_dist), borrow(out_idx)
     parts, nq, k = heaps.shape
     keys = np.empty(parts * k, dtype=np.int64)
     best = np.empty(k, dtype=np.int64)

@@ -6,7 +6,7 @@ import numpy as np
 
 from vq.kernels.cache import kernel
 from vq.kernels.fastscan import quantize_tables
-from vq.kernels.simd import table_row_kernels
+from vq.kernels.simd import borrow, table_row_kernels
 from vq.kernels.threads import parallel_for
 
 # -- specialised constants (vq.kernels.cache.specialise writes these lines) --
@@ -31,6 +31,7 @@ def build(queries, codebooks_t, norms, inner_product, out_luts, out_scale, out_o
 def build_range(q0, q1, queries, codebooks_t, norms, inner_product, out_luts, out_scale,
                 out_offset):  # fmt: skip
     """``build`` for queries q0..q1 on the calling thread."""
+    queries, out_luts = borrow(queries), borrow(out_luts)  # (views per query: simd.borrow)
     table = np.empty((1, M, 16), dtype=np.float32)  # one work space per thread
     bias = np.zeros(1, dtype=np.float32)
     bias_q = np.empty(1, dtype=np.int32)

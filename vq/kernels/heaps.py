@@ -2,7 +2,10 @@
 max-heap of the k smallest keys, and a selection of the k smallest of an array of keys.
 
 The kernels use these instead of ``np.sort``/``np.partition``, whose numba implementations
-take several seconds each to compile into every kernel that calls them.
+take several seconds each to compile into every kernel that calls them. The ``_row`` variants
+work on one row of a 2-D array in place: a row view taken in a hot loop costs an atomic
+reference-count increment and decrement each time (a kernel called from Python holds
+reference-counted arrays).
 """
 
 from __future__ import annotations
@@ -36,6 +39,31 @@ def heapify(heap):
     k = heap.shape[0]
     for i in range(k // 2 - 1, -1, -1):
         sift_down(heap, k, heap[i], i)
+
+
+@njit(inline="always")
+def sift_down_row(heaps, r, size, key, i=0):
+    """:func:`sift_down` on row r of the 2-D int64 array ``heaps``, indexed in place (a row
+    view would cost an atomic reference count in and out in a kernel called from Python)."""
+    while True:
+        c = 2 * i + 1
+        if c >= size:
+            break
+        if c + 1 < size:
+            c += np.int64(heaps[r, c + 1] > heaps[r, c])
+        if heaps[r, c] <= key:
+            break
+        heaps[r, i] = heaps[r, c]
+        i = c
+    heaps[r, i] = key
+
+
+@njit(inline="always")
+def heapify_row(heaps, r):
+    """:func:`heapify` on row r of the 2-D int64 array ``heaps``."""
+    k = heaps.shape[1]
+    for i in range(k // 2 - 1, -1, -1):
+        sift_down_row(heaps, r, k, heaps[r, i], i)
 
 
 @kernel(nogil=True)

@@ -16,6 +16,7 @@ from vq.kernels.scan import (
     _inner_product_table,
     _l2_table,
 )
+from vq.kernels.simd import borrow
 from vq.kernels.threads import parallel_for
 
 # -- specialised constants (vq.kernels.cache.specialise writes these lines) --
@@ -37,6 +38,8 @@ def ivfpq_scan(queries, codebooks_t, norms, centroids, list_tables, kind, alpha,
 def ivfpq_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
                 probes, codes, offsets, out_dist, out_idx):  # fmt: skip
     """Queries q0..q1 on the calling thread: each one's tables, then its probed lists."""
+    queries, list_tables = borrow(queries), borrow(list_tables)  # (views: simd.borrow)
+    out_dist, out_idx = borrow(out_dist), borrow(out_idx)
     nprobe = probes.shape[1]
     k = out_dist.shape[1]
     size = list_tables.shape[1] if list_tables.shape[0] else norms.size

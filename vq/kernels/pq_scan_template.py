@@ -13,6 +13,7 @@ from vq.kernels.scan import (
     _heap_replace_top,
     _heap_sorted,
 )
+from vq.kernels.simd import borrow
 from vq.kernels.threads import parallel_for
 
 # -- specialised constants (vq.kernels.cache.specialise writes these lines) --
@@ -30,6 +31,7 @@ def adc_scan(tables, codes, out_dist, out_idx):
 @kernel(nogil=True)
 def adc_range(q_start, q_end, tables, codes, out_dist, out_idx):
     """Queries q_start..q_end, 8 at a time against every code, a block of codes at a time."""
+    tables, out_dist, out_idx = borrow(tables), borrow(out_dist), borrow(out_idx)
     n, k = codes.shape[0], out_dist.shape[1]
     heap_d = np.empty((_ADC_QUERY_BLOCK, k), dtype=np.float32)
     heap_i = np.empty((_ADC_QUERY_BLOCK, k), dtype=np.int64)

@@ -16,7 +16,7 @@ from numba import njit
 
 from vq.kernels.cache import kernel, specialise
 from vq.kernels.heaps import smallest_keys
-from vq.kernels.simd import prefetch_line, row_min
+from vq.kernels.simd import borrow, prefetch_line, row_min
 from vq.kernels.threads import parallel_for
 
 _ADC_QUERY_BLOCK = 8
@@ -46,6 +46,28 @@ def _sift_down(dist, idx, size, d, i):
 def _heap_replace_top(dist, idx, d, i):
     """Replace the root of a max-heap (``dist``/``idx``, size k) by (d, i) and sift it down."""
     _sift_down(dist, idx, dist.shape[0], d, i)
+
+
+@njit(inline="always")
+def _heap_replace_top_row(dist, idx, r, d, i):
+    """:func:`_heap_replace_top` on row r of the 2-D heaps ``dist``/``idx``, indexed in
+    place: a row view taken in a hot loop costs an atomic reference count in and out (a
+    kernel called from Python holds reference-counted arrays)."""
+    size = dist.shape[1]
+    pos = 0
+    while True:
+        child = 2 * pos + 1
+        if child >= size:
+            break
+        if child + 1 < size and dist[r, child + 1] > dist[r, child]:
+            child += 1
+        if dist[r, child] <= d:
+            break
+        dist[r, pos] = dist[r, child]
+        idx[r, pos] = idx[r, child]
+        pos = child
+    dist[r, pos] = d
+    idx[r, pos] = i
 
 
 @njit(inline="always")
@@ -220,15 +242,17 @@ def _ivfpq_module(n_tables: int, words: bool, dsub: int):
 
 
 @njit(inline="always", fastmath=True)
-def _exact_distance(x, v, inner_product):
-    """Squared L2 distance of two float32 vectors, or their negated inner product."""
+def _exact_distance(x, vectors, i, inner_product):
+    """Squared L2 distance of the float32 vector x to row i of ``vectors``, or their negated
+    inner product (the row indexed in place, not taken as a view: see
+    :func:`_heap_replace_top_row`)."""
     d = np.float32(0.0)
     if inner_product:
         for j in range(x.shape[0]):
-            d -= x[j] * v[j]
+            d -= x[j] * vectors[i, j]
     else:
         for j in range(x.shape[0]):
-            diff = x[j] - v[j]
+            diff = x[j] - vectors[i, j]
             d += diff * diff
     return d
 
@@ -252,6 +276,7 @@ def ivf_flat_scan(queries, vectors, probes, offsets, inner_product, out_dist, ou
 @kernel(nogil=True, fastmath=True)
 def ivf_flat_range(q0, q1, queries, vectors, probes, offsets, inner_product, out_dist, out_idx):
     """:func:`ivf_flat_scan` for queries ``q0..q1`` (int64) on the calling thread."""
+    queries, out_dist, out_idx = borrow(queries), borrow(out_dist), borrow(out_idx)
     nprobe = probes.shape[1]
     k = out_dist.shape[1]
     heap_d = np.empty(k, dtype=np.float32)
@@ -267,7 +292,7 @@ def ivf_flat_range(q0, q1, queries, vectors, probes, offsets, inner_product, out
                 continue
             threshold = heap_d[0]
             for i in range(offsets[lst], offsets[lst + 1]):
-                d = _exact_distance(x, vectors[i], inner_product)
+                d = _exact_distance(x, vectors, i, inner_product)
                 if d < threshold:
                     _heap_replace_top(heap_d, heap_i, d, i)
                     threshold = heap_d[0]
@@ -302,6 +327,7 @@ def refine_scan(queries, vectors, candidates, inner_product, out_dist, out_idx):
 @kernel(nogil=True, fastmath=True)
 def refine_range(q0, q1, queries, vectors, candidates, inner_product, out_dist, out_idx):
     """:func:`refine_scan` for queries ``q0..q1`` (int64) on the calling thread."""
+    queries, out_dist, out_idx = borrow(queries), borrow(out_dist), borrow(out_idx)
     n_cand = candidates.shape[1]
     k = out_dist.shape[1]
     row_bytes = vectors.shape[1] * 4
@@ -322,7 +348,7 @@ def refine_range(q0, q1, queries, vectors, candidates, inner_product, out_dist, 
             i = candidates[q, c]
             if i < 0:
                 continue
-            d = _exact_distance(x, vectors[i], inner_product)
+            d = _exact_distance(x, vectors, i, inner_product)
             if d < threshold:
                 _heap_replace_top(heap_d, heap_i, d, i)
                 threshold = heap_d[0]
@@ -351,6 +377,7 @@ def heap_push_block(scores, x_norms, first, inner_product, heap_d, heap_i):
 @kernel(nogil=True, fastmath=True)
 def heap_push_range(q0, q1, scores, x_norms, first, inner_product, heap_d, heap_i):
     """:func:`heap_push_block` for queries ``q0..q1`` on the calling thread."""
+    scores, heap_d, heap_i = borrow(scores), borrow(heap_d), borrow(heap_i)
     b = scores.shape[1]
     for q in range(q0, q1):
         hd = heap_d[q]
@@ -394,6 +421,8 @@ def smallest_k_rows(products, queries, x_norms, inner_product, out_dist, out_idx
 @kernel(nogil=True)
 def smallest_k_range(q0, q1, products, queries, x_norms, inner_product, out_dist, out_idx):
     """:func:`smallest_k_rows` for rows ``q0..q1`` on the calling thread."""
+    products, queries = borrow(products), borrow(queries)  # (views per row: simd.borrow)
+    out_dist, out_idx = borrow(out_dist), borrow(out_idx)
     for q in range(q0, q1):
         _smallest_k_row(products[q], queries[q], x_norms, inner_product, out_dist[q], out_idx[q])
 
@@ -467,6 +496,8 @@ def _smallest_k_by_keys(values, out_dist, out_idx):
 @kernel(nogil=True)
 def heaps_sorted(heap_d, heap_i, out_dist, out_idx):
     """Each row's max-heap (``heap_d``/``heap_i`` [nq, k], consumed) in ascending order."""
+    heap_d, heap_i = borrow(heap_d), borrow(heap_i)
+    out_dist, out_idx = borrow(out_dist), borrow(out_idx)
     for q in range(heap_d.shape[0]):
         _heap_sorted(heap_d[q], heap_i[q], out_dist[q], out_idx[q])
 

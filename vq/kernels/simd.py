@@ -226,3 +226,29 @@ def prefetch_line(typingctx, array, row, byte):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@intrinsic
+def borrow(typingctx, array):
+    """``array`` without its reference count: the same data, shape and strides, no owner.
+
+    Numba counts references to an array's memory with atomic instructions, at every view
+    (``a[i]``, ``a[i:j]``) a kernel takes and drops. In a hot loop of a kernel called from
+    Python those atomics cost more than the work (and two threads counting on one array
+    contend for its cache line: a search of 1,000 queries on two threads lost 20-30% to
+    them). A borrowed array's views count nothing. The caller keeps the real array alive
+    for the call; a borrowed array (or a view of it) must not outlive it, nor be returned.
+    """
+    if not isinstance(array, types.Array):
+        raise numba.core.errors.TypingError(f"borrow: expected an array, got {array}")
+
+    def codegen(context, builder, signature, args):
+        src = context.make_array(array)(context, builder, args[0])
+        out = context.make_array(array)(context, builder)
+        for field in ("nitems", "itemsize", "data", "shape", "strides"):
+            setattr(out, field, getattr(src, field))
+        out.meminfo = ir.Constant(out.meminfo.type, None)
+        out.parent = ir.Constant(out.parent.type, None)
+        return out._getvalue()
+
+    return array(array), codegen

@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from vq.kernels.cache import kernel
-from vq.kernels.scan import _heap_replace_top, _smallest_k_row
+from vq.kernels.scan import _heap_replace_top_row, _smallest_k_row
+from vq.kernels.simd import borrow
 from vq.kernels.threads import parallel_for
 
 
@@ -34,16 +35,14 @@ def flat_rows(queries, vectors, x_norms, inner_product, r0, r1, heap_d, heap_i):
             finished by :func:`vq.kernels.heaps_sorted`.
     """
     nq, dim = queries.shape
-    for i in range(r0, r1):
-        v = vectors[i]
+    for i in range(r0, r1):  # rows and heaps indexed in place: a view costs two atomics
         for q in range(nq):
-            x = queries[q]
             s = np.float32(0.0)
             for j in range(dim):
-                s += x[j] * v[j]
+                s += queries[q, j] * vectors[i, j]
             d = -s if inner_product else x_norms[i] - np.float32(2.0) * s
             if d < heap_d[q, 0]:
-                _heap_replace_top(heap_d[q], heap_i[q], d, i)
+                _heap_replace_top_row(heap_d, heap_i, q, d, i)
 
 
 def flat_parts(queries, vectors, x_norms, inner_product, heap_d, heap_i):
@@ -75,6 +74,7 @@ def probe_lists(queries, centroids, c_norms, inner_product, out_scores, out_list
         out_scores: float32 [nq, nprobe], ascending: ‖q - c‖² clamped at 0, or -⟨q, c⟩;
             out_lists: int64 [nq, nprobe], their centroids (ties by lower number).
     """
+    queries, out_scores, out_lists = borrow(queries), borrow(out_scores), borrow(out_lists)
     nq, dim = queries.shape
     nlist = centroids.shape[0]
     row = np.empty(nlist, dtype=np.float32)
