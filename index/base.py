@@ -69,13 +69,33 @@ class ReadWriteLock:
         self._local.depth = depth + 1
         return depth, nested
 
+    def try_read(self) -> bool:
+        """Enter as a plain reader if no writer holds or awaits the lock (True; leave with
+        :meth:`end_read`), else False (use :meth:`acquire_read`). For a reader that runs none
+        of the caller's code while it reads (a lean search): it skips the per-thread depth
+        that nested reads and the write-inside-read check need."""
+        mutex = self._mutex
+        mutex.acquire()  # (not "with": this runs on every small search)
+        free = self._writer is None and not self._waiting_writers
+        if free:
+            self._readers += 1
+        mutex.release()
+        return free
+
+    def end_read(self) -> None:
+        """Leave a read entered with :meth:`try_read`."""
+        with self._mutex:
+            self._readers -= 1
+            if not self._readers and self._waiting_writers:  # only writers wait on readers
+                self._cond.notify_all()
+
     def release_read(self, token: tuple[int, bool]) -> None:
         depth, nested = token
         self._local.depth = depth
         if not nested:
             with self._mutex:
                 self._readers -= 1
-                if not self._readers:
+                if not self._readers and self._waiting_writers:  # only writers wait on readers
                     self._cond.notify_all()
 
     @contextmanager
@@ -366,7 +386,7 @@ class Index(nn.Module):
         wake-up where the work is small (a service answering one query at a time). None where
         it does not apply: the general path then serves the call, and raises any error."""
         if type(queries) is np.ndarray:
-            if queries.dtype != np.float32:
+            if queries.dtype is not _FLOAT32:
                 return None
             q, tensor = queries, False
         elif isinstance(queries, torch.Tensor):
@@ -380,7 +400,8 @@ class Index(nn.Module):
             q, tensor = queries.numpy(), True
         else:
             return None
-        if q.ndim != 2 or not 0 < q.shape[0] <= SMALL_BATCH or q.shape[1] != self.dim:
+        shape = q.shape
+        if len(shape) != 2 or not 0 < shape[0] <= SMALL_BATCH or shape[1] != self.dim:
             return None
         if k is None:
             k = self.k
@@ -388,29 +409,33 @@ class Index(nn.Module):
             if isinstance(k, bool) or not isinstance(k, np.integer):
                 return None
             k = int(k)
-        if k <= 0 or not _cpu.numpy_path():
+        if k <= 0 or _cpu._disabled:
             return None
         if not q.flags.c_contiguous:
             q = np.ascontiguousarray(q)
-        if not kernels.all_finite(q):
-            return None
-        token = self._lock.acquire_read()
+        lock = self._lock
+        token = None if lock.try_read() else lock.acquire_read()
         try:
             search = self._lean()
             if search is None or (params and not params.keys() <= search.options):
                 found = None  # (an unknown option: the general path says which)
             else:
-                found = search(q, k, True, **params)
+                found = search(q, k, True, params)
         finally:
-            self._lock.release_read(token)
+            if token is None:
+                lock.end_read()
+            else:
+                lock.release_read(token)
         if found is None or not tensor:
             return found
         return torch.from_numpy(found[0]), torch.from_numpy(found[1])
 
     def _lean(self):
-        """The lean search of the index as it is now, ``search(q, k, ranked=True, **params)``
+        """The lean search of the index as it is now, ``search(q, k, ranked, params)`` (params:
+        the per-call options, a dict)
         → float32 distances and int64 ids, numpy [nq, k] padded as ``search`` pads (in any
-        order if not ``ranked``: re-ranking candidates), or None where the call is not small;
+        order if not ``ranked``: re-ranking candidates), or None where the call is not small
+        or a query is not finite (the general path then serves it, or says what is wrong);
         q: checked C-contiguous float32 [nq <= SMALL_BATCH, dim]. None where the index has no
         lean path (untrained, empty, not on CPU, or a kind without one). Built by
         ``_lean_search`` over numpy views of the buffers, and kept until a buffer, parameter
@@ -419,13 +444,16 @@ class Index(nn.Module):
         cached = self.__dict__.get("_lean_cache")
         if cached is not None:
             search, checks = cached
-            for table, name, value, version in checks:
-                if table.get(name) is not value or (
-                    version is not None and value._version != version
-                ):
-                    break
-            else:
-                return search
+            try:  # (subscripts: a few hundred ns less than .get on this per-call path)
+                for table, name, value, version in checks:
+                    if table[name] is not value or (
+                        version is not None and value._version != version
+                    ):
+                        break
+                else:
+                    return search
+            except KeyError:  # a buffer, parameter or submodule was deleted
+                pass
         usable = self.is_trained and self.ntotal > 0 and self.device.type == "cpu"
         search = self._lean_search() if usable else None
         if search is not None:
@@ -451,8 +479,10 @@ class Index(nn.Module):
         ip = self.metric == "ip"
         fill = np.float32(-np.inf if ip else np.inf)
 
-        def search(q: np.ndarray, k: int, ranked: bool = True, **params):
-            found = rows_search(q, min(k, ntotal), ranked, **params)
+        def search(q: np.ndarray, k: int, ranked: bool, params: dict):
+            if not kernels.all_finite(q):
+                return None
+            found = rows_search(q, min(k, ntotal), ranked, params)
             if found is None:
                 return None
             out_dist = np.empty((q.shape[0], k), np.float32)
@@ -463,7 +493,7 @@ class Index(nn.Module):
         return search
 
     def _lean_rows(self):
-        """The kind's lean search by stored row: a function ``(q, k, ranked, **params)`` →
+        """The kind's lean search by stored row: a function ``(q, k, ranked, params)`` →
         distances float32 [nq, k], ascending (negated inner products for "ip"), and rows int64
         [nq, k] (-1 where missing), numpy, k <= ntotal, or None for a call that is not small;
         built for the index as it is (see ``_lean``). None: the kind has no lean path (the
@@ -591,6 +621,7 @@ def _rows(q: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 _OPTIONS: dict[type, frozenset[str]] = {}
 _NO_IDS = np.zeros(0, dtype=np.int64)  # rows_to_ids: the ids are the rows
+_FLOAT32 = np.dtype(np.float32)
 
 
 def _option_names(cls: type) -> frozenset[str]:

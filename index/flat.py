@@ -78,7 +78,7 @@ class FlatIndex(Index):
         n = x.shape[0]
         work = self._search_work
 
-        def search(q: np.ndarray, k: int, ranked: bool):
+        def search(q: np.ndarray, k: int, ranked: bool, params: dict):
             nq = q.shape[0]
             parts = 1
             if work(nq, k) >= _cpu.SERIAL_WORK:

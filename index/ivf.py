@@ -17,7 +17,7 @@ from vq import _cpu, kernels
 from vq._checks import check_training_size
 from vq.clustering import kmeans
 from vq.distances import nearest
-from vq.index.base import Index
+from vq.index.base import _NO_IDS, Index
 from vq.quantizers import VectorQuantizer
 
 _NO_NORMS = np.zeros(0, np.float32)
@@ -228,38 +228,42 @@ class IVFIndex(Index):
         """The numba scan: the k nearest rows, ascending (in any order if not ``ranked``)."""
         raise NotImplementedError
 
-    def _lean_rows(self):
-        """The coarse step and the scan, each one kernel on the calling thread; None (the
-        general path, in parallel) for a call whose estimated work is not small."""
-        scan = self._lean_scan()
+    def _lean_search(self):
+        """The whole search of a few queries as one kernel call on the calling thread (the
+        coarse step, the scan of the probed lists, ids: the kind's ``_lean_kernel``); a call
+        whose estimated work is not small returns None (the general, parallel path)."""
+        kernel, args = self._lean_kernel()
         ip = self.metric == "ip"
-        centroids = self.quantizer.codebook.float().contiguous().numpy()
         norms = _NO_NORMS if ip else self._centroid_norms()
+        c = self.quantizer.codebook
+        centroids_t = self._derived("centroids_t", (c,), lambda: c.float().T.contiguous().numpy())
+        ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else _NO_IDS
         nlist = self.nlist
         # _search_work's estimate: fixed + nprobe * per_probe per query
-        fixed = self._search_work(1, 1, nprobe=1) - self.ntotal / nlist * self._vector_ns()
         per_probe = self.ntotal / nlist * self._vector_ns()
+        fixed = self._search_work(1, 1, nprobe=1) - per_probe
         serial_work = _cpu.SERIAL_WORK
 
-        def search(q: np.ndarray, k: int, ranked: bool, nprobe: int | None = None):
-            nprobe = self.nprobe if nprobe is None else _check_nprobe(nprobe)
-            nprobe = min(nprobe, nlist)
+        def search(q: np.ndarray, k: int, ranked: bool, params: dict):
+            nprobe = params.get("nprobe")
+            nprobe = min(self.nprobe if nprobe is None else _check_nprobe(nprobe), nlist)
             nq = q.shape[0]
             if nq * (fixed + nprobe * per_probe) >= serial_work:
                 return None
-            coarse = np.empty((nq, nprobe), np.float32)
-            lists = np.empty((nq, nprobe), np.int64)
-            kernels.probe_lists(q, centroids, norms, ip, coarse, lists)
-            dist = np.empty((nq, k), np.float32)
-            rows = np.empty((nq, k), np.int64)
-            scan(q, coarse, lists, dist, rows, ranked)
-            return dist, rows
+            out_dist = np.empty((nq, k), np.float32)
+            out_ids = np.empty((nq, k), np.int64)
+            if not kernel(q, centroids_t, norms, nprobe, *args, ids, ip, out_dist, out_ids, ranked):
+                return None  # a NaN or an infinity: the general path says so
+            return out_dist, out_ids
 
         return search
 
-    def _lean_scan(self):
-        """The lean path's scan: ``scan(q, coarse, lists, out_dist, out_rows, ranked)`` as
-        ``_scan_numba`` over numpy arrays of at most 16 queries, on the calling thread."""
+    def _lean_kernel(self) -> tuple:
+        """The kind's lean kernel and its stored arrays: ``kernel(q, centroids_t, c_norms,
+        nprobe, *args, ids, inner_product, out_dist, out_ids, ranked)`` searches numpy arrays
+        of at most 16 queries on the calling thread, from the coarse step to ids (see
+        ``_lean_search``); it returns False, having done nothing, for a query that is not
+        finite."""
         raise NotImplementedError
 
     @staticmethod
@@ -298,14 +302,9 @@ class IVFFlat(IVFIndex):
     def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"lists": self._assign(x), "vectors": x.float()}
 
-    def _lean_scan(self):
-        ip = self.metric == "ip"
+    def _lean_kernel(self) -> tuple:
         x, offsets = self.vectors.contiguous().numpy(), self.offsets.numpy()
-
-        def scan(q, coarse, lists, out_dist, out_rows, ranked):
-            kernels.ivf_flat_range(0, q.shape[0], q, x, lists, offsets, ip, out_dist, out_rows)
-
-        return scan
+        return kernels.ivf_flat_lean, (x, offsets)
 
     def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked=True) -> None:
         kernels.ivf_flat_scan(

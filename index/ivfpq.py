@@ -19,7 +19,7 @@ from vq import kernels
 from vq.index.fastscan import PackedCodes, check_fast_scan
 from vq.index.ivf import IVFIndex
 from vq.kernels import fastscan as fastscan_kernels
-from vq.kernels.fastscan_ivf import ivf_fastscan_lists, ivf_fastscan_serial
+from vq.kernels.fastscan_ivf import ivf_fastscan_lean, ivf_fastscan_lists
 from vq.quantizers import ProductQuantizer
 
 
@@ -212,29 +212,17 @@ class IVFPQ(IVFIndex):
             out_rows.numpy(),
         )
 
-    def _lean_scan(self):
+    def _lean_kernel(self) -> tuple:
         args, coarse_base = self._kernel_args()
         offsets = self.offsets.numpy()
         if self.fast_scan:
             packed = self._packed.get(self.codes, self.offsets)
-            lists_blocks, packed_codes = packed.list_blocks, packed.packed
-            kernel = ivf_fastscan_serial(self.pq.M // 2, self.pq.dsub, fastscan_kernels.best_isa())
-
-            def scan(q, coarse, lists, out_dist, out_rows, ranked):
-                base = coarse if coarse_base else np.zeros(coarse.shape, np.float32)
-                scale, offset = np.empty(q.shape[0], np.float32), np.empty(q.shape[0], np.float32)
-                kernel(q, *args, base, lists, lists_blocks, offsets, packed_codes, out_dist,
-                       out_rows, scale, offset, ranked)  # fmt: skip
-
-            return scan
+            isa = fastscan_kernels.best_isa()
+            kernel = ivf_fastscan_lean(self.pq.M // 2, self.pq.dsub, isa)
+            return kernel, (*args, coarse_base, packed.list_blocks, offsets, packed.packed)
         codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)
-        kernel = kernels.ivfpq_serial(self.pq.M, words, self.pq.dsub)
-
-        def scan(q, coarse, lists, out_dist, out_rows, ranked):
-            base = coarse if coarse_base else np.zeros(coarse.shape, np.float32)
-            kernel(0, q.shape[0], q, *args, base, lists, codes, offsets, out_dist, out_rows)
-
-        return scan
+        kernel = kernels.ivfpq_lean(self.pq.M, words, self.pq.dsub)
+        return kernel, (*args, coarse_base, codes, offsets)
 
     def _scan_torch(self, q, coarse, lists, k):
         M, ksub = self.pq.M, self.pq.ksub

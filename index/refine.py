@@ -7,7 +7,7 @@ import torch
 
 from vq import kernels
 from vq._cpu import empty, fast_path
-from vq.index.base import Index, Wrapper
+from vq.index.base import _NO_IDS, Index, Wrapper
 
 
 class Refine(Wrapper):
@@ -92,25 +92,29 @@ class Refine(Wrapper):
             dist, rows = self._rerank_torch(q, cand, k)
         return self._finish(-dist if self.metric == "ip" else dist, rows, k)
 
-    def _lean_rows(self):
-        """The wrapped index's lean search for ``k * k_factor`` candidates, re-ranked on the
-        calling thread; None where the wrapped index has none."""
+    def _lean_search(self):
+        """The wrapped index's lean search for ``k * k_factor`` candidates, re-ranked and
+        mapped to ids in one more kernel call; None where the wrapped index has none."""
         candidates = self.index._lean()
         if candidates is None:
             return None
         ip = self.metric == "ip"
         x = self.vectors.contiguous().numpy()
+        ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else _NO_IDS
 
-        def search(q: np.ndarray, k: int, ranked: bool, k_factor: int | None = None, **params):
-            k_factor = _check_k_factor(self.k_factor if k_factor is None else k_factor)
-            found = candidates(q, k * k_factor, False, **params)
+        def search(q: np.ndarray, k: int, ranked: bool, params: dict):
+            k_factor = params.get("k_factor")
+            k_factor = self.k_factor if k_factor is None else k_factor
+            if type(k_factor) is not int or k_factor < 1:
+                return None  # the general path says what is wrong
+            found = candidates(q, k * k_factor, False, params)
             if found is None:
                 return None
-            cand = found[1]  # the wrapped index stores this index's rows as its ids
-            nq = q.shape[0]
-            dist, rows = np.empty((nq, k), np.float32), np.empty((nq, k), np.int64)
-            kernels.refine_range(0, nq, q, x, cand, ip, dist, rows)
-            return dist, rows
+            # the wrapped index stores this index's rows as its ids
+            out_dist = np.empty((q.shape[0], k), np.float32)
+            out_ids = np.empty((q.shape[0], k), np.int64)
+            kernels.refine_lean(q, x, found[1], ids, ip, out_dist, out_ids)
+            return out_dist, out_ids
 
         return search
 

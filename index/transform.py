@@ -103,8 +103,8 @@ class PreTransform(Wrapper):
             return None
         rt = self.transform.rotation.float().T.contiguous().numpy()
 
-        def search(q: np.ndarray, k: int, ranked: bool = True, **params):
-            return inner(np.ascontiguousarray(q @ rt, dtype=np.float32), k, ranked, **params)
+        def search(q: np.ndarray, k: int, ranked: bool, params: dict):
+            return inner(np.ascontiguousarray(q @ rt, dtype=np.float32), k, ranked, params)
 
         return search
 

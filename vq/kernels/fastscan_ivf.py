@@ -97,11 +97,23 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
 
 
 @functools.cache
-def ivf_fastscan_serial(n_pairs: int, dsub: int, isa: str):
-    """:func:`ivf_fastscan_lists`'s ``scan`` (same arguments and results) on the calling
-    thread: the lean path of a few queries, which a thread-pool wake-up would cost more than
-    it saves."""
-    return _module(n_pairs, dsub, isa).scan_serial
+def ivf_fastscan_lean(n_pairs: int, dsub: int, isa: str):
+    """A search of a few queries on the calling thread in one call, from the coarse step to
+    ids (the lean path, which a thread-pool wake-up or a step per call would cost more than
+    the work): ``lean_search(queries, centroids_t, c_norms, nprobe, codebooks_t, norms,
+    centroids, list_tables, kind, alpha, coarse_base, list_blocks, offsets, packed, ids,
+    inner_product, out_dist, out_ids, ranked)``.
+
+    ``centroids_t`` float32 [d, nlist] (the centroids transposed) and ``c_norms`` [nlist]
+    (read for l2) choose each query's ``nprobe`` lists as :func:`vq.kernels.probe_lists`
+    does; ``coarse_base``: whether the coarse scores are added to the distances (by-residual
+    tables); the other inputs are
+    ``ivf_fastscan_lists``'s. ``ids`` int64 [ntotal] (or [0]: the ids are the rows) map rows
+    to ids; ``out_dist`` [nq, k] gets distances (negated back to inner products with
+    ``inner_product``; -inf / +inf padding), ``out_ids`` [nq, k] ids (-1 padding), in
+    ascending order of distance if ``ranked``.
+    """
+    return _module(n_pairs, dsub, isa).lean_search
 
 
 def _module(n_pairs: int, dsub: int, isa: str):

@@ -4,6 +4,7 @@ specialises it through :func:`vq.kernels.cache.specialise` and documents ``scan`
 imported as it is)."""
 
 import numpy as np
+from numba import njit
 
 from vq.kernels.cache import kernel
 from vq.kernels.fastscan import BLOCK, block_kernel, portable_block, quantize_tables, trailing_zeros
@@ -16,8 +17,9 @@ from vq.kernels.fastscan_ivf import (
     _write_sorted,
 )
 from vq.kernels.heaps import smallest_keys
-from vq.kernels.scan import IP_TABLE, L2_TABLE
+from vq.kernels.scan import IP_TABLE, L2_TABLE, rows_to_ids
 from vq.kernels.simd import add_row, borrow, copy_row, table_row_kernels
+from vq.kernels.small import all_finite, probe_lists
 from vq.kernels.threads import get_num_threads, parallel_for
 
 # -- specialised constants (vq.kernels.cache.specialise writes these lines) --
@@ -110,6 +112,46 @@ def scan_slice(q0, q1, p0, p1, parts, luts, T, shifts, probes, list_blocks, offs
                                 _push(heaps, counts, qt, key)
 
 
+@njit(nogil=True)
+def scan_one(q, luts, T, shifts, probes, list_blocks, offsets, packed, heaps, counts):
+    """Query q alone, its probes in their order (the nearest list first: its k-th best
+    settles soonest): what a slice of one query needs, without ``scan_slice``'s sort of the
+    probes by list (which lets a group of queries share each list's reads)."""
+    nprobe = probes.shape[1]
+    lut_rows = np.zeros(Q, dtype=np.int64)
+    thr = np.zeros(Q, dtype=np.int32)  # slots past the first stay 0: nothing passes
+    dist = np.empty((Q, BLOCK), dtype=np.uint16)
+    mask = np.zeros(Q, dtype=np.int32)
+    for p in range(nprobe):
+        lst = probes[q, p]
+        if lst < 0:
+            continue
+        lut_rows[0] = (q * nprobe + p if T > 1 else q) * N_PAIRS
+        shift = np.int64(shifts[q, p])
+        first, end = offsets[lst], offsets[lst + 1]
+        b0, b1 = list_blocks[lst], list_blocks[lst + 1]
+        for b in range(b0, b1):
+            # distances equal to the k-th best may still win on their row
+            limit = min((heaps[q, 0] >> _ROW_BITS) + 1, 65535) - shift
+            if limit <= 0:
+                break
+            thr[0] = limit
+            if SIMD:
+                block1(packed, b * N_PAIRS, luts, lut_rows, thr, dist, mask)
+            else:
+                portable_block(packed, b * N_PAIRS, luts, lut_rows, N_PAIRS, thr, dist, mask)
+            m = np.uint32(mask[0])
+            row0 = first + (b - b0) * BLOCK
+            while m != 0:
+                v = trailing_zeros(m)
+                m &= m - np.uint32(1)
+                row = row0 + v
+                if row < end:
+                    key = ((shift + np.int64(dist[0, v])) << _ROW_BITS) | row
+                    if key < heaps[q, 0]:
+                        _push(heaps, counts, q, key)
+
+
 @kernel(nogil=True)
 def tables(q, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base, probes,
            T, luts, shifts, out_scale, out_offset, table, residual, scratch):  # fmt: skip
@@ -193,23 +235,35 @@ def scan(queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
 
 
 @kernel(nogil=True)
-def scan_serial(queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base, probes,
-                list_blocks, offsets, packed, out_dist, out_idx, out_scale, out_offset,
-                ranked):  # fmt: skip
-    """``scan`` on the calling thread (the lean path of a few queries: no thread pool)."""
-    nq, nprobe = probes.shape
+def lean_search(queries, centroids_t, c_norms, nprobe, codebooks_t, norms, centroids,
+                list_tables, kind, alpha, coarse_base, list_blocks, offsets, packed, ids,
+                inner_product, out_dist, out_ids, ranked):  # fmt: skip
+    """A few queries on the calling thread, from the coarse step to ids, in one call (the
+    lean path: see :func:`vq.kernels.fastscan_ivf.ivf_fastscan_lean`); False (and nothing done)
+    if a query holds a NaN or an infinity."""
+    if not all_finite(queries):
+        return False
+    nq = queries.shape[0]
     k = out_dist.shape[1]
+    coarse = np.empty((nq, nprobe), dtype=np.float32)
+    probes = np.empty((nq, nprobe), dtype=np.int64)
+    probe_lists(queries, centroids_t, c_norms, inner_product, coarse, probes)
+    base = coarse if coarse_base else np.zeros((nq, nprobe), dtype=np.float32)
     summed = list_tables.shape[0] > 0
     T = nprobe if summed or (kind != IP_TABLE and kind != L2_TABLE) else 1
     luts = np.empty((nq * T, N_PAIRS, 32), dtype=np.uint8)
     flat_luts = luts.reshape((nq * T * N_PAIRS, 32))
     shifts = np.empty((nq, nprobe), dtype=np.int32)
-    heaps = np.full((1, nq, k), _EMPTY, dtype=np.int64)
-    counts = np.zeros((1, nq), dtype=np.int64)
+    heaps = np.full((nq, k), _EMPTY, dtype=np.int64)
+    counts = np.zeros(nq, dtype=np.int64)
+    scale_offset = np.empty((2, nq), dtype=np.float32)
     serve_slice(np.int64(0), np.int64(nq), queries, codebooks_t, norms, centroids, list_tables,
         kind, alpha, base, probes, T, luts, flat_luts, shifts, list_blocks, offsets, packed,
-        heaps[0], counts[0], out_dist, out_idx, out_scale, out_offset, ranked,
+        heaps, counts, out_dist, out_ids, scale_offset[0], scale_offset[1], ranked,
     )  # fmt: skip
+    fill = np.float32(-np.inf) if inner_product else np.float32(np.inf)
+    rows_to_ids(out_dist, out_ids, ids, inner_product, fill, out_dist, out_ids)  # in place
+    return True
 
 
 @kernel(nogil=True)
@@ -223,11 +277,13 @@ def serve_slice(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kin
     nprobe = probes.shape[1]
     tables_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
                  probes, T, luts, shifts, out_scale, out_offset)  # fmt: skip
-    # every query's nearest list first: its k-th best settles sooner
-    one = np.int64(1)
-    for p0, p1 in ((np.int64(0), min(one, nprobe)), (one, nprobe)):
-        scan_slice(q0, q1, p0, p1, one, flat_luts, T, shifts, probes, list_blocks, offsets, packed,
-                   heaps, counts)  # fmt: skip
+    if q1 - q0 == 1:
+        scan_one(q0, flat_luts, T, shifts, probes, list_blocks, offsets, packed, heaps, counts)
+    else:  # every query's nearest list first: its k-th best settles sooner
+        one = np.int64(1)
+        for p0, p1 in ((np.int64(0), min(one, nprobe)), (one, nprobe)):
+            scan_slice(q0, q1, p0, p1, one, flat_luts, T, shifts, probes, list_blocks, offsets,
+                       packed, heaps, counts)  # fmt: skip
     for q in range(q0, q1):
         scale, offset = out_scale[q], out_offset[q]
         if ranked:

@@ -15,8 +15,10 @@ from vq.kernels.scan import (
     _heap_sorted,
     _inner_product_table,
     _l2_table,
+    rows_to_ids,
 )
 from vq.kernels.simd import borrow
+from vq.kernels.small import all_finite, probe_lists
 from vq.kernels.threads import parallel_for
 
 # -- specialised constants (vq.kernels.cache.specialise writes these lines) --
@@ -81,3 +83,26 @@ def ivfpq_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kin
                     _heap_replace_top(heap_d, heap_i, d, i)
                     threshold = heap_d[0]
         _heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
+
+
+@kernel(nogil=True)
+def lean_search(queries, centroids_t, c_norms, nprobe, codebooks_t, norms, centroids,
+                list_tables, kind, alpha, coarse_base, codes, offsets, ids, inner_product,
+                out_dist, out_ids, ranked):  # fmt: skip
+    """A few queries on the calling thread, from the coarse step to ids, in one call (the
+    lean path: see :func:`vq.kernels.ivfpq_lean`); results always ranked. False (and nothing
+    done) if a query holds a NaN or an infinity."""
+    if not all_finite(queries):
+        return False
+    nq = queries.shape[0]
+    k = out_dist.shape[1]
+    coarse = np.empty((nq, nprobe), dtype=np.float32)
+    probes = np.empty((nq, nprobe), dtype=np.int64)
+    probe_lists(queries, centroids_t, c_norms, inner_product, coarse, probes)
+    base = coarse if coarse_base else np.zeros((nq, nprobe), dtype=np.float32)
+    dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
+    ivfpq_range(np.int64(0), np.int64(nq), queries, codebooks_t, norms, centroids, list_tables,
+                kind, alpha, base, probes, codes, offsets, dist, rows)  # fmt: skip
+    fill = np.float32(-np.inf) if inner_product else np.float32(np.inf)
+    rows_to_ids(dist, rows, ids, inner_product, fill, out_dist, out_ids)
+    return True

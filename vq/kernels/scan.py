@@ -229,11 +229,19 @@ def ivfpq_scanner(n_tables: int, words: bool, dsub: int):
 
 
 @functools.cache
-def ivfpq_serial(n_tables: int, words: bool, dsub: int):
-    """:func:`ivfpq_scanner`'s kernel on the calling thread (the lean path):
-    ``ivfpq_range(q0, q1, queries, ...)``, the arguments of ``ivfpq_scan`` after queries
-    ``q0..q1``."""
-    return _ivfpq_module(n_tables, words, dsub).ivfpq_range
+def ivfpq_lean(n_tables: int, words: bool, dsub: int):
+    """A search of a few queries on the calling thread in one call, from the coarse step to
+    ids (the lean path): ``lean_search(queries, centroids_t, c_norms, nprobe, codebooks_t,
+    norms, centroids, list_tables, kind, alpha, coarse_base, codes, offsets, ids,
+    inner_product, out_dist, out_ids, ranked)``, results always ranked. ``centroids_t``
+    float32 [d, nlist] (the centroids transposed) and ``c_norms`` [nlist] (their squared
+    norms, read for l2) choose each query's ``nprobe`` lists as
+    :func:`vq.kernels.probe_lists` does; ``coarse_base``: whether the coarse scores are the
+    ``base`` of :func:`ivfpq_scanner` (else 0); ``ids`` int64 [ntotal] (or [0]: the rows are
+    the ids); ``out_dist`` float32 [nq, k] ascending (negated back to inner products with
+    ``inner_product``; +inf / -inf padding) and ``out_ids`` int64 [nq, k] (-1 padding); the
+    other inputs are :func:`ivfpq_scanner`'s."""
+    return _ivfpq_module(n_tables, words, dsub).lean_search
 
 
 def _ivfpq_module(n_tables: int, words: bool, dsub: int):
@@ -353,6 +361,20 @@ def refine_range(q0, q1, queries, vectors, candidates, inner_product, out_dist, 
                 _heap_replace_top(heap_d, heap_i, d, i)
                 threshold = heap_d[0]
         _heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
+
+
+@kernel(nogil=True)
+def refine_lean(queries, vectors, candidates, ids, inner_product, out_dist, out_ids):
+    """:func:`refine_range` for every query, then ids, in one call on the calling thread (the
+    lean path of ``Refine``): ``ids`` int64 [n] (or [0]: the rows are the ids); ``out_dist``
+    float32 [nq, k] ascending (negated back to inner products with ``inner_product``;
+    +inf / -inf padding), ``out_ids`` int64 [nq, k] (-1 padding)."""
+    nq, k = out_dist.shape
+    dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
+    refine_range(np.int64(0), np.int64(nq), queries, vectors, candidates, inner_product, dist,
+                 rows)  # fmt: skip
+    fill = np.float32(-np.inf) if inner_product else np.float32(np.inf)
+    rows_to_ids(dist, rows, ids, inner_product, fill, out_dist, out_ids)
 
 
 def heap_push_block(scores, x_norms, first, inner_product, heap_d, heap_i):
@@ -513,7 +535,7 @@ def rows_to_ids(dist, rows, ids, negate, fill, out_dist, out_ids):
         negate: write ``-dist`` (inner products ranked as negated values).
         fill: the distance of a missing result (+inf, or -inf for inner products).
         out_dist: float32 [nq, k], out_ids: int64 [nq, k], k >= kk: columns past kk are
-            missing results.
+            missing results. They may be ``dist`` and ``rows`` themselves (in place).
     """
     kk = rows.shape[1]
     mapped = ids.shape[0] > 0

@@ -6,6 +6,7 @@ product, torch tensor or thread-pool wake-up before them.
   each stored vector read once for all the queries; :func:`flat_parts` splits the rows.
 - :func:`probe_lists`: the coarse step of an IVF search, inner products with the centroids
   and the ``nprobe`` nearest, as :func:`vq.kernels.smallest_k_rows` ranks them.
+- :func:`ivf_flat_lean`: a whole IVF-Flat search of a few queries in one call.
 - :func:`all_finite`: the input check.
 
 Each numpy operation on a small array costs a microsecond or more in Python, about what one
@@ -17,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from vq.kernels.cache import kernel
-from vq.kernels.scan import _heap_replace_top_row, _smallest_k_row
+from vq.kernels.scan import _heap_replace_top_row, _smallest_k_row, ivf_flat_range, rows_to_ids
 from vq.kernels.simd import borrow
 from vq.kernels.threads import parallel_for
 
@@ -64,28 +65,29 @@ def flat_parts(queries, vectors, x_norms, inner_product, heap_d, heap_i):
 
 
 @kernel(nogil=True, fastmath=True)
-def probe_lists(queries, centroids, c_norms, inner_product, out_scores, out_lists):
+def probe_lists(queries, centroids_t, c_norms, inner_product, out_scores, out_lists):
     """The ``nprobe`` nearest centroids of each query, on the calling thread.
 
     Args:
-        queries: float32 [nq, d]; centroids: float32 [nlist, d]; c_norms: float32 [nlist],
-            their squared norms (read for l2).
+        queries: float32 [nq, d]; centroids_t: float32 [d, nlist], the centroids transposed
+            (the products of 16 centroids then take one vector step per dimension, with no
+            sum across a vector); c_norms: float32 [nlist], their squared norms (read for l2).
         inner_product: rank by -⟨q, c⟩ rather than by squared L2 distance.
         out_scores: float32 [nq, nprobe], ascending: ‖q - c‖² clamped at 0, or -⟨q, c⟩;
             out_lists: int64 [nq, nprobe], their centroids (ties by lower number).
     """
     queries, out_scores, out_lists = borrow(queries), borrow(out_scores), borrow(out_lists)
     nq, dim = queries.shape
-    nlist = centroids.shape[0]
+    nlist = centroids_t.shape[1]
     row = np.empty(nlist, dtype=np.float32)
     for q in range(nq):
-        x = queries[q]
         for c in range(nlist):
-            s = np.float32(0.0)
-            for j in range(dim):
-                s += x[j] * centroids[c, j]
-            row[c] = s
-        _smallest_k_row(row, x, c_norms, inner_product, out_scores[q], out_lists[q])
+            row[c] = 0.0
+        for j in range(dim):
+            xj = queries[q, j]
+            for c in range(nlist):
+                row[c] += xj * centroids_t[j, c]
+        _smallest_k_row(row, queries[q], c_norms, inner_product, out_scores[q], out_lists[q])
 
 
 @kernel(nogil=True)
@@ -96,4 +98,30 @@ def all_finite(x):
         for j in range(x.shape[1]):
             if not np.isfinite(x[i, j]):
                 return False
+    return True
+
+
+@kernel(nogil=True)
+def ivf_flat_lean(queries, centroids_t, c_norms, nprobe, vectors, offsets, ids, inner_product,
+                  out_dist, out_ids, ranked):  # fmt: skip
+    """A search of a few queries in an IVF-Flat index on the calling thread in one call, from
+    the coarse step to ids (the lean path): :func:`probe_lists` (``centroids_t`` [d, nlist],
+    ``c_norms`` float32 [nlist] read for l2), :func:`vq.kernels.ivf_flat_range` over the
+    ``nprobe`` lists of ``vectors`` [n, d] (CSR ``offsets``), then ids (``ids`` int64 [n],
+    or [0] when they are the rows): ``out_dist`` float32 [nq, k] ascending (negated back to
+    inner products with ``inner_product``; +inf / -inf padding), ``out_ids`` int64 [nq, k]
+    (-1 padding), ranked whatever ``ranked`` says. Returns False (and does nothing) if a
+    query holds a NaN or an infinity."""
+    if not all_finite(queries):
+        return False
+    nq = queries.shape[0]
+    k = out_dist.shape[1]
+    coarse = np.empty((nq, nprobe), dtype=np.float32)
+    probes = np.empty((nq, nprobe), dtype=np.int64)
+    probe_lists(queries, centroids_t, c_norms, inner_product, coarse, probes)
+    dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
+    ivf_flat_range(np.int64(0), np.int64(nq), queries, vectors, probes, offsets, inner_product,
+                   dist, rows)  # fmt: skip
+    fill = np.float32(-np.inf) if inner_product else np.float32(np.inf)
+    rows_to_ids(dist, rows, ids, inner_product, fill, out_dist, out_ids)
     return True
