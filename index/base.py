@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from vq import _cpu, kernels
 from vq._checks import as_ids, as_vectors, check_int, check_vectors, is_eager, like_input
 from vq._cpu import serial_if_small
+from vq._tree_cache import cached, drop
 
 METRICS = ("l2", "ip")
 #: searches of at most this many queries may take the lean path (``Index._search_small``)
@@ -441,63 +442,18 @@ class Index(nn.Module):
         ``_lean_search`` over numpy views of the buffers, and kept until a buffer, parameter
         or submodule anywhere in the module tree is replaced or modified in place, or the
         index is written to (which drops it at once, so that it holds no stale storage)."""
-        cached = self.__dict__.get("_lean_cache")
-        if cached is not None:
-            search, checks = cached
-            try:  # (subscripts: a few hundred ns less than .get on this per-call path)
-                for table, name, value, version in checks:
-                    if table[name] is not value or (
-                        version is not None and value._version != version
-                    ):
-                        break
-                else:
-                    return search
-            except KeyError:  # a buffer, parameter or submodule was deleted
-                pass
+        return cached(self, "_lean_cache", self._build_lean)
+
+    def _build_lean(self):
         usable = self.is_trained and self.ntotal > 0 and self.device.type == "cpu"
         search = self._lean_search() if usable else None
         if search is not None:
             search.options = frozenset(self.search_options())
-        checks = []
-        for m in self.modules():
-            for table in (m._buffers, m._parameters):
-                for name, t in table.items():
-                    checks.append((table, name, t, None if t is None else t._version))
-            for name, child in m._modules.items():
-                checks.append((m._modules, name, child, None))
-        self.__dict__["_lean_cache"] = (search, checks)
         return search
 
     def _lean_search(self):
-        """``_lean``'s search for this index: the kind's ``_lean_rows`` with rows mapped to
-        ids and the results padded to k; None where ``_lean_rows`` is."""
-        rows_search = self._lean_rows()
-        if rows_search is None:
-            return None
-        ntotal = self.ntotal
-        ids = self.ids.numpy() if self.ids.shape[0] == ntotal else _NO_IDS  # [0]: the rows
-        ip = self.metric == "ip"
-        fill = np.float32(-np.inf if ip else np.inf)
-
-        def search(q: np.ndarray, k: int, ranked: bool, params: dict):
-            if not kernels.all_finite(q):
-                return None
-            found = rows_search(q, min(k, ntotal), ranked, params)
-            if found is None:
-                return None
-            out_dist = np.empty((q.shape[0], k), np.float32)
-            out_ids = np.empty((q.shape[0], k), np.int64)
-            kernels.rows_to_ids(found[0], found[1], ids, ip, fill, out_dist, out_ids)
-            return out_dist, out_ids
-
-        return search
-
-    def _lean_rows(self):
-        """The kind's lean search by stored row: a function ``(q, k, ranked, params)`` →
-        distances float32 [nq, k], ascending (negated inner products for "ip"), and rows int64
-        [nq, k] (-1 where missing), numpy, k <= ntotal, or None for a call that is not small;
-        built for the index as it is (see ``_lean``). None: the kind has no lean path (the
-        default)."""
+        """``_lean``'s search for this index as it is (see there; the kinds that have a lean
+        path override this): None, no lean path."""
         return None
 
     @contextmanager
@@ -509,9 +465,8 @@ class Index(nn.Module):
             try:
                 yield
             finally:
-                for m in self.modules():
-                    m.__dict__.pop("_lean_cache", None)
-                    m.__dict__.pop("_derived_cache", None)
+                drop(self, "_lean_cache")
+                drop(self, "_derived_cache")
 
     # -- helpers --------------------------------------------------------------------------
     def _search_work(self, nq: int, k: int, **params) -> float:
@@ -524,11 +479,11 @@ class Index(nn.Module):
         """``compute()``, kept under ``name`` until one of the ``sources`` tensors is replaced,
         modified in place or moved (for arrays derived from codebooks on every search)."""
         key = tuple((t.data_ptr(), t._version, t.shape, t.device) for t in sources)
-        cached = self.__dict__.get("_derived_cache", {}).get(name)
-        if cached is None or cached[0] != key:
-            cached = (key, compute())
-            self.__dict__.setdefault("_derived_cache", {})[name] = cached
-        return cached[1]
+        entry = self.__dict__.get("_derived_cache", {}).get(name)
+        if entry is None or entry[0] != key:
+            entry = (key, compute())
+            self.__dict__.setdefault("_derived_cache", {})[name] = entry
+        return entry[1]
 
     def _vector_ns(self) -> float:
         """Rough nanoseconds to compare one query with one stored vector."""

@@ -82,6 +82,28 @@ def pq_search(
     fastscan.flat_tables(M, dsub)(queries, codebooks_t, norms, inner_product, luts, scale, offset)
     dist = np.empty((padded, k), dtype=np.float32)
     rows = _cpu.empty((padded, k), torch.int64)
-    scanner = fastscan.pq_fastscan_scanner(M // 2, Q, fastscan.best_isa())
+    scanner = fastscan.pq_fastscan_scanner(M // 2, Q, fastscan.best_isa(), dsub)
     scanner(luts.reshape(-1, 32), packed.packed, n, dist, rows.numpy())
     return _to_float(dist[:nq], scale, offset), rows[:nq]
+
+
+def pq_lean_search(codebooks_t, norms, packed: PackedCodes, n: int, ids, inner_product, work):
+    """The lean search of a flat fast-scan index (see ``Index._lean``): one kernel call for a
+    few queries on the calling thread (:func:`vq.kernels.fastscan.flat_lean`), or None for a
+    call whose estimated ``work(nq, k)`` is not small (the general path splits it between
+    the threads)."""
+    M, dsub, _ = codebooks_t.shape
+    kernel = fastscan.flat_lean(M // 2, dsub, fastscan.best_isa())
+    codes = packed.packed
+
+    def search(q: np.ndarray, k: int, ranked: bool, params: dict):
+        nq = q.shape[0]
+        if work(nq, min(k, n)) >= _cpu.SERIAL_WORK:
+            return None
+        out_dist = np.empty((nq, k), np.float32)
+        out_ids = np.empty((nq, k), np.int64)
+        if not kernel(q, codebooks_t, norms, codes, n, ids, inner_product, out_dist, out_ids):
+            return None  # a NaN or an infinity: the general path says so
+        return out_dist, out_ids
+
+    return search

@@ -7,7 +7,7 @@ import torch
 
 from vq import _cpu, kernels
 from vq._cpu import empty, fast_path
-from vq.index.base import Index
+from vq.index.base import _NO_IDS, Index
 from vq.kernels import threads
 
 _NO_NORMS = np.zeros(0, np.float32)
@@ -69,35 +69,35 @@ class FlatIndex(Index):
         x = self.vectors
         return self._derived("norms", (x,), lambda: (x * x).sum(dim=1).numpy())
 
-    def _lean_rows(self):
-        """One pass over the stored vectors for all the (few) queries, on the calling thread,
-        or split by rows between the threads when one thread would take long."""
+    def _lean_search(self):
+        """One kernel call for a few queries on the calling thread (``flat_lean``), or, when
+        one thread would take long, the rows split between the threads (``flat_parts``) and
+        the parts merged by one more kernel."""
         ip = self.metric == "ip"
         x = self.vectors.contiguous().numpy()
         norms = _NO_NORMS if ip else self._norms()
+        ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else _NO_IDS
         n = x.shape[0]
         work = self._search_work
 
         def search(q: np.ndarray, k: int, ranked: bool, params: dict):
             nq = q.shape[0]
+            out_dist = np.empty((nq, k), np.float32)
+            out_ids = np.empty((nq, k), np.int64)
             parts = 1
             if work(nq, k) >= _cpu.SERIAL_WORK:
                 parts = min(threads.get_num_threads(), max(1, n // 4096))
+            if parts == 1:
+                if not kernels.flat_lean(q, x, norms, ids, ip, out_dist, out_ids):
+                    return None  # a NaN or an infinity: the general path says so
+                return out_dist, out_ids
+            if not kernels.all_finite(q):
+                return None
             heap_d = np.full((parts, nq, k), np.inf, np.float32)
             heap_i = np.full((parts, nq, k), -1, np.int64)
-            if parts == 1:
-                kernels.flat_rows(q, x, norms, ip, 0, n, heap_d[0], heap_i[0])
-            else:
-                kernels.flat_parts(q, x, norms, ip, heap_d, heap_i)
-            dist = heap_d.transpose(1, 0, 2).reshape(nq, parts * k)
-            rows = heap_i.transpose(1, 0, 2).reshape(nq, parts * k)
-            order = np.lexsort((rows, dist))[:, :k]  # by distance, ties by row
-            dist = np.take_along_axis(dist, order, 1)
-            rows = np.take_along_axis(rows, order, 1)
-            if ip:
-                return dist, rows
-            q_norms = np.einsum("ij,ij->i", q, q)[:, None]
-            return np.maximum(dist + q_norms, np.float32(0)), rows
+            kernels.flat_parts(q, x, norms, ip, heap_d, heap_i)
+            kernels.flat_finish(heap_d, heap_i, q, ids, ip, out_dist, out_ids)
+            return out_dist, out_ids
 
         return search
 

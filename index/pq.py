@@ -7,7 +7,7 @@ import torch
 
 from vq import _cpu, kernels
 from vq.index import fastscan
-from vq.index.base import Index
+from vq.index.base import _NO_IDS, Index
 from vq.index.fastscan import PackedCodes, check_fast_scan
 from vq.quantizers import ProductQuantizer
 
@@ -100,6 +100,31 @@ class PQIndex(Index):
         else:
             dist, rows = self._scan_torch(tables, k)
         return (-dist if self.metric == "ip" else dist), rows
+
+    def _lean_search(self):
+        """One kernel call for a few queries on the calling thread: tables, scan, ids (the
+        fast-scan layout: see :func:`vq.index.fastscan.pq_lean_search`)."""
+        ip = self.metric == "ip"
+        codebooks_t, norms = self._codebook_arrays()
+        ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else _NO_IDS
+        work, n = self._search_work, self.ntotal
+        if self.fast_scan:
+            packed = self._packed.get(self.codes)
+            return fastscan.pq_lean_search(codebooks_t, norms, packed, n, ids, ip, work)
+        codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)
+        kernel = kernels.pq_lean(self.pq.M, words)
+
+        def search(q: np.ndarray, k: int, ranked: bool, params: dict):
+            nq = q.shape[0]
+            if work(nq, min(k, n)) >= _cpu.SERIAL_WORK:
+                return None  # the general path shares the scan between the threads
+            out_dist = np.empty((nq, k), np.float32)
+            out_ids = np.empty((nq, k), np.int64)
+            if not kernel(q, codebooks_t, norms, codes, ids, ip, out_dist, out_ids):
+                return None  # a NaN or an infinity: the general path says so
+            return out_dist, out_ids
+
+        return search
 
     def _codebook_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """The PQ codebooks transposed [M, dsub, ksub] and their squared norms [M, ksub], as

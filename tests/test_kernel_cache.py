@@ -100,18 +100,18 @@ def test_an_unwritable_cache_warns_once_and_compiles_in_memory(tmp_path):
 
 
 def test_specialise_gives_one_module_per_configuration():
-    a = cache.specialise("vq.kernels.fastscan_tables_template", M=4, DSUB=2)
-    assert cache.specialise("vq.kernels.fastscan_tables_template", DSUB=2, M=4) is a
-    assert cache.specialise("vq.kernels.fastscan_tables_template", M=4, DSUB=3) is not a
-    assert (a.M, a.DSUB) == (4, 2)
+    a = cache.specialise("vq.kernels.pq_scan_template", N_TABLES=4, WORDS=True)
+    assert cache.specialise("vq.kernels.pq_scan_template", WORDS=True, N_TABLES=4) is a
+    assert cache.specialise("vq.kernels.pq_scan_template", N_TABLES=4, WORDS=False) is not a
+    assert (a.N_TABLES, a.WORDS) == (4, True)
     assert os.path.dirname(a.__file__) == str(cache.folder() / "specialised")
 
 
 def test_specialise_refuses_missing_or_unknown_constants():
-    with pytest.raises(TypeError, match=r"specialised by \['DSUB', 'M'\]"):
-        cache.specialise("vq.kernels.fastscan_tables_template", M=4)
+    with pytest.raises(TypeError, match=r"specialised by \['N_TABLES', 'WORDS'\]"):
+        cache.specialise("vq.kernels.pq_scan_template", N_TABLES=4)
     with pytest.raises(TypeError, match="plain value"):
-        cache.specialise("vq.kernels.fastscan_tables_template", M=4, DSUB=[2])
+        cache.specialise("vq.kernels.pq_scan_template", N_TABLES=4, WORDS=[2])
     with pytest.raises(ImportError, match="no kernel template"):
         cache.specialise("vq.kernels.no_such_template", M=4)
 

@@ -17,6 +17,11 @@ from vq.index.base import SMALL_BATCH, Index
 KINDS = [
     ("Flat", "l2"),
     ("Flat", "ip"),
+    ("PQ8", "l2"),
+    ("PQ8", "ip"),
+    ("PQ8x4fs", "l2"),
+    ("PQ8x4fs", "ip"),
+    ("PQ8x4fs,RFlat", "l2"),
     ("IVF16,Flat", "l2"),
     ("IVF16,Flat", "ip"),
     ("IVF16,PQ8", "l2"),
@@ -161,12 +166,13 @@ def test_a_loaded_index_answers_one_query_without_the_thread_pool(tmp_path, data
         import numpy as np
         import vq
         from numba.np.ufunc import parallel
+        from vq.kernels import threads
         q = np.load({str(tmp_path / "q.npy")!r})
         out = {{}}
         for name in ("IVF16,PQ8", "IVF16,PQ8x4fs,RFlat"):
             index = vq.load_index({str(tmp_path)!r} + "/" + name + ".vqi")
             out[name] = index.search(q[:1], 5)[1].tolist()
-        out["pool"] = bool(parallel._is_initialized)
+        out["pool"] = bool(parallel._is_initialized) or threads._pool.workers > 0
         print(json.dumps(out))
         """
     )
@@ -174,7 +180,43 @@ def test_a_loaded_index_answers_one_query_without_the_thread_pool(tmp_path, data
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout.strip().splitlines()[-1])
-    assert report["pool"] is False  # numba's threads never started
+    assert report["pool"] is False  # neither numba's threads nor vq's started
     for name in ("IVF16,PQ8", "IVF16,PQ8x4fs,RFlat"):
         index = vq.load_index(tmp_path / f"{name}.vqi")
         assert report[name] == index.search(q[:1], 5)[1].tolist()
+
+
+def _quantizers(x):
+    pq = vq.ProductQuantizer(32, 8, niter=4).fit(x)
+    opq = vq.OPQ(32, 8, niter=2, pq_niter=4).fit(x)
+    small = vq.VectorQuantizer(32, 64, niter=4).fit(x)  # uint8 codes
+    large = vq.VectorQuantizer(32, 300, niter=2).fit(x)  # int16 codes
+    return {"pq": pq, "opq": opq, "vq64": small, "vq300": large}
+
+
+def test_small_encodes_give_the_general_paths_codes(data):
+    x, q = data
+    for name, quantizer in _quantizers(x).items():
+        assert quantizer._encode_small(q[:1]) is not None, name  # this kind has a lean path
+        want = quantizer.encode(torch.from_numpy(q[:16])).numpy()  # tensors: the general path
+        for n in (1, 3, 16):
+            codes = quantizer.encode(q[:n])
+            assert isinstance(codes, np.ndarray) and codes.dtype == want.dtype, name
+            np.testing.assert_array_equal(codes, want[:n], err_msg=name)
+
+
+def test_small_encodes_follow_the_codebooks_and_refuse_bad_rows(data):
+    x, q = data
+    pq = vq.ProductQuantizer(32, 8, niter=4).fit(x)
+    before = pq.encode(q[:1])
+    with torch.no_grad():  # a codebook modified in place reaches the lean path
+        pq.codebooks[0, before[0, 0]] += 100.0
+    after = pq.encode(q[:1])
+    assert after[0, 0] != before[0, 0]
+    np.testing.assert_array_equal(after, pq.encode(torch.from_numpy(q[:1])).numpy())
+    bad = q[:2].copy()
+    bad[1, 3] = np.nan
+    with pytest.raises(ValueError, match="NaN|finite"):
+        pq.encode(bad)
+    with pytest.raises(RuntimeError, match="fit"):
+        vq.ProductQuantizer(32, 8).encode(q[:1])

@@ -64,6 +64,11 @@ def torch_only() -> Iterator[None]:
         _disabled = previous
 
 
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype of a torch dtype the kernels use (float32, int64, int32, int16, uint8)."""
+    return np.dtype(_NUMPY_DTYPES[dtype])
+
+
 def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """An uninitialised CPU tensor backed by numpy memory: numpy asks for huge pages on large
     arrays, which makes first-touch writes several times faster than ``torch.empty``."""

@@ -24,6 +24,7 @@ from vq.kernels.coding import (
     kmeanspp_sample,
     pq_decoder,
     pq_encoder,
+    pq_encoder_lean,
 )
 from vq.kernels.scan import (
     IP_TABLE,
@@ -37,6 +38,7 @@ from vq.kernels.scan import (
     ivf_flat_scan,
     ivfpq_lean,
     ivfpq_scanner,
+    pq_lean,
     refine_lean,
     refine_range,
     refine_scan,
@@ -46,9 +48,12 @@ from vq.kernels.scan import (
 )
 from vq.kernels.small import (
     all_finite,
+    flat_finish,
+    flat_lean,
     flat_parts,
     flat_rows,
     ivf_flat_lean,
+    nearest_lean,
     probe_lists,
 )
 
@@ -65,6 +70,8 @@ __all__ = [
     "argmin_rows",
     "ivf_flat_lean",
     "ivf_flat_scan",
+    "flat_finish",
+    "flat_lean",
     "flat_parts",
     "flat_rows",
     "ivf_flat_range",
@@ -75,8 +82,11 @@ __all__ = [
     "refine_range",
     "kmeanspp_pick",
     "kmeanspp_sample",
+    "nearest_lean",
     "pq_decoder",
     "pq_encoder",
+    "pq_encoder_lean",
+    "pq_lean",
     "refine_scan",
     "rows_to_ids",
     "smallest_k_rows",

@@ -101,6 +101,15 @@ def pq_encoder(dsub: int):
     return module.pq_encode
 
 
+@functools.cache
+def pq_encoder_lean(dsub: int):
+    """:func:`pq_encoder`'s kernel for a few vectors on the calling thread (the lean path of
+    ``encode``): ``encode_lean(x, codebooks_t, norms, norm_max, codes)`` with the arguments of
+    ``pq_encode`` (no errors) and ``norm_max`` float32 [M], the largest of each row of
+    ``norms``; returns False (and does nothing) if a vector is not finite."""
+    return specialise("vq.kernels.pq_code_template", DSUB=int(dsub)).encode_lean
+
+
 @functools.cache  # a dictionary hit per call, not specialise()'s checks
 def pq_decoder(dsub: int):
     """The PQ decoding kernel for sub-vectors of ``dsub`` dimensions (a compile-time constant,

@@ -341,9 +341,9 @@ def quantize_all(tables, bias, out_luts, out_bias, out_scale, out_offset):
 
 @functools.cache  # a dictionary hit per call, not specialise()'s checks
 def flat_tables(M: int, dsub: int):
-    """The kernel building and quantizing every query's tables for a flat fast-scan,
-    specialised for M sub-quantizers of ``dsub`` dimensions (disk-cached per configuration:
-    :mod:`vq.kernels.fastscan_tables_template`).
+    """The kernel building and quantizing every query's tables for a flat fast-scan, for M
+    sub-quantizers of ``dsub`` dimensions (disk-cached per configuration:
+    :mod:`vq.kernels.fastscan_flat_template`).
 
     ``build(queries, codebooks_t, norms, inner_product, out_luts, out_scale, out_offset)``:
     queries float32 [nq, M * dsub]; codebooks_t float32 [M, dsub, 16]; norms float32 [M, 16]
@@ -351,7 +351,31 @@ def flat_tables(M: int, dsub: int):
     (smaller is nearer in both) → out_luts uint8 [>= nq, M / 2, 32] (rows past nq untouched),
     out_scale and out_offset float32 [nq] (see :func:`quantize_tables`).
     """
-    return specialise("vq.kernels.fastscan_tables_template", M=int(M), DSUB=int(dsub)).build
+    return _flat_module(M // 2, 1, best_isa(), dsub).build
+
+
+@functools.cache
+def flat_lean(n_pairs: int, dsub: int, isa: str):
+    """A whole flat fast-scan search of a few queries in one call on the calling thread (the
+    lean path), for M = 2 ``n_pairs`` sub-quantizers of ``dsub`` dimensions:
+    ``lean_search(queries, codebooks_t, norms, packed, n, ids, inner_product, out_dist,
+    out_ids)`` builds each query's tables as :func:`flat_tables` does, scans the ``n``
+    vectors of ``packed`` as :func:`pq_fastscan_scanner` does, and writes float distances
+    (negated back to inner products with ``inner_product``; +inf / -inf padding) into
+    ``out_dist`` float32 [nq, k] and ids (``ids`` int64 [n], or [0]: the rows) into
+    ``out_ids`` int64 [nq, k] (-1 padding). Returns False (and does nothing) if a query is
+    not finite."""
+    return _flat_module(n_pairs, 1, isa, dsub).lean_search
+
+
+def _flat_module(n_pairs: int, n_queries: int, isa: str, dsub: int):
+    return specialise(
+        "vq.kernels.fastscan_flat_template",
+        N_PAIRS=int(n_pairs),
+        N_QUERIES=int(n_queries),
+        ISA=check_isa(isa),
+        DSUB=int(dsub),
+    )
 
 
 @njit(inline="always")
@@ -373,23 +397,18 @@ def _offer(heap_d, heap_i, q, dist, mask, first_row, end_row):
 
 
 @functools.cache  # a dictionary hit per call, not specialise()'s checks
-def pq_fastscan_scanner(n_pairs: int, n_queries: int, isa: str):
+def pq_fastscan_scanner(n_pairs: int, n_queries: int, isa: str, dsub: int = 1):
     """Fast-scan of a flat array of packed codes, ``n_queries`` queries per pass over a block,
     fused with top-k (per query); disk-cached per configuration
-    (:mod:`vq.kernels.fastscan_flat_template`).
+    (:mod:`vq.kernels.fastscan_flat_template`, whose tables are for sub-vectors of ``dsub``
+    dimensions: the scan itself does not depend on it).
 
     ``scan(luts, packed, n, out_dist, out_idx)``: luts uint8 [nq * n_pairs, 32] (nq a multiple
     of ``n_queries``), packed uint8 [nblocks * n_pairs, 32], n the number of vectors;
     out_dist float32 [nq, k] quantized distances ascending (+inf padding), out_idx int64
     [nq, k] rows (-1 padding).
     """
-    module = specialise(
-        "vq.kernels.fastscan_flat_template",
-        N_PAIRS=int(n_pairs),
-        N_QUERIES=int(n_queries),
-        ISA=check_isa(isa),
-    )
-    return module.scan
+    return _flat_module(n_pairs, n_queries, isa, dsub).scan
 
 
 def pack_lists(codes: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,23 +1,31 @@
-"""Template: fast-scan of a flat array of packed codes, N_QUERIES queries per pass over a
-block, fused with top-k, with the block kernel of ISA unrolled over N_PAIRS rows (see
-:func:`vq.kernels.fastscan.pq_fastscan_scanner`, which specialises it through
-:func:`vq.kernels.cache.specialise`; never imported as it is)."""
+"""Template: the flat fast-scan (a flat array of packed 4-bit codes) for M = 2 N_PAIRS
+sub-quantizers of DSUB dimensions: the queries' quantized tables (``build``), the scan of
+N_QUERIES queries per pass over a block, fused with top-k, with the block kernel of ISA
+unrolled over N_PAIRS rows (``scan``), and the whole search of a few queries in one call
+(``lean_search``). See :func:`vq.kernels.fastscan.flat_tables`,
+:func:`vq.kernels.fastscan.pq_fastscan_scanner` and :func:`vq.kernels.fastscan.flat_lean`,
+which specialise it through :func:`vq.kernels.cache.specialise`; never imported as it is."""
 
 import numpy as np
 from numba import njit
 
 from vq.kernels.cache import kernel
-from vq.kernels.fastscan import BLOCK, _offer, block_kernel, portable_block
+from vq.kernels.fastscan import BLOCK, _offer, block_kernel, portable_block, quantize_tables
 from vq.kernels.heaps import smallest_keys
-from vq.kernels.scan import _heap_sorted
-from vq.kernels.simd import borrow
+from vq.kernels.scan import _heap_sorted, rows_to_ids
+from vq.kernels.simd import borrow, table_row_kernels
+from vq.kernels.small import all_finite
 from vq.kernels.threads import get_num_threads, parallel_for
 
 # -- specialised constants (vq.kernels.cache.specialise writes these lines) --
+DSUB = 1
 ISA = "portable"
 N_PAIRS = 1
 N_QUERIES = 1
 # -- end of specialised constants --
+
+M = 2 * N_PAIRS
+ip_row, l2_row = table_row_kernels(DSUB)
 
 Q = N_QUERIES
 block = block_kernel(ISA, N_PAIRS, Q)
@@ -106,3 +114,59 @@ def merge_parts(part_d, part_i, out_dist, out_idx):
             else:
                 out_dist[q, e] = np.float32(best[e] >> 40)
                 out_idx[q, e] = best[e] & ((1 << 40) - 1)
+
+
+def build(queries, codebooks_t, norms, inner_product, out_luts, out_scale, out_offset):
+    """queries float32 [nq, M * DSUB]; codebooks_t float32 [M, DSUB, 16]; norms float32
+    [M, 16] (their squared norms); tables of squared L2 distances, or of negated inner
+    products (smaller is nearer in both) → out_luts uint8 [>= nq, M / 2, 32] (rows past nq
+    untouched), out_scale and out_offset float32 [nq] (see ``quantize_tables``). Threads
+    split the queries."""
+    parallel_for(build_range, queries.shape[0], queries, codebooks_t, norms,
+                 bool(inner_product), out_luts, out_scale, out_offset)  # fmt: skip
+
+
+@kernel(nogil=True)
+def build_range(q0, q1, queries, codebooks_t, norms, inner_product, out_luts, out_scale,
+                out_offset):  # fmt: skip
+    """``build`` for queries q0..q1 on the calling thread."""
+    queries, out_luts = borrow(queries), borrow(out_luts)  # (views per query: simd.borrow)
+    table = np.empty((1, M, 16), dtype=np.float32)  # one work space per thread
+    bias = np.zeros(1, dtype=np.float32)
+    bias_q = np.empty(1, dtype=np.int32)
+    for q in range(q0, q1):
+        x = queries[q]
+        for m in range(M):
+            if inner_product:
+                ip_row(x, m * DSUB, codebooks_t, m * DSUB * 16, np.float32(-1.0), table,
+                       m * 16)  # fmt: skip
+            else:
+                l2_row(x, m * DSUB, codebooks_t, m * DSUB * 16, norms, m * 16, table,
+                       m * 16)  # fmt: skip
+        sc, of = quantize_tables(table, bias, out_luts[q : q + 1], bias_q)
+        out_scale[q] = sc
+        out_offset[q] = of
+
+
+@kernel(nogil=True)
+def lean_search(queries, codebooks_t, norms, packed, n, ids, inner_product, out_dist, out_ids):
+    """A search of a few queries in one call on the calling thread (the lean path: see
+    :func:`vq.kernels.fastscan.flat_lean`; N_QUERIES is 1); False (and nothing done) if a
+    query holds a NaN or an infinity."""
+    if not all_finite(queries):
+        return False
+    nq = queries.shape[0]
+    luts = np.empty((nq, N_PAIRS, 32), dtype=np.uint8)
+    scale_offset = np.empty((2, nq), dtype=np.float32)
+    build_range(np.int64(0), np.int64(nq), queries, codebooks_t, norms, inner_product, luts,
+                scale_offset[0], scale_offset[1])  # fmt: skip
+    flat_luts = luts.reshape((nq * N_PAIRS, 32))
+    nblocks = packed.shape[0] // N_PAIRS
+    for g in range(nq // Q):
+        _scan_blocks(flat_luts, packed, n, np.int64(g), np.int64(0), nblocks, out_dist, out_ids)
+    for q in range(nq):  # quantized distances back to floats (+inf stays +inf)
+        for e in range(out_dist.shape[1]):
+            out_dist[q, e] = out_dist[q, e] / scale_offset[0, q] + scale_offset[1, q]
+    fill = np.float32(-np.inf) if inner_product else np.float32(np.inf)
+    rows_to_ids(out_dist, out_ids, ids, inner_product, fill, out_dist, out_ids)  # in place
+    return True

@@ -7,6 +7,7 @@ import numpy as np
 
 from vq.kernels.cache import kernel
 from vq.kernels.coding import _EXPANSION_ERROR, _INDEX_MASK, _KEY_MAX, _PQ_BLOCK, _key
+from vq.kernels.small import all_finite
 from vq.kernels.threads import parallel_for
 
 # -- specialised constants (vq.kernels.cache.specialise writes these lines) --
@@ -70,6 +71,17 @@ def encode_range(i0, i1, x, codebooks_t, norms, norm_max, codes, sq_err):
             err += exact
         if want_err:
             sq_err[i] = err
+
+
+@kernel(nogil=True)
+def encode_lean(x, codebooks_t, norms, norm_max, codes):
+    """``encode_range`` over every row on the calling thread, without errors (the lean path of
+    a few vectors); False (and nothing done) if a row holds a NaN or an infinity."""
+    if not all_finite(x):
+        return False
+    encode_range(np.int64(0), np.int64(x.shape[0]), x, codebooks_t, norms, norm_max, codes,
+                 np.empty(0, dtype=np.float32))  # fmt: skip
+    return True
 
 
 def pq_decode(codes, codebooks, out):

@@ -12,8 +12,12 @@ from vq.kernels.scan import (
     _code_distance,
     _heap_replace_top,
     _heap_sorted,
+    _inner_product_table,
+    _l2_table,
+    rows_to_ids,
 )
 from vq.kernels.simd import borrow
+from vq.kernels.small import all_finite
 from vq.kernels.threads import parallel_for
 
 # -- specialised constants (vq.kernels.cache.specialise writes these lines) --
@@ -55,3 +59,26 @@ def adc_range(q_start, q_end, tables, codes, out_dist, out_idx):
                         threshold = hd[0]
         for q in range(q0, q1):
             _heap_sorted(heap_d[q - q0], heap_i[q - q0], out_dist[q], out_idx[q])
+
+
+@kernel(nogil=True)
+def lean_search(queries, codebooks_t, norms, codes, ids, inner_product, out_dist, out_ids):
+    """A search of a few queries on the calling thread in one call (the lean path: see
+    :func:`vq.kernels.pq_lean`); False (and nothing done) if a query holds a NaN or an
+    infinity."""
+    if not all_finite(queries):
+        return False
+    nq, k = out_dist.shape
+    dsub, ksub = codebooks_t.shape[1], codebooks_t.shape[2]
+    tables = np.empty((nq, N_TABLES * ksub), dtype=np.float32)
+    for q in range(nq):
+        if inner_product:  # negated: the scan keeps the smallest sums
+            _inner_product_table(queries[q], codebooks_t, tables[q], N_TABLES, dsub,
+                                 np.float32(-1.0))  # fmt: skip
+        else:
+            _l2_table(queries[q], codebooks_t, norms, tables[q], N_TABLES, dsub)
+    dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
+    adc_range(np.int64(0), np.int64(nq), tables, codes, dist, rows)
+    fill = np.float32(-np.inf) if inner_product else np.float32(np.inf)
+    rows_to_ids(dist, rows, ids, inner_product, fill, out_dist, out_ids)
+    return True

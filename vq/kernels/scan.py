@@ -165,6 +165,20 @@ def adc_scanner(n_tables: int, words: bool = False):
     return module.adc_scan
 
 
+@functools.cache
+def pq_lean(n_tables: int, words: bool = False):
+    """A search of a few queries in a flat array of PQ codes on the calling thread, in one
+    call (the lean path): ``lean_search(queries, codebooks_t, norms, codes, ids,
+    inner_product, out_dist, out_ids)`` builds each query's tables (``codebooks_t`` float32
+    [M, dsub, ksub] and their squared norms ``norms`` [M, ksub]: squared L2 distances, or
+    negated inner products with ``inner_product``), scans ``codes`` as :func:`adc_scanner`
+    does and maps rows to ``ids`` int64 [n] ([0]: the rows are the ids): ``out_dist`` float32
+    [nq, k] ascending (negated back to inner products; +inf / -inf padding), ``out_ids``
+    int64 [nq, k] (-1 padding). Returns False (and does nothing) if a query is not finite."""
+    module = specialise("vq.kernels.pq_scan_template", N_TABLES=int(n_tables), WORDS=bool(words))
+    return module.lean_search
+
+
 @njit(inline="always", fastmath=True)
 def _inner_product_table(x, codebooks_t, out, n_tables, dsub, alpha):
     """``out[m * ksub + j] = alpha · ⟨x_m, c_mj⟩`` for codebooks_t float32 [M, dsub, ksub].

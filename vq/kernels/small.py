@@ -2,11 +2,14 @@
 flat scan, split by rows between threads), called straight from numpy arrays with no matrix
 product, torch tensor or thread-pool wake-up before them.
 
+- :func:`flat_lean`: a whole flat search of a few queries in one call; :func:`flat_finish`
+  merges the parts of a split one.
 - :func:`flat_rows`: exact distances of rows ``r0..r1`` to a few queries into per-query heaps,
   each stored vector read once for all the queries; :func:`flat_parts` splits the rows.
 - :func:`probe_lists`: the coarse step of an IVF search, inner products with the centroids
   and the ``nprobe`` nearest, as :func:`vq.kernels.smallest_k_rows` ranks them.
 - :func:`ivf_flat_lean`: a whole IVF-Flat search of a few queries in one call.
+- :func:`nearest_lean`: a vector quantizer's encode of a few vectors.
 - :func:`all_finite`: the input check.
 
 Each numpy operation on a small array costs a microsecond or more in Python, about what one
@@ -18,9 +21,19 @@ from __future__ import annotations
 import numpy as np
 
 from vq.kernels.cache import kernel
-from vq.kernels.scan import _heap_replace_top_row, _smallest_k_row, ivf_flat_range, rows_to_ids
+from vq.kernels.scan import (
+    _heap_replace_top_row,
+    _heap_sorted,
+    _smallest_k_row,
+    ivf_flat_range,
+    rows_to_ids,
+)
 from vq.kernels.simd import borrow
 from vq.kernels.threads import parallel_for
+
+# a constant, not np.iinfo in a kernel (which ties the compiled kernel to numba's arraymath
+# module, whose import costs a cached load 0.3 s)
+_USED_UP = np.iinfo(np.int64).max
 
 
 @kernel(nogil=True, fastmath=True)
@@ -64,6 +77,64 @@ def flat_parts(queries, vectors, x_norms, inner_product, heap_d, heap_i):
     parallel_for(run, parts)
 
 
+@kernel(nogil=True)
+def flat_finish(heap_d, heap_i, queries, ids, inner_product, out_dist, out_ids):
+    """The results of a flat scan: the parts' heaps ``heap_d``/``heap_i`` [parts, nq, k]
+    (:func:`flat_rows`'s, consumed) merged in ascending order (ties by lower row), ‖q‖² added
+    back and clamped at 0 (l2) or negated back to inner products, rows mapped to ``ids``
+    int64 [n] ([0]: the rows are the ids) → ``out_dist`` float32 [nq, k] (+inf / -inf
+    padding), ``out_ids`` int64 [nq, k] (-1 padding)."""
+    heap_d, heap_i, queries = borrow(heap_d), borrow(heap_i), borrow(queries)
+    parts, nq, k = heap_d.shape
+    mapped = ids.shape[0] > 0
+    fill = np.float32(-np.inf) if inner_product else np.float32(np.inf)
+    sd = np.empty((parts, k), dtype=np.float32)
+    si = np.empty((parts, k), dtype=np.int64)
+    pos = np.zeros(parts, dtype=np.int64)
+    for q in range(nq):
+        for p in range(parts):
+            _heap_sorted(heap_d[p, q], heap_i[p, q], sd[p], si[p])
+            pos[p] = 0
+        q_norm = np.float32(0.0)
+        if not inner_product:
+            for j in range(queries.shape[1]):
+                q_norm += queries[q, j] * queries[q, j]
+        for e in range(k):
+            best = 0
+            for p in range(1, parts):  # the smallest (distance, row) at the parts' heads
+                a, b = sd[p, pos[p]], sd[best, pos[best]]
+                if a < b or (a == b and si[p, pos[p]] < si[best, pos[best]]):
+                    best = p
+            d, r = sd[best, pos[best]], si[best, pos[best]]
+            if pos[best] < k - 1:
+                pos[best] += 1
+            else:  # this part is used up
+                sd[best, k - 1] = np.inf
+                si[best, k - 1] = _USED_UP
+            if r < 0 or r == _USED_UP:
+                out_ids[q, e] = -1
+                out_dist[q, e] = fill
+            else:
+                out_ids[q, e] = ids[r] if mapped else r
+                out_dist[q, e] = -d if inner_product else max(d + q_norm, np.float32(0.0))
+
+
+@kernel(nogil=True)
+def flat_lean(queries, vectors, x_norms, ids, inner_product, out_dist, out_ids):
+    """A flat search of a few queries in one call on the calling thread: :func:`flat_rows`
+    over every row, then :func:`flat_finish` (``out_dist``/``out_ids`` [nq, k], k may exceed
+    the rows). False (and nothing done) if a query holds a NaN or an infinity."""
+    if not all_finite(queries):
+        return False
+    nq, k = out_dist.shape
+    heap_d = np.full((1, nq, k), np.inf, dtype=np.float32)
+    heap_i = np.full((1, nq, k), -1, dtype=np.int64)
+    flat_rows(queries, vectors, x_norms, inner_product, np.int64(0), np.int64(vectors.shape[0]),
+              heap_d[0], heap_i[0])  # fmt: skip
+    flat_finish(heap_d, heap_i, queries, ids, inner_product, out_dist, out_ids)
+    return True
+
+
 @kernel(nogil=True, fastmath=True)
 def probe_lists(queries, centroids_t, c_norms, inner_product, out_scores, out_lists):
     """The ``nprobe`` nearest centroids of each query, on the calling thread.
@@ -88,6 +159,26 @@ def probe_lists(queries, centroids_t, c_norms, inner_product, out_scores, out_li
             for c in range(nlist):
                 row[c] += xj * centroids_t[j, c]
         _smallest_k_row(row, queries[q], c_norms, inner_product, out_scores[q], out_lists[q])
+
+
+@kernel(nogil=True)
+def nearest_lean(x, centroids_t, c_norms, out_codes):
+    """The nearest centroid of each of a few vectors, on the calling thread (the lean path of
+    a vector quantizer's ``encode``): ``x`` float32 [n, d], ``centroids_t`` [d, K] (the
+    centroids transposed), ``c_norms`` [K] their squared norms → ``out_codes`` [n] (any
+    integer dtype; ties to the lower index). Distances are computed directly, not through a
+    matrix product, so a near-tie may go the other way than in a large batch (faiss's
+    ``distance_compute_blas_threshold`` does the same). False (and nothing done) if a vector
+    holds a NaN or an infinity."""
+    if not all_finite(x):
+        return False
+    n = x.shape[0]
+    scores = np.empty((n, 1), dtype=np.float32)
+    lists = np.empty((n, 1), dtype=np.int64)
+    probe_lists(x, centroids_t, c_norms, False, scores, lists)
+    for i in range(n):
+        out_codes[i] = lists[i, 0]
+    return True
 
 
 @kernel(nogil=True)

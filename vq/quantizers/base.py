@@ -13,9 +13,11 @@ from __future__ import annotations
 import math
 from typing import Any, Literal, NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
 
+from vq import _cpu
 from vq._checks import (
     as_codes,
     as_vectors,
@@ -27,6 +29,7 @@ from vq._checks import (
     is_eager,
     like_input,
 )
+from vq._tree_cache import cached
 from vq.quantizers import sync
 from vq.quantizers.functional import (
     code_counts,
@@ -40,6 +43,9 @@ from vq.quantizers.functional import (
 from vq.quantizers.learning import CodebookLearner, Learning, as_learning, random_codebooks
 
 Metric = Literal["l2", "ip"]
+#: encodes of at most this many rows may take the lean path (``Quantizer._encode_small``)
+SMALL_BATCH = 16
+_FLOAT32 = np.dtype(np.float32)
 
 
 class QuantizerOutput(NamedTuple):
@@ -239,6 +245,9 @@ class Quantizer(nn.Module):
 
     def encode(self, x: Any) -> Any:
         """Codes of ``x`` (float [..., dim]) → integer [..., *code_shape] of ``code_dtype``."""
+        found = self._encode_small(x)
+        if found is not None:
+            return found
         self._require_trained("encode")
         t = check_vectors(x, self.dim, "x", matrix=False)
         lead = t.shape[:-1]
@@ -251,6 +260,36 @@ class Quantizer(nn.Module):
             codes = in_chunks(encode_rows, t.reshape(-1, self.dim), self.encode_batch_size)
         codes = codes.reshape(tuple(lead) + self.code_shape)
         return like_input(codes, x)
+
+    def _encode_small(self, x: Any) -> Any:
+        """``encode`` of at most :data:`SMALL_BATCH` float32 rows given as a C-contiguous numpy
+        array [n, dim], straight to numpy codes through one kernel call on the calling thread
+        (the subclass's ``_lean_encoder``, built once per state of the module: see
+        :mod:`vq._tree_cache`); None where that does not apply (the general path then serves
+        the call, and raises any error)."""
+        if (
+            type(x) is not np.ndarray
+            or x.dtype is not _FLOAT32
+            or x.ndim != 2
+            or not 0 < x.shape[0] <= SMALL_BATCH
+            or x.shape[1] != self.dim
+            or not x.flags.c_contiguous
+            or not _cpu.numpy_path()
+        ):
+            return None
+        encoder = cached(self, "_lean_encode_cache", self._build_lean_encoder)
+        return None if encoder is None else encoder(x)
+
+    def _build_lean_encoder(self):
+        plain = self.project_in is None and not self.cosine and self.device.type == "cpu"
+        return self._lean_encoder() if plain and self.is_trained else None
+
+    def _lean_encoder(self):
+        """A function ``codes = encoder(x)`` for C-contiguous float32 numpy rows [n <= 16,
+        dim] → numpy codes [n, *code_shape] of ``code_dtype`` (the general path's), or None
+        where a row is not finite; built for the quantizer as it is (``_encode_small``).
+        None (the default): no lean path."""
+        return None
 
     def decode(self, codes: Any) -> Any:
         """Reconstructions of integer ``codes`` [..., *code_shape] → float [..., dim]."""

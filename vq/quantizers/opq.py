@@ -7,6 +7,7 @@ training and an orthogonal Procrustes update).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vq.clustering import _generator, _kmeans_plus_plus
@@ -151,6 +152,15 @@ class OPQ(Quantizer):
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         return self.pq._encode(self._rotate(x))
+
+    def _lean_encoder(self):
+        inner = self.pq._lean_encoder()
+        rt = self.rotation.detach().float().T.contiguous().numpy()
+
+        def encode(x: np.ndarray):
+            return inner(np.ascontiguousarray(x @ rt, dtype=np.float32))
+
+        return encode
 
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
         return self.pq._decode(codes) @ self.rotation.float()

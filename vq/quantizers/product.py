@@ -9,6 +9,7 @@ IEEE TPAMI 2011.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vq import _cpu, kernels
@@ -181,6 +182,21 @@ class ProductQuantizer(Quantizer):
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         return self._assign(x, with_errors=False)[0]
+
+    def _lean_encoder(self):
+        cb = self.codebooks.detach().float()
+        cbt = (-2.0 * cb).transpose(1, 2).contiguous().numpy()
+        norms = (cb * cb).sum(-1).numpy()
+        norm_max = norms.max(axis=1)
+        kernel = kernels.pq_encoder_lean(self.dsub)
+        dtype = _cpu.numpy_dtype(self.code_dtype)
+        M = self.M
+
+        def encode(x: np.ndarray):
+            codes = np.empty((x.shape[0], M), dtype)
+            return codes if kernel(x, cbt, norms, norm_max, codes) else None
+
+        return encode
 
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
         cb = self.codebooks.detach().float()

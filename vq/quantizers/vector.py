@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from vq import _cpu, kernels
 from vq.clustering import kmeans
 from vq.distances import nearest
 from vq.quantizers.base import Metric, Quantizer, Step
@@ -79,6 +81,18 @@ class VectorQuantizer(Quantizer):
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         return nearest(x, self.codebook.detach().float(), x_norms=row_norms(x)).indices
+
+    def _lean_encoder(self):
+        c = self.codebook.detach().float()
+        centroids_t = c.T.contiguous().numpy()
+        norms = (c * c).sum(1).numpy()
+        dtype = _cpu.numpy_dtype(self.code_dtype)
+
+        def encode(x: np.ndarray):
+            codes = np.empty(x.shape[0], dtype)
+            return codes if kernels.nearest_lean(x, centroids_t, norms, codes) else None
+
+        return encode
 
     def _training_codes(self, z: torch.Tensor) -> torch.Tensor:
         rows = training_rows(self.codebook_size)
