@@ -49,6 +49,9 @@ _BOUNDED = True
 _BOUNDED_MIN_K = 64
 _FULL_PASS_FRACTION = 0.5
 _BOUND_SLACK = 1e-6
+# up to this many rows (per process), each Lloyd iteration is one matrix product and one fused
+# kernel: the bounds' bookkeeping costs more than it saves on small jobs
+_FUSED_MAX_N = 65536
 
 
 @dataclass(frozen=True)
@@ -193,13 +196,58 @@ def _lloyd(
     centroids and reports each iteration to ``after``. float32 data with enough centroids for
     the bounds to pay (each search costs k·d per point, the bounds about d) takes
     :func:`_lloyd_bounded`, which gives the same iterations."""
-    if x.local.dtype == torch.float32 and _BOUNDED and centroids.shape[0] >= _BOUNDED_MIN_K:
+    local = x.local
+    if local.dtype == torch.float32 and _cpu.fast_path(local) and local.shape[0] <= _FUSED_MAX_N:
+        return _lloyd_fused(x, centroids, niter, gen, after)
+    if local.dtype == torch.float32 and _BOUNDED and centroids.shape[0] >= _BOUNDED_MIN_K:
         return _lloyd_bounded(x, centroids, niter, gen, after)
     for _ in range(niter):
         sums, counts, errors, _ = _accumulate(x.local, centroids)
         sums, counts, total = x.all_sum(sums, counts, errors.sum())
         centroids = _update(centroids, sums, counts, gen)
         after(centroids, float(total))
+    return centroids
+
+
+def _lloyd_fused(
+    shards: Shards, centroids: torch.Tensor, niter: int, gen: torch.Generator, after: Observer
+) -> torch.Tensor:
+    """Plain Lloyd on CPU float32 rows, each iteration one matrix product and one kernel
+    (:func:`vq.kernels.assign_accumulate`: nearest centroids, cluster sums, counts and errors
+    at once): for small jobs, where the per-iteration steps of the general loop, not the
+    product, took most of the time. The same assignments as :func:`nearest`.
+
+    Once an iteration changes no assignment (on any process) and leaves no cluster empty, the
+    centroids are a fixed point: every later iteration would compute the same ones, so they
+    are reported without being computed (faiss stops there too)."""
+    x = shards.local.contiguous()
+    n, d = x.shape
+    k = centroids.shape[0]
+    x_np = x.numpy()
+    x_norms = (x * x).sum(dim=1).numpy()
+    blocks = max(1, -(-n // kernels.ASSIGN_BLOCK))
+    dots = _cpu.empty((n, k))
+    assign, previous = np.empty(n, np.int64), np.full(n, -1, np.int64)
+    for it in range(niter):
+        torch.mm(x, (-2.0 * centroids).T, out=dots)
+        sums = np.zeros((blocks, k, d), np.float32)
+        counts = np.zeros((blocks, k), np.float32)
+        errors = np.zeros(blocks, np.float64)
+        bias = (centroids * centroids).sum(dim=1).numpy()
+        kernels.assign_accumulate(dots.numpy(), bias, x_np, x_norms, assign, sums, counts, errors)
+        changed = int(np.count_nonzero(assign != previous))
+        assign, previous = previous, assign
+        sums_t, counts_t, total, changed_t = shards.all_sum(
+            torch.from_numpy(sums.sum(axis=0)), torch.from_numpy(counts.sum(axis=0)),
+            torch.tensor(errors.sum(), dtype=torch.float64), torch.tensor(changed),
+        )  # fmt: skip
+        new = _update(centroids, sums_t, counts_t, gen)
+        after(new, float(total))
+        if int(changed_t) == 0 and bool((counts_t > 0).all()):
+            for _ in range(it + 1, niter):  # a fixed point: the same centroids every time
+                after(new, float(total))
+            return new
+        centroids = new
     return centroids
 
 

@@ -18,8 +18,10 @@ variant) are the ``*_template`` modules, one cached source file per configuratio
 """
 
 from vq.kernels.coding import (
+    ASSIGN_BLOCK,
     additive_decode,
     argmin_rows,
+    assign_accumulate,
     kmeanspp_pick,
     kmeanspp_sample,
     pq_decoder,
@@ -58,6 +60,8 @@ from vq.kernels.small import (
 )
 
 __all__ = [
+    "ASSIGN_BLOCK",
+    "assign_accumulate",
     "IP_TABLE",
     "L2_TABLE",
     "RESIDUAL_L2_TABLE",

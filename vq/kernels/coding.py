@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 from vq.kernels.cache import kernel, specialise
+from vq.kernels.simd import borrow
 from vq.kernels.threads import parallel_for
 
 _INDEX_MASK = np.int64(0xFFFFFFFF)
@@ -67,6 +68,53 @@ def argmin_range(i0, i1, dots, bias, out_index, out_value, out_second):
             for jj in range(k):
                 second = min(second, _key(bits[i, jj], jj))
             out_second[i] = dots[i, second & _INDEX_MASK]
+
+
+#: rows per block of :func:`assign_accumulate` (each block its own partial sums)
+ASSIGN_BLOCK = 4096
+
+
+def assign_accumulate(dots, bias, x, x_norms, out_index, sums, counts, errors):
+    """One Lloyd assignment step after the matrix product: each row's nearest centroid, and the
+    cluster sums, counts and squared errors, in blocks of :data:`ASSIGN_BLOCK` rows shared by
+    the threads (each block sums on its own, so the totals do not depend on the thread count).
+
+    Args:
+        dots: float32 [n, k], ``-2 ⟨x_i, c_j⟩`` (overwritten with ``dots + bias``).
+        bias: float32 [k], the centroids' squared norms.
+        x: float32 [n, d], the rows; x_norms: float32 [n], their squared norms.
+        out_index: int64 [n] receives each row's nearest centroid (ties: the lowest index).
+        sums: float32 [blocks, k, d], counts: float32 [blocks, k], errors: float64 [blocks],
+            zeroed: block b's sums of its rows per centroid, their counts, and the sum of
+            its rows' squared distances to their centroid (clamped at 0), where blocks is
+            ``ceil(n / ASSIGN_BLOCK)``.
+    """
+    parallel_for(assign_accumulate_range, sums.shape[0], dots, bias, x, x_norms, out_index,
+                 sums, counts, errors)  # fmt: skip
+
+
+@kernel(fastmath=True, nogil=True)
+def assign_accumulate_range(b0, b1, dots, bias, x, x_norms, out_index, sums, counts, errors):
+    """:func:`assign_accumulate` for blocks ``b0..b1`` on the calling thread."""
+    dots, x, sums, counts = borrow(dots), borrow(x), borrow(sums), borrow(counts)
+    n, k = dots.shape
+    d = x.shape[1]
+    bits = dots.view(np.int32)
+    for b in range(b0, b1):
+        err = 0.0
+        for i in range(b * ASSIGN_BLOCK, min(n, (b + 1) * ASSIGN_BLOCK)):
+            for j in range(k):
+                dots[i, j] += bias[j]
+            best = _KEY_MAX
+            for j in range(k):
+                best = min(best, _key(bits[i, j], j))
+            c = best & _INDEX_MASK
+            out_index[i] = c
+            err += max(dots[i, c] + x_norms[i], np.float32(0.0))
+            counts[b, c] += 1.0
+            for j in range(d):
+                sums[b, c, j] += x[i, j]
+        errors[b] = err
 
 
 _PQ_BLOCK = 32

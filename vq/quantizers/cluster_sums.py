@@ -28,15 +28,15 @@ def _cluster_sums(x, codes, weight, sums):
     """
     n, d = x.shape
     weighted = weight.shape[0] == n
-    for i in range(n):
-        row, out = x[i], sums[codes[i]]
+    for i in range(n):  # rows indexed in place: a row view costs two atomic reference counts
+        c = codes[i]
         if weighted:
             w = weight[i]
             for j in range(d):
-                out[j] += w * row[j]
+                sums[c, j] += w * x[i, j]
         else:
             for j in range(d):
-                out[j] += row[j]
+                sums[c, j] += x[i, j]
 
 
 def cluster_sums(
