@@ -7,16 +7,31 @@ starting numba's compiler; kernels specialised by value (sub-vector size, number
 variant) are the ``*_template`` modules, one cached source file per configuration.
 
 - :mod:`vq.kernels.coding`: exact arg-min, PQ encode/decode, additive decode, k-means++ steps.
-- :mod:`vq.kernels.scan`: look-up-table (ADC) and flat scans fused with top-k selection, over
-  a flat code array or CSR inverted lists.
+- :mod:`vq.kernels.adc`: look-up-table (ADC) scans of PQ codes fused with top-k, over a flat
+  code array or CSR inverted lists, and the tables they read.
+- :mod:`vq.kernels.exact`: exact-distance scans fused with top-k (IVF-Flat lists, re-ranking
+  candidates, Flat blocks) and rows to ids.
+- :mod:`vq.kernels.select`: the k nearest columns of rows of inner products (coarse steps).
 - :mod:`vq.kernels.fastscan`, :mod:`vq.kernels.fastscan_ivf`: 4-bit fast-scan (byte-shuffle
   look-ups of uint8 tables), flat and over inverted lists.
 - :mod:`vq.kernels.simd`: 16-float vector helpers (LLVM intrinsics) the kernels share.
 - :mod:`vq.kernels.small`: the lean path of a few queries (flat rows, the coarse probe), on
   the calling thread.
-- :mod:`vq.kernels.heaps`: top-k on int64 ``distance << bits | row`` keys.
+- :mod:`vq.kernels.heaps`: float and int64-key heaps, and the keys that order ties by row.
+- :mod:`vq.kernels.threads`: the thread pool the kernels run on.
 """
 
+from vq.kernels.adc import (
+    IP_TABLE,
+    L2_TABLE,
+    RESIDUAL_L2_TABLE,
+    adc_scanner,
+    code_view,
+    ivfpq_lean,
+    ivfpq_scanner,
+    pq_lean,
+    words_layout,
+)
 from vq.kernels.coding import (
     ASSIGN_BLOCK,
     additive_decode,
@@ -28,26 +43,17 @@ from vq.kernels.coding import (
     pq_encoder,
     pq_encoder_lean,
 )
-from vq.kernels.scan import (
-    IP_TABLE,
-    L2_TABLE,
-    RESIDUAL_L2_TABLE,
-    adc_scanner,
-    code_view,
+from vq.kernels.exact import (
     heap_push_block,
     heaps_sorted,
     ivf_flat_range,
     ivf_flat_scan,
-    ivfpq_lean,
-    ivfpq_scanner,
-    pq_lean,
     refine_lean,
     refine_range,
     refine_scan,
     rows_to_ids,
-    smallest_k_rows,
-    words_layout,
 )
+from vq.kernels.select import smallest_k_rows
 from vq.kernels.small import (
     all_finite,
     flat_finish,

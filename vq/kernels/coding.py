@@ -4,10 +4,9 @@ Exact arg-min without branches
 ------------------------------
 A branchy arg-min does not vectorise, and on PQ encoding it costs more than the distances
 themselves. Instead each candidate is turned into one int64 key whose order is the order of
-``(distance, index)``: the float32 bits of the distance, mapped to a monotone signed integer
-(``b ^ ((b >> 31) & 0x7FFFFFFF)`` flips negative floats), shifted left 32 bits, OR-ed with the
-index. A plain integer ``min`` over the keys (which LLVM vectorises) gives the smallest distance
-and, among exact ties, the lowest index — the same answer as ``numpy.argmin``.
+``(distance, index)`` (:func:`vq.kernels.heaps.float_key`). A plain integer ``min`` over the
+keys (which LLVM vectorises) gives the smallest distance and, among exact ties, the lowest
+index — the same answer as ``numpy.argmin``.
 """
 
 from __future__ import annotations
@@ -18,17 +17,19 @@ import numpy as np
 from numba import njit
 
 from vq.kernels.cache import kernel, specialise
+from vq.kernels.heaps import EMPTY_KEY, INDEX_MASK, float_key
 from vq.kernels.simd import borrow
 from vq.kernels.threads import parallel_for
 
-_INDEX_MASK = np.int64(0xFFFFFFFF)
-_KEY_MAX = np.int64(0x7FFFFFFFFFFFFFFF)
-
 
 @njit(inline="always")
-def _key(bits, index):
-    b = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    return (np.int64(b) << 32) | index
+def _argmin_row(dots, bits, i):
+    """The key (:func:`vq.kernels.heaps.float_key`) of the smallest entry of row i of
+    ``dots`` (``bits``: its int32 view): the entry is ``key & INDEX_MASK``."""
+    best = EMPTY_KEY
+    for j in range(dots.shape[1]):
+        best = min(best, float_key(bits[i, j], j))
+    return best
 
 
 def argmin_rows(dots, bias, out_index, out_value, out_second):
@@ -56,18 +57,12 @@ def argmin_range(i0, i1, dots, bias, out_index, out_value, out_second):
     for i in range(i0, i1):
         for j in range(k):
             dots[i, j] += bias[j]
-        best = _KEY_MAX
-        for j in range(k):
-            best = min(best, _key(bits[i, j], j))
-        j = best & _INDEX_MASK
+        j = _argmin_row(dots, bits, i) & INDEX_MASK
         out_index[i] = j
         out_value[i] = dots[i, j]
         if want_second:
             dots[i, j] = np.inf
-            second = _KEY_MAX
-            for jj in range(k):
-                second = min(second, _key(bits[i, jj], jj))
-            out_second[i] = dots[i, second & _INDEX_MASK]
+            out_second[i] = dots[i, _argmin_row(dots, bits, i) & INDEX_MASK]
 
 
 #: rows per block of :func:`assign_accumulate` (each block its own partial sums)
@@ -105,10 +100,7 @@ def assign_accumulate_range(b0, b1, dots, bias, x, x_norms, out_index, sums, cou
         for i in range(b * ASSIGN_BLOCK, min(n, (b + 1) * ASSIGN_BLOCK)):
             for j in range(k):
                 dots[i, j] += bias[j]
-            best = _KEY_MAX
-            for j in range(k):
-                best = min(best, _key(bits[i, j], j))
-            c = best & _INDEX_MASK
+            c = _argmin_row(dots, bits, i) & INDEX_MASK
             out_index[i] = c
             err += max(dots[i, c] + x_norms[i], np.float32(0.0))
             counts[b, c] += 1.0

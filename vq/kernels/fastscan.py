@@ -22,8 +22,8 @@ overflow (:func:`quantize_tables`).
 
 Three variants give identical (integer) distances (:func:`best_isa` picks one): byte shuffles
 emitted through LLVM intrinsics (``numba.extending.intrinsic``) on 64-byte vectors, two pairs
-at a time (AVX-512BW), or on 32-byte vectors (AVX2); and plain numba for other CPUs. The IVF
-scan is in :mod:`vq.kernels.fastscan_ivf`.
+at a time (AVX-512BW), or on 32-byte vectors (AVX2) (:mod:`vq.kernels.shuffle`); and plain
+numba for other CPUs. The IVF scan is in :mod:`vq.kernels.fastscan_ivf`.
 """
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ import os
 import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import njit
 from numba.extending import intrinsic
 
 from vq.kernels.cache import kernel, specialise
-from vq.kernels.scan import _heap_replace_top_row
+from vq.kernels.heaps import heap_replace_top_row
+from vq.kernels.shuffle import shuffle_block
 from vq.kernels.simd import quantize_row, row_range
 
 BLOCK = 32  # vectors per block
@@ -186,127 +187,6 @@ def block_kernel(isa: str, n_pairs: int, n_queries: int):
     return shuffle_block(n_pairs, n_queries, isa == "avx512")
 
 
-@functools.cache
-def shuffle_block(n_pairs: int, n_queries: int, wide: bool = False):
-    """An intrinsic computing the uint16 distances of one block of 32 vectors to
-    ``n_queries`` queries with byte shuffles, unrolled over ``n_pairs`` rows: AVX2 (one
-    32-byte row per shuffle) or, with ``wide``, AVX-512BW (two rows per 64-byte shuffle).
-
-    ``block(codes, code_row, luts, lut_rows, thresholds, out_dist, out_mask)``: codes uint8
-    [rows, 32] with the block at ``code_row``; luts uint8 [rows, 32], query q's tables at
-    rows ``lut_rows[q]`` (int64 [n_queries]) onwards; thresholds int32 [n_queries]; writes
-    out_dist uint16 [n_queries, 32] and out_mask int32 [n_queries] (bit v set when vector
-    v's distance is below the query's threshold).
-
-    Sums are kept per 16-bit lane as "all" (even byte + 256 x odd byte, modulo 2**16) and
-    "odd" (odd bytes); the even sums are all - 256 x odd, exact since they fit 16 bits.
-    """
-    i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
-    v16i16, v32i16 = ir.VectorType(i16, 16), ir.VectorType(i16, 32)
-
-    def splat(ty, value):
-        return ir.Constant(ty, [ir.Constant(ty.element, value)] * ty.count)
-
-    def const_mask(indices):
-        return ir.Constant(ir.VectorType(i32, len(indices)), [ir.Constant(i32, i) for i in indices])
-
-    @intrinsic
-    def block(typingctx, codes, code_row, luts, lut_rows, thresholds, out_dist, out_mask):
-        sig = types.void(codes, code_row, luts, lut_rows, thresholds, out_dist, out_mask)
-
-        def codegen(context, builder, signature, args):
-            code_row_v = args[1]
-            arr = [
-                context.make_array(signature.args[i])(context, builder, args[i])
-                for i in (0, 2, 3, 4, 5, 6)
-            ]
-            codes_p, luts_p, rows_p, thr_p, dist_p, mask_p = (a.data for a in arr)
-            module = builder.module
-            row_bytes = ir.Constant(code_row_v.type, 32)
-            codes_base = builder.gep(codes_p, [builder.mul(code_row_v, row_bytes)])
-            luts_base = []  # query q's first table row
-            for q in range(n_queries):
-                row = builder.load(builder.gep(rows_p, [ir.Constant(i32, q)]))
-                luts_base.append(builder.gep(luts_p, [builder.mul(row, row_bytes)]))
-
-            def accumulate(width, first_pair, pairs_per_load, count):
-                """Sums over ``count`` loads of ``pairs_per_load`` rows from ``first_pair``:
-                per query [lo_all, lo_odd, hi_all, hi_odd] of ``width``-byte vectors."""
-                vb = ir.VectorType(i8, width)
-                vw = ir.VectorType(i16, width // 2)
-                name = "llvm.x86.avx2.pshuf.b" if width == 32 else "llvm.x86.avx512.pshuf.b.512"
-                pshufb = module.declare_intrinsic(name, fnty=ir.FunctionType(vb, [vb, vb]))
-                low4, four, eight = splat(vb, 15), splat(vb, 4), splat(vw, 8)
-                acc = [[ir.Constant(vw, None)] * 4 for _ in range(n_queries)]
-                for i in range(count):
-                    off = ir.Constant(i32, 32 * (first_pair + i * pairs_per_load))
-                    c = builder.load(
-                        builder.bitcast(builder.gep(codes_base, [off]), vb.as_pointer()), align=1
-                    )
-                    lo = builder.and_(c, low4)
-                    hi = builder.and_(builder.lshr(c, four), low4)
-                    for q in range(n_queries):
-                        lptr = builder.bitcast(builder.gep(luts_base[q], [off]), vb.as_pointer())
-                        lut = builder.load(lptr, align=1)
-                        for h, idx in enumerate((lo, hi)):
-                            r = builder.bitcast(builder.call(pshufb, [lut, idx]), vw)
-                            a = acc[q]
-                            a[2 * h] = builder.add(a[2 * h], r)
-                            a[2 * h + 1] = builder.add(a[2 * h + 1], builder.lshr(r, eight))
-                return acc
-
-            if wide:  # two rows per load, their sums folded onto one row's lanes
-                acc = accumulate(64, 0, 2, n_pairs // 2)
-                low, high = const_mask(range(16)), const_mask(range(16, 32))
-                acc = [
-                    [
-                        builder.add(
-                            builder.shuffle_vector(v, v, low), builder.shuffle_vector(v, v, high)
-                        )
-                        for v in a
-                    ]
-                    for a in acc
-                ]
-                if n_pairs % 2:
-                    tail = accumulate(32, n_pairs - 1, 1, 1)
-                    acc = [
-                        [builder.add(u, v) for u, v in zip(a, t, strict=True)]
-                        for a, t in zip(acc, tail, strict=True)
-                    ]
-            else:
-                acc = accumulate(32, 0, 1, n_pairs)
-            eight = splat(v16i16, 8)
-            first_half = const_mask(range(8))
-            second_half = const_mask(range(8, 16))
-            for q in range(n_queries):
-                a = acc[q]
-                parts = []
-                for h in range(2):
-                    even = builder.sub(a[2 * h], builder.shl(a[2 * h + 1], eight))
-                    for s in (even, a[2 * h + 1]):
-                        x = builder.shuffle_vector(s, s, first_half)
-                        y = builder.shuffle_vector(s, s, second_half)
-                        parts.append(builder.add(x, y))  # lane 0 + lane 1: both tables
-                ab = builder.shuffle_vector(parts[0], parts[1], const_mask(range(16)))
-                cd = builder.shuffle_vector(parts[2], parts[3], const_mask(range(16)))
-                dist = builder.shuffle_vector(ab, cd, const_mask(range(32)))  # vector order
-                dptr = builder.gep(dist_p, [ir.Constant(i32, 32 * q)])
-                builder.store(dist, builder.bitcast(dptr, v32i16.as_pointer()), align=2)
-                thr = builder.trunc(builder.load(builder.gep(thr_p, [ir.Constant(i32, q)])), i16)
-                thr_v = builder.insert_element(
-                    ir.Constant(v32i16, ir.Undefined), thr, ir.Constant(i32, 0)
-                )
-                thr_v = builder.shuffle_vector(thr_v, thr_v, const_mask([0] * 32))
-                below = builder.icmp_unsigned("<", dist, thr_v)
-                bits = builder.bitcast(below, i32)
-                builder.store(bits, builder.gep(mask_p, [ir.Constant(i32, q)]))
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return block
-
-
 @njit(inline="always")
 def portable_block(codes, code_row, luts, lut_rows, n_pairs, thresholds, out_dist, out_mask):
     """The shuffle kernel's arithmetic in plain numba (identical uint16 results)."""
@@ -391,7 +271,7 @@ def _offer(heap_d, heap_i, q, dist, mask, first_row, end_row):
         if row < end_row:
             d = np.float32(dist[q, v])
             if d < heap_d[q, 0]:
-                _heap_replace_top_row(heap_d, heap_i, q, d, row)
+                heap_replace_top_row(heap_d, heap_i, q, d, row)
     top = heap_d[q, 0]
     return min(np.int64(top) if top < 65536 else 65535, 65535)
 

@@ -10,9 +10,9 @@ import numpy as np
 from numba import njit
 
 from vq.kernels.cache import kernel
+from vq.kernels.exact import rows_to_ids
 from vq.kernels.fastscan import BLOCK, _offer, block_kernel, portable_block, quantize_tables
-from vq.kernels.heaps import smallest_keys
-from vq.kernels.scan import _heap_sorted, rows_to_ids
+from vq.kernels.heaps import EMPTY_KEY, heap_sorted, key_row, key_value, row_key, smallest_keys
 from vq.kernels.simd import borrow, table_row_kernels
 from vq.kernels.small import all_finite
 from vq.kernels.threads import get_num_threads, parallel_for
@@ -30,9 +30,6 @@ ip_row, l2_row = table_row_kernels(DSUB)
 Q = N_QUERIES
 block = block_kernel(ISA, N_PAIRS, Q)
 SIMD = block is not None
-# a constant, not np.iinfo inside the kernel: that would tie the compiled kernel to numba's
-# arraymath module, whose import (scipy's BLAS check) costs a cached load 0.3 s
-_EMPTY = np.iinfo(np.int64).max
 
 
 def scan(luts, packed, n, out_dist, out_idx):
@@ -91,7 +88,7 @@ def _scan_blocks(luts, packed, n, g, b0, b1, out_dist, out_idx):
                 m = np.uint32(mask[q])
                 thr[q] = _offer(heap_d, heap_i, q, dist, m, b * BLOCK, n)
     for q in range(Q):
-        _heap_sorted(heap_d[q], heap_i[q], out_dist[g * Q + q], out_idx[g * Q + q])
+        heap_sorted(heap_d[q], heap_i[q], out_dist[g * Q + q], out_idx[g * Q + q])
 
 
 @kernel(nogil=True)
@@ -105,15 +102,15 @@ def merge_parts(part_d, part_i, out_dist, out_idx):
     for q in range(nq):
         for e in range(parts * k):
             d, r = part_d[e // k, q, e % k], part_i[e // k, q, e % k]
-            keys[e] = (np.int64(d) << 40) | r if r >= 0 else _EMPTY
+            keys[e] = row_key(d, r) if r >= 0 else EMPTY_KEY
         smallest_keys(keys, best)
         for e in range(k):
-            if best[e] == _EMPTY:
+            if best[e] == EMPTY_KEY:
                 out_dist[q, e] = np.inf
                 out_idx[q, e] = -1
             else:
-                out_dist[q, e] = np.float32(best[e] >> 40)
-                out_idx[q, e] = best[e] & ((1 << 40) - 1)
+                out_dist[q, e] = np.float32(key_value(best[e]))
+                out_idx[q, e] = key_row(best[e])
 
 
 def build(queries, codebooks_t, norms, inner_product, out_luts, out_scale, out_offset):

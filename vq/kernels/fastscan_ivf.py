@@ -10,9 +10,10 @@ its probes, whose k-th best distance is the threshold that the SIMD compare skip
 with. A batch smaller than the thread count is cut by probes instead (thread s takes every
 query's probes s, s + threads, ...), with a heap per thread and query, merged at the end.
 
-Heap entries are int64 keys ``distance << 40 | row``: the k smallest keys are the k nearest by
-(quantized distance, row), whatever order the lists were read in, so results do not depend on
-the thread count or on which query shares a pass with which.
+Heap entries are int64 keys ``distance << 40 | row`` (:func:`vq.kernels.heaps.row_key`): the
+k smallest keys are the k nearest by (quantized distance, row), whatever order the lists were
+read in, so results do not depend on the thread count or on which query shares a pass with
+which.
 """
 
 from __future__ import annotations
@@ -24,19 +25,24 @@ from numba import njit
 
 from vq.kernels.cache import specialise
 from vq.kernels.fastscan import check_isa
-from vq.kernels.heaps import heapify, heapify_row, sift_down, sift_down_row
+from vq.kernels.heaps import (
+    EMPTY_KEY,
+    heapify,
+    heapify_row,
+    key_row,
+    key_value,
+    sift_down,
+    sift_down_row,
+)
 
 #: queries sharing one pass over a list's blocks
 IVF_QUERY_BLOCK = 3
-_ROW_BITS = 40  # rows below 2**40; distances (< 2**17) above them
-_ROW_MASK = (1 << _ROW_BITS) - 1
-_EMPTY = np.iinfo(np.int64).max
 
 
 @njit(inline="always")
 def _push(heaps, counts, q, key):
     """Offer ``key`` (< heaps[q, 0]) to query q's heap of its k smallest keys (row q of
-    ``heaps`` [nq, k]). The first k are stored from the end, the root staying _EMPTY so that
+    ``heaps`` [nq, k]). The first k are stored from the end, the root staying EMPTY_KEY so that
     nothing is refused, and heapified at once when the heap is full (``counts[q]`` keys so
     far): cheaper than k sift-downs when most candidates are kept, as with a large k and
     short lists."""
@@ -68,12 +74,12 @@ def _write_sorted(heap, count, scale, offset, out_dist, out_idx):
 def _write_key(key, scale, offset, out_dist, out_idx, e):
     """Entry e of the results: the key's row and its distance mapped back to a float
     (``d / scale + offset``); +inf and -1 for an empty slot."""
-    if key == _EMPTY:
+    if key == EMPTY_KEY:
         out_dist[e] = np.inf
         out_idx[e] = -1
     else:
-        out_dist[e] = np.float32(key >> _ROW_BITS) / scale + offset
-        out_idx[e] = key & _ROW_MASK
+        out_dist[e] = np.float32(key_value(key)) / scale + offset
+        out_idx[e] = key_row(key)
 
 
 @functools.cache  # a dictionary hit per call, not specialise()'s checks

@@ -6,20 +6,14 @@ imported as it is)."""
 import numpy as np
 from numba import njit
 
+from vq.kernels.adc import IP_TABLE, L2_TABLE
 from vq.kernels.cache import kernel
+from vq.kernels.exact import rows_to_ids
 from vq.kernels.fastscan import BLOCK, block_kernel, portable_block, quantize_tables, trailing_zeros
-from vq.kernels.fastscan_ivf import (
-    _EMPTY,
-    _ROW_BITS,
-    IVF_QUERY_BLOCK,
-    _push,
-    _write_key,
-    _write_sorted,
-)
-from vq.kernels.heaps import smallest_keys
-from vq.kernels.scan import IP_TABLE, L2_TABLE, rows_to_ids
+from vq.kernels.fastscan_ivf import IVF_QUERY_BLOCK, _push, _write_key, _write_sorted
+from vq.kernels.heaps import EMPTY_KEY, key_value, row_key, smallest_keys
 from vq.kernels.simd import add_row, borrow, copy_row, table_row_kernels
-from vq.kernels.small import all_finite, probe_lists
+from vq.kernels.small import all_finite, probe_few
 from vq.kernels.threads import get_num_threads, parallel_for
 
 # -- specialised constants (vq.kernels.cache.specialise writes these lines) --
@@ -83,7 +77,7 @@ def scan_slice(q0, q1, p0, p1, parts, luts, T, shifts, probes, list_blocks, offs
                 live = False
                 for t in range(size):
                     # distances equal to the k-th best may still win on their row
-                    limit = min((heaps[query[t], 0] >> _ROW_BITS) + 1, 65535) - shift[t]
+                    limit = min(key_value(heaps[query[t], 0]) + 1, 65535) - shift[t]
                     thr[t] = max(limit, 0)
                     live = live or limit > 0
                 if not live:
@@ -107,7 +101,7 @@ def scan_slice(q0, q1, p0, p1, parts, luts, T, shifts, probes, list_blocks, offs
                         m &= m - np.uint32(1)
                         row = row0 + v
                         if row < end:
-                            key = ((shift[t] + np.int64(dist[t, v])) << _ROW_BITS) | row
+                            key = row_key(shift[t] + np.int64(dist[t, v]), row)
                             if key < heaps[qt, 0]:
                                 _push(heaps, counts, qt, key)
 
@@ -132,7 +126,7 @@ def scan_one(q, luts, T, shifts, probes, list_blocks, offsets, packed, heaps, co
         b0, b1 = list_blocks[lst], list_blocks[lst + 1]
         for b in range(b0, b1):
             # distances equal to the k-th best may still win on their row
-            limit = min((heaps[q, 0] >> _ROW_BITS) + 1, 65535) - shift
+            limit = min(key_value(heaps[q, 0]) + 1, 65535) - shift
             if limit <= 0:
                 break
             thr[0] = limit
@@ -147,7 +141,7 @@ def scan_one(q, luts, T, shifts, probes, list_blocks, offsets, packed, heaps, co
                 m &= m - np.uint32(1)
                 row = row0 + v
                 if row < end:
-                    key = ((shift + np.int64(dist[0, v])) << _ROW_BITS) | row
+                    key = row_key(shift + np.int64(dist[0, v]), row)
                     if key < heaps[q, 0]:
                         _push(heaps, counts, q, key)
 
@@ -214,7 +208,7 @@ def scan(queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
     shifts = np.empty((nq, nprobe), dtype=np.int32)
     threads = get_num_threads()
     parts = 1 if nq >= threads else max(1, min(threads, nprobe))
-    heaps = np.full((parts, nq, k), _EMPTY, dtype=np.int64)
+    heaps = np.full((parts, nq, k), EMPTY_KEY, dtype=np.int64)
     counts = np.zeros((parts, nq), dtype=np.int64)  # keys in each heap
     if parts == 1:  # each thread a slice of the queries, from tables to results
         parallel_for(serve_slice, nq, queries, codebooks_t, norms, centroids, list_tables,
@@ -243,18 +237,15 @@ def lean_search(queries, centroids_t, c_norms, nprobe, codebooks_t, norms, centr
     if a query holds a NaN or an infinity."""
     if not all_finite(queries):
         return False
-    nq = queries.shape[0]
-    k = out_dist.shape[1]
-    coarse = np.empty((nq, nprobe), dtype=np.float32)
-    probes = np.empty((nq, nprobe), dtype=np.int64)
-    probe_lists(queries, centroids_t, c_norms, inner_product, coarse, probes)
+    nq, k = queries.shape[0], out_dist.shape[1]
+    coarse, probes = probe_few(queries, centroids_t, c_norms, nprobe, inner_product)
     base = coarse if coarse_base else np.zeros((nq, nprobe), dtype=np.float32)
     summed = list_tables.shape[0] > 0
     T = nprobe if summed or (kind != IP_TABLE and kind != L2_TABLE) else 1
     luts = np.empty((nq * T, N_PAIRS, 32), dtype=np.uint8)
     flat_luts = luts.reshape((nq * T * N_PAIRS, 32))
     shifts = np.empty((nq, nprobe), dtype=np.int32)
-    heaps = np.full((nq, k), _EMPTY, dtype=np.int64)
+    heaps = np.full((nq, k), EMPTY_KEY, dtype=np.int64)
     counts = np.zeros(nq, dtype=np.int64)
     scale_offset = np.empty((2, nq), dtype=np.float32)
     serve_slice(np.int64(0), np.int64(nq), queries, codebooks_t, norms, centroids, list_tables,

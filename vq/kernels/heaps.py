@@ -1,5 +1,19 @@
-"""Top-k selection on int64 keys (``value << bits | row``, so that ties go to the lower row): a
-max-heap of the k smallest keys, and a selection of the k smallest of an array of keys.
+"""Top-k selection for the kernels: heaps, and the int64 keys that make ties go to the lower row.
+
+Two kinds of heap, both max-heaps of the k best so far (the root is the one to beat):
+
+- float heaps: a distance array and a row array side by side (``heap_replace_top``,
+  ``heap_sorted``); among equal distances the first one scanned stays.
+- key heaps: one int64 array of keys that order as (value, row), so that results do not
+  depend on the order candidates arrive in (``sift_down``, ``heapify``, ``smallest_keys``).
+
+Keys, in one place:
+
+- ``row_key(value, row)`` = ``value << ROW_BITS | row`` for non-negative integer values
+  (quantized distances); ``EMPTY_KEY`` (the largest int64) is an empty slot.
+- ``float_key(bits, index)``: a float32's bits made monotonic (negative floats flipped below
+  the positive ones) above a 32-bit index; the smallest key is the smallest float, ties to the
+  lowest index — what ``numpy.argmin`` returns, found by an integer ``min`` that vectorises.
 
 The kernels use these instead of ``np.sort``/``np.partition``, whose numba implementations
 take several seconds each to compile into every kernel that calls them. The ``_row`` variants
@@ -15,7 +29,125 @@ from numba import njit
 
 from vq.kernels.cache import kernel
 
+#: rows below 2**40; values (quantized distances < 2**17) above them
+ROW_BITS = 40
+ROW_MASK = (1 << ROW_BITS) - 1
+#: an empty slot of a key heap (a constant: np.iinfo inside a kernel would tie it to numba's
+#: arraymath module, whose import costs a cached load 0.3 s)
+EMPTY_KEY = np.iinfo(np.int64).max
+#: the index part of a float_key
+INDEX_MASK = np.int64(0xFFFFFFFF)
 
+
+@njit(inline="always")
+def row_key(value, row):
+    """The int64 key of (value, row): ``value << ROW_BITS | row``."""
+    return (np.int64(value) << ROW_BITS) | row
+
+
+@njit(inline="always")
+def key_value(key):
+    """The value of a :func:`row_key` key."""
+    return key >> ROW_BITS
+
+
+@njit(inline="always")
+def key_row(key):
+    """The row of a :func:`row_key` key."""
+    return key & ROW_MASK
+
+
+@njit(inline="always")
+def float_key(bits, index):
+    """The int64 key of a float32 (given by its int32 ``bits``) and a 32-bit index."""
+    b = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return (np.int64(b) << 32) | index
+
+
+# -- float heaps ----------------------------------------------------------------------------
+
+@njit(inline="always")
+def _sift_down_pair(dist, idx, size, d, i):
+    """Put (d, i) at the root of the max-heap ``dist[:size]``/``idx[:size]`` and sift it down."""
+    pos = 0
+    while True:
+        child = 2 * pos + 1
+        if child >= size:
+            break
+        if child + 1 < size and dist[child + 1] > dist[child]:
+            child += 1
+        if dist[child] <= d:
+            break
+        dist[pos] = dist[child]
+        idx[pos] = idx[child]
+        pos = child
+    dist[pos] = d
+    idx[pos] = i
+
+
+@njit(inline="always")
+def heap_replace_top(dist, idx, d, i):
+    """Replace the root of a max-heap (``dist``/``idx``, size k) by (d, i) and sift it down."""
+    _sift_down_pair(dist, idx, dist.shape[0], d, i)
+
+
+@njit(inline="always")
+def heap_replace_top_row(dist, idx, r, d, i):
+    """:func:`heap_replace_top` on row r of the 2-D heaps ``dist``/``idx``, indexed in
+    place: a row view taken in a hot loop costs an atomic reference count in and out (a
+    kernel called from Python holds reference-counted arrays)."""
+    size = dist.shape[1]
+    pos = 0
+    while True:
+        child = 2 * pos + 1
+        if child >= size:
+            break
+        if child + 1 < size and dist[r, child + 1] > dist[r, child]:
+            child += 1
+        if dist[r, child] <= d:
+            break
+        dist[r, pos] = dist[r, child]
+        idx[r, pos] = idx[r, child]
+        pos = child
+    dist[r, pos] = d
+    idx[r, pos] = i
+
+
+@njit(inline="always")
+def heap_sorted(dist, idx, out_dist, out_idx):
+    """Write a max-heap's content in ascending order of distance, ties by lower index (a heap
+    sort, in place and without allocation; the heap is consumed)."""
+    k = dist.shape[0]
+    for size in range(k, 0, -1):
+        out_dist[size - 1] = dist[0]
+        out_idx[size - 1] = idx[0]
+        _sift_down_pair(dist, idx, size - 1, dist[size - 1], idx[size - 1])
+    # equal distances: order by index, as a stable full sort of (distance, index) would
+    j = 0
+    while j < k:
+        e = j + 1
+        while e < k and out_dist[e] == out_dist[j]:
+            e += 1
+        for a in range(j + 1, e):  # insertion sort of the (short) run
+            v = out_idx[a]
+            b = a - 1
+            while b >= j and out_idx[b] > v:
+                out_idx[b + 1] = out_idx[b]
+                b -= 1
+            out_idx[b + 1] = v
+        j = e
+
+
+@njit(inline="always")
+def heap_reset(dist, idx):
+    """Empty a float heap: +inf distances, -1 rows (loops: slice assignments take numba
+    seconds to compile)."""
+    for e in range(dist.shape[0]):
+        dist[e] = np.inf
+        idx[e] = -1
+
+
+# -- key heaps ------------------------------------------------------------------------------
 @njit(inline="always")
 def sift_down(heap, size, key, i=0):
     """Put ``key`` at node i (the root by default) of the int64 max-heap ``heap[:size]`` and

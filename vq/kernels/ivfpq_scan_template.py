@@ -5,20 +5,19 @@ of sub-vectors of DSUB dimensions, codes read a byte (or with WORDS a uint32 wor
 
 import numpy as np
 
-from vq.kernels.cache import kernel
-from vq.kernels.scan import (
+from vq.kernels.adc import (
     IP_TABLE,
     L2_TABLE,
     RESIDUAL_L2_TABLE,
     _code_distance,
-    _heap_replace_top,
-    _heap_sorted,
     _inner_product_table,
     _l2_table,
-    rows_to_ids,
 )
+from vq.kernels.cache import kernel
+from vq.kernels.exact import rows_to_ids
+from vq.kernels.heaps import heap_replace_top, heap_reset, heap_sorted
 from vq.kernels.simd import borrow
-from vq.kernels.small import all_finite, probe_lists
+from vq.kernels.small import all_finite, probe_few
 from vq.kernels.threads import parallel_for
 
 # -- specialised constants (vq.kernels.cache.specialise writes these lines) --
@@ -52,9 +51,7 @@ def ivfpq_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kin
     buf = np.empty(size, dtype=np.float32)
     residual = np.empty(queries.shape[1], dtype=np.float32)
     for q in range(q0, q1):
-        for e in range(k):
-            heap_d[e] = np.inf
-            heap_i[e] = -1
+        heap_reset(heap_d, heap_i)
         x = queries[q]
         if kind == IP_TABLE:
             _inner_product_table(x, codebooks_t, table, N_TABLES, DSUB, alpha)
@@ -80,9 +77,9 @@ def ivfpq_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kin
             for i in range(offsets[lst], offsets[lst + 1]):
                 d = b + _code_distance(t, codes, i, N_TABLES, WORDS)
                 if d < threshold:
-                    _heap_replace_top(heap_d, heap_i, d, i)
+                    heap_replace_top(heap_d, heap_i, d, i)
                     threshold = heap_d[0]
-        _heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
+        heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
 
 
 @kernel(nogil=True)
@@ -94,11 +91,8 @@ def lean_search(queries, centroids_t, c_norms, nprobe, codebooks_t, norms, centr
     done) if a query holds a NaN or an infinity."""
     if not all_finite(queries):
         return False
-    nq = queries.shape[0]
-    k = out_dist.shape[1]
-    coarse = np.empty((nq, nprobe), dtype=np.float32)
-    probes = np.empty((nq, nprobe), dtype=np.int64)
-    probe_lists(queries, centroids_t, c_norms, inner_product, coarse, probes)
+    nq, k = queries.shape[0], out_dist.shape[1]
+    coarse, probes = probe_few(queries, centroids_t, c_norms, nprobe, inner_product)
     base = coarse if coarse_base else np.zeros((nq, nprobe), dtype=np.float32)
     dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
     ivfpq_range(np.int64(0), np.int64(nq), queries, codebooks_t, norms, centroids, list_tables,

@@ -6,7 +6,8 @@ and document it; never imported as it is)."""
 import numpy as np
 
 from vq.kernels.cache import kernel
-from vq.kernels.coding import _EXPANSION_ERROR, _INDEX_MASK, _KEY_MAX, _PQ_BLOCK, _key
+from vq.kernels.coding import _EXPANSION_ERROR, _PQ_BLOCK
+from vq.kernels.heaps import EMPTY_KEY, INDEX_MASK, float_key
 from vq.kernels.small import all_finite
 from vq.kernels.threads import parallel_for
 
@@ -43,13 +44,13 @@ def encode_range(i0, i1, x, codebooks_t, norms, norm_max, codes, sq_err):
                 for j in range(DSUB):
                     acc += xs[j] * codebooks_t[m, j, k]
                 dist[k] = acc
-            best = _KEY_MAX
+            best = EMPTY_KEY
             for k in range(ksub):
-                best = min(best, _key(bits[k], k))
+                best = min(best, float_key(bits[k], k))
             # the expanded form loses digits when the vectors are far from the origin
             # (|x|², |c|² >> |x - c|²): every candidate within its rounding error of the
             # best is compared again on the exact sum of squared differences
-            code = best & _INDEX_MASK
+            code = best & INDEX_MASK
             limit = dist[code] + _EXPANSION_ERROR * (x_norm + norm_max[m])
             close = 0
             for k in range(ksub):  # vectorised count; almost always 1 (the best)

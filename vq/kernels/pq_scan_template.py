@@ -5,17 +5,16 @@ it is)."""
 
 import numpy as np
 
-from vq.kernels.cache import kernel
-from vq.kernels.scan import (
+from vq.kernels.adc import (
     _ADC_CODE_BLOCK,
     _ADC_QUERY_BLOCK,
     _code_distance,
-    _heap_replace_top,
-    _heap_sorted,
     _inner_product_table,
     _l2_table,
-    rows_to_ids,
 )
+from vq.kernels.cache import kernel
+from vq.kernels.exact import rows_to_ids
+from vq.kernels.heaps import heap_replace_top, heap_sorted
 from vq.kernels.simd import borrow
 from vq.kernels.small import all_finite
 from vq.kernels.threads import parallel_for
@@ -55,10 +54,10 @@ def adc_range(q_start, q_end, tables, codes, out_dist, out_idx):
                 for i in range(c0, c1):
                     d = _code_distance(t, codes, i, N_TABLES, WORDS)
                     if d < threshold:
-                        _heap_replace_top(hd, hi, d, i)
+                        heap_replace_top(hd, hi, d, i)
                         threshold = hd[0]
         for q in range(q0, q1):
-            _heap_sorted(heap_d[q - q0], heap_i[q - q0], out_dist[q], out_idx[q])
+            heap_sorted(heap_d[q - q0], heap_i[q - q0], out_dist[q], out_idx[q])
 
 
 @kernel(nogil=True)

@@ -19,21 +19,14 @@ of these calls costs: the lean path hands whole steps to kernels instead.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from vq.kernels.cache import kernel
-from vq.kernels.scan import (
-    _heap_replace_top_row,
-    _heap_sorted,
-    _smallest_k_row,
-    ivf_flat_range,
-    rows_to_ids,
-)
+from vq.kernels.exact import ivf_flat_range, rows_to_ids
+from vq.kernels.heaps import EMPTY_KEY, heap_replace_top_row, heap_sorted
+from vq.kernels.select import _smallest_k_row
 from vq.kernels.simd import borrow
 from vq.kernels.threads import parallel_for
-
-# a constant, not np.iinfo in a kernel (which ties the compiled kernel to numba's arraymath
-# module, whose import costs a cached load 0.3 s)
-_USED_UP = np.iinfo(np.int64).max
 
 
 @kernel(nogil=True, fastmath=True)
@@ -56,7 +49,7 @@ def flat_rows(queries, vectors, x_norms, inner_product, r0, r1, heap_d, heap_i):
                 s += queries[q, j] * vectors[i, j]
             d = -s if inner_product else x_norms[i] - np.float32(2.0) * s
             if d < heap_d[q, 0]:
-                _heap_replace_top_row(heap_d, heap_i, q, d, i)
+                heap_replace_top_row(heap_d, heap_i, q, d, i)
 
 
 def flat_parts(queries, vectors, x_norms, inner_product, heap_d, heap_i):
@@ -93,7 +86,7 @@ def flat_finish(heap_d, heap_i, queries, ids, inner_product, out_dist, out_ids):
     pos = np.zeros(parts, dtype=np.int64)
     for q in range(nq):
         for p in range(parts):
-            _heap_sorted(heap_d[p, q], heap_i[p, q], sd[p], si[p])
+            heap_sorted(heap_d[p, q], heap_i[p, q], sd[p], si[p])
             pos[p] = 0
         q_norm = np.float32(0.0)
         if not inner_product:
@@ -110,8 +103,8 @@ def flat_finish(heap_d, heap_i, queries, ids, inner_product, out_dist, out_ids):
                 pos[best] += 1
             else:  # this part is used up
                 sd[best, k - 1] = np.inf
-                si[best, k - 1] = _USED_UP
-            if r < 0 or r == _USED_UP:
+                si[best, k - 1] = EMPTY_KEY
+            if r < 0 or r == EMPTY_KEY:
                 out_ids[q, e] = -1
                 out_dist[q, e] = fill
             else:
@@ -192,6 +185,17 @@ def all_finite(x):
     return True
 
 
+@njit(nogil=True)
+def probe_few(queries, centroids_t, c_norms, nprobe, inner_product):
+    """:func:`probe_lists` into new arrays: the coarse scores float32 [nq, nprobe] and the
+    lists int64 [nq, nprobe] of a lean IVF search."""
+    nq = queries.shape[0]
+    coarse = np.empty((nq, nprobe), dtype=np.float32)
+    probes = np.empty((nq, nprobe), dtype=np.int64)
+    probe_lists(queries, centroids_t, c_norms, inner_product, coarse, probes)
+    return coarse, probes
+
+
 @kernel(nogil=True)
 def ivf_flat_lean(queries, centroids_t, c_norms, nprobe, vectors, offsets, ids, inner_product,
                   out_dist, out_ids, ranked):  # fmt: skip
@@ -205,11 +209,8 @@ def ivf_flat_lean(queries, centroids_t, c_norms, nprobe, vectors, offsets, ids, 
     query holds a NaN or an infinity."""
     if not all_finite(queries):
         return False
-    nq = queries.shape[0]
-    k = out_dist.shape[1]
-    coarse = np.empty((nq, nprobe), dtype=np.float32)
-    probes = np.empty((nq, nprobe), dtype=np.int64)
-    probe_lists(queries, centroids_t, c_norms, inner_product, coarse, probes)
+    nq, k = queries.shape[0], out_dist.shape[1]
+    coarse, probes = probe_few(queries, centroids_t, c_norms, nprobe, inner_product)
     dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
     ivf_flat_range(np.int64(0), np.int64(nq), queries, vectors, probes, offsets, inner_product,
                    dist, rows)  # fmt: skip

@@ -1,0 +1,222 @@
+"""Exact distances fused with top-k: the inverted lists of an IVF-Flat index, the candidates
+of a re-ranking step, the blocks of a Flat search, and the step every CPU search ends with
+(rows to ids, padding).
+
+Each scan keeps, per query, a max-heap of the k smallest distances (:mod:`vq.kernels.heaps`);
+among equal distances the first one scanned stays. Threads split the queries
+(:func:`vq.kernels.threads.parallel_for`); the ``*_range`` kernels are one thread's share.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from vq.kernels.cache import kernel
+from vq.kernels.heaps import heap_replace_top, heap_reset, heap_sorted
+from vq.kernels.simd import borrow, prefetch_line
+from vq.kernels.threads import parallel_for
+
+
+@njit(inline="always", fastmath=True)
+def _exact_distance(x, vectors, i, inner_product):
+    """Squared L2 distance of the float32 vector x to row i of ``vectors``, or their negated
+    inner product (the row indexed in place, not taken as a view: see
+    :func:`vq.kernels.heaps.heap_replace_top_row`)."""
+    d = np.float32(0.0)
+    if inner_product:
+        for j in range(x.shape[0]):
+            d -= x[j] * vectors[i, j]
+    else:
+        for j in range(x.shape[0]):
+            diff = x[j] - vectors[i, j]
+            d += diff * diff
+    return d
+
+
+def ivf_flat_scan(queries, vectors, probes, offsets, inner_product, out_dist, out_idx):
+    """Exact distances to the vectors of the probed inverted lists, fused with top-k; threads
+    split the queries.
+
+    Args:
+        queries: float32 [nq, d]; vectors: float32 [n, d], stored list after list.
+        probes: int64 [nq, nprobe], the lists to scan (-1: skip); offsets: int64 [nlist + 1].
+        inner_product: False for squared L2 distances, True for negated inner products (so
+            that smaller is better in both cases).
+        out_dist: float32 [nq, k] ascending (+inf padding); out_idx: int64 [nq, k] rows in
+            ``vectors`` (-1 padding).
+    """
+    parallel_for(ivf_flat_range, probes.shape[0], queries, vectors, probes, offsets,
+                 bool(inner_product), out_dist, out_idx)  # fmt: skip
+
+
+@kernel(nogil=True, fastmath=True)
+def ivf_flat_range(q0, q1, queries, vectors, probes, offsets, inner_product, out_dist, out_idx):
+    """:func:`ivf_flat_scan` for queries ``q0..q1`` (int64) on the calling thread."""
+    queries, out_dist, out_idx = borrow(queries), borrow(out_dist), borrow(out_idx)
+    nprobe = probes.shape[1]
+    k = out_dist.shape[1]
+    heap_d = np.empty(k, dtype=np.float32)
+    heap_i = np.empty(k, dtype=np.int64)
+    for q in range(q0, q1):
+        heap_reset(heap_d, heap_i)
+        x = queries[q]
+        for p in range(nprobe):
+            lst = probes[q, p]
+            if lst < 0:
+                continue
+            threshold = heap_d[0]
+            for i in range(offsets[lst], offsets[lst + 1]):
+                d = _exact_distance(x, vectors, i, inner_product)
+                if d < threshold:
+                    heap_replace_top(heap_d, heap_i, d, i)
+                    threshold = heap_d[0]
+        heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
+
+
+_PREFETCH_AHEAD = 4  # candidates whose vectors refine_scan fetches before their turn
+
+
+@njit(inline="always")
+def _prefetch_vector(vectors, row, row_bytes):
+    if row >= 0:
+        for byte in range(0, row_bytes, 64):
+            prefetch_line(vectors, row, byte)
+
+
+def refine_scan(queries, vectors, candidates, inner_product, out_dist, out_idx):
+    """Exact distances to given candidate rows, fused with top-k: the re-ranking step of
+    ``Refine`` (faiss ``IndexRefineFlat``); threads split the queries.
+
+    Args:
+        queries: float32 [nq, d]; vectors: float32 [n, d].
+        candidates: int64 [nq, C] rows of ``vectors`` to rank (-1: skip).
+        inner_product: False for squared L2 distances, True for negated inner products.
+        out_dist: float32 [nq, k] ascending (+inf padding); out_idx: int64 [nq, k] rows of
+            ``vectors`` (-1 padding).
+    """
+    parallel_for(refine_range, candidates.shape[0], queries, vectors, candidates,
+                 bool(inner_product), out_dist, out_idx)  # fmt: skip
+
+
+@kernel(nogil=True, fastmath=True)
+def refine_range(q0, q1, queries, vectors, candidates, inner_product, out_dist, out_idx):
+    """:func:`refine_scan` for queries ``q0..q1`` (int64) on the calling thread."""
+    queries, out_dist, out_idx = borrow(queries), borrow(out_dist), borrow(out_idx)
+    n_cand = candidates.shape[1]
+    k = out_dist.shape[1]
+    row_bytes = vectors.shape[1] * 4
+    heap_d = np.empty(k, dtype=np.float32)
+    heap_i = np.empty(k, dtype=np.int64)
+    for q in range(q0, q1):
+        heap_reset(heap_d, heap_i)
+        x = queries[q]
+        threshold = heap_d[0]
+        for c in range(min(_PREFETCH_AHEAD, n_cand)):
+            _prefetch_vector(vectors, candidates[q, c], row_bytes)
+        for c in range(n_cand):
+            # scattered rows: fetch a few candidates ahead (1.5x at 1M vectors)
+            if c + _PREFETCH_AHEAD < n_cand:
+                _prefetch_vector(vectors, candidates[q, c + _PREFETCH_AHEAD], row_bytes)
+            i = candidates[q, c]
+            if i < 0:
+                continue
+            d = _exact_distance(x, vectors, i, inner_product)
+            if d < threshold:
+                heap_replace_top(heap_d, heap_i, d, i)
+                threshold = heap_d[0]
+        heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
+
+
+@kernel(nogil=True)
+def refine_lean(queries, vectors, candidates, ids, inner_product, out_dist, out_ids):
+    """:func:`refine_range` for every query, then ids, in one call on the calling thread (the
+    lean path of ``Refine``): ``ids`` int64 [n] (or [0]: the rows are the ids); ``out_dist``
+    float32 [nq, k] ascending (negated back to inner products with ``inner_product``;
+    +inf / -inf padding), ``out_ids`` int64 [nq, k] (-1 padding)."""
+    nq, k = out_dist.shape
+    dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
+    refine_range(np.int64(0), np.int64(nq), queries, vectors, candidates, inner_product, dist,
+                 rows)  # fmt: skip
+    fill = np.float32(-np.inf) if inner_product else np.float32(np.inf)
+    rows_to_ids(dist, rows, ids, inner_product, fill, out_dist, out_ids)
+
+
+def heap_push_block(scores, x_norms, first, inner_product, heap_d, heap_i):
+    """Offer a block of columns to per-query top-k max-heaps (the Flat index's selection
+    step, fused with the distance arithmetic, applied block after block of the database so
+    that the scores stay in cache); threads split the queries.
+
+    Args:
+        scores: float32 [nq, b] inner products ⟨q, x⟩ of the queries with vectors
+            ``first .. first + b``.
+        x_norms: float32 [b] their squared norms ‖x‖² (read for L2 only).
+        first: row number of the block's first vector.
+        inner_product: False: rank by ‖x‖² − 2⟨q, x⟩ (the squared L2 distance minus the
+            query's constant ‖q‖², which the caller adds); True: rank by −⟨q, x⟩.
+        heap_d: float32 [nq, k], heap_i: int64 [nq, k]: max-heaps, +inf/-1 when empty;
+            finish them with :func:`heaps_sorted`.
+    """
+    parallel_for(heap_push_range, scores.shape[0], scores, x_norms, int(first),
+                 bool(inner_product), heap_d, heap_i)  # fmt: skip
+
+
+@kernel(nogil=True, fastmath=True)
+def heap_push_range(q0, q1, scores, x_norms, first, inner_product, heap_d, heap_i):
+    """:func:`heap_push_block` for queries ``q0..q1`` on the calling thread."""
+    scores, heap_d, heap_i = borrow(scores), borrow(heap_d), borrow(heap_i)
+    b = scores.shape[1]
+    for q in range(q0, q1):
+        hd = heap_d[q]
+        hi = heap_i[q]
+        row = scores[q]
+        threshold = hd[0]
+        for s in range(0, b, 16):
+            e = min(s + 16, b)
+            # a vectorisable pass finds whether any of 16 beats the threshold
+            best = np.float32(np.inf)
+            for i in range(s, e):
+                d = -row[i] if inner_product else x_norms[i] - np.float32(2.0) * row[i]
+                best = min(best, d)
+            if best >= threshold:
+                continue
+            for i in range(s, e):
+                d = -row[i] if inner_product else x_norms[i] - np.float32(2.0) * row[i]
+                if d < threshold:
+                    heap_replace_top(hd, hi, d, first + i)
+                    threshold = hd[0]
+
+
+@kernel(nogil=True)
+def heaps_sorted(heap_d, heap_i, out_dist, out_idx):
+    """Each row's max-heap (``heap_d``/``heap_i`` [nq, k], consumed) in ascending order."""
+    heap_d, heap_i = borrow(heap_d), borrow(heap_i)
+    out_dist, out_idx = borrow(out_dist), borrow(out_idx)
+    for q in range(heap_d.shape[0]):
+        heap_sorted(heap_d[q], heap_i[q], out_dist[q], out_idx[q])
+
+
+@kernel(nogil=True)
+def rows_to_ids(dist, rows, ids, negate, fill, out_dist, out_ids):
+    """Search results by stored row → by id, padded: what every CPU search returns (a pass
+    over nq * k entries: one thread).
+
+    Args:
+        dist: float32 [nq, kk] distances of ``rows`` int64 [nq, kk] (-1 where missing).
+        ids: int64 [ntotal], the id of each row, or [0] when ids are the rows themselves.
+        negate: write ``-dist`` (inner products ranked as negated values).
+        fill: the distance of a missing result (+inf, or -inf for inner products).
+        out_dist: float32 [nq, k], out_ids: int64 [nq, k], k >= kk: columns past kk are
+            missing results. They may be ``dist`` and ``rows`` themselves (in place).
+    """
+    kk = rows.shape[1]
+    mapped = ids.shape[0] > 0
+    for q in range(rows.shape[0]):
+        for j in range(out_ids.shape[1]):
+            r = rows[q, j] if j < kk else -1
+            if r < 0:
+                out_ids[q, j] = -1
+                out_dist[q, j] = fill
+            else:
+                out_ids[q, j] = ids[r] if mapped else r
+                out_dist[q, j] = -dist[q, j] if negate else dist[q, j]

@@ -1,0 +1,138 @@
+"""The fast-scan block kernel as LLVM vector code: the uint16 distances of one block of 32
+vectors to a few queries, by byte shuffles of their uint8 tables (the layout is in
+:mod:`vq.kernels.fastscan`).
+
+``vpshufb`` looks a byte up within each 128-bit half of a vector: shuffling a pair's 32-byte
+table row by the low nibbles of a 32-byte code row gives the 16 + 16 table entries of vectors
+0..15, by the high nibbles those of 16..31. Entries are summed per 16-bit lane as "all"
+(even byte + 256 × odd byte, modulo 2**16) and "odd" (odd bytes alone); the even sums are
+``all - 256 × odd``, exact since they fit 16 bits. With AVX-512BW one 64-byte shuffle reads
+two pairs, whose sums are then folded onto one pair's lanes.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+_I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+_V16I16, _V32I16 = ir.VectorType(_I16, 16), ir.VectorType(_I16, 32)
+
+
+def _splat(ty: ir.VectorType, value: int) -> ir.Constant:
+    return ir.Constant(ty, [ir.Constant(ty.element, value)] * ty.count)
+
+
+def _mask(indices) -> ir.Constant:
+    indices = list(indices)
+    return ir.Constant(ir.VectorType(_I32, len(indices)), [ir.Constant(_I32, i) for i in indices])
+
+
+def _accumulate(builder, codes_base, luts_base, width, first_pair, pairs_per_load, count):
+    """Sums over ``count`` loads of ``pairs_per_load`` rows from row ``first_pair``: for each
+    query, [lo_all, lo_odd, hi_all, hi_odd] as ``width``-byte vectors of 16-bit lanes."""
+    vb, vw = ir.VectorType(_I8, width), ir.VectorType(_I16, width // 2)
+    name = "llvm.x86.avx2.pshuf.b" if width == 32 else "llvm.x86.avx512.pshuf.b.512"
+    pshufb = builder.module.declare_intrinsic(name, fnty=ir.FunctionType(vb, [vb, vb]))
+    low4, four, eight = _splat(vb, 15), _splat(vb, 4), _splat(vw, 8)
+    acc = [[ir.Constant(vw, None)] * 4 for _ in luts_base]
+    for i in range(count):
+        off = ir.Constant(_I32, 32 * (first_pair + i * pairs_per_load))
+        c = builder.load(builder.bitcast(builder.gep(codes_base, [off]), vb.as_pointer()), align=1)
+        lo = builder.and_(c, low4)
+        hi = builder.and_(builder.lshr(c, four), low4)
+        for q, base in enumerate(luts_base):
+            lut = builder.load(builder.bitcast(builder.gep(base, [off]), vb.as_pointer()), align=1)
+            for h, idx in enumerate((lo, hi)):
+                r = builder.bitcast(builder.call(pshufb, [lut, idx]), vw)
+                a = acc[q]
+                a[2 * h] = builder.add(a[2 * h], r)
+                a[2 * h + 1] = builder.add(a[2 * h + 1], builder.lshr(r, eight))
+    return acc
+
+
+def _sums(builder, codes_base, luts_base, n_pairs: int, wide: bool):
+    """Every query's four 32-byte sums over the ``n_pairs`` rows of the block."""
+    if not wide:
+        return _accumulate(builder, codes_base, luts_base, 32, 0, 1, n_pairs)
+    acc = _accumulate(builder, codes_base, luts_base, 64, 0, 2, n_pairs // 2)
+    low, high = _mask(range(16)), _mask(range(16, 32))  # fold the two pairs' lanes
+    acc = [
+        [
+            builder.add(builder.shuffle_vector(v, v, low), builder.shuffle_vector(v, v, high))
+            for v in a
+        ]
+        for a in acc
+    ]
+    if n_pairs % 2:  # an odd pair left: one 32-byte load
+        tail = _accumulate(builder, codes_base, luts_base, 32, n_pairs - 1, 1, 1)
+        acc = [
+            [builder.add(u, v) for u, v in zip(a, t, strict=True)]
+            for a, t in zip(acc, tail, strict=True)
+        ]
+    return acc
+
+
+def _store(builder, a, q, dist_p, thr_p, mask_p) -> None:
+    """Query q's distances in vector order into ``dist_p`` (uint16 [q, 32]) and the bits of
+    those below its threshold into ``mask_p[q]``."""
+    eight = _splat(_V16I16, 8)
+    parts = []
+    for h in range(2):
+        even = builder.sub(a[2 * h], builder.shl(a[2 * h + 1], eight))
+        for s in (even, a[2 * h + 1]):
+            x = builder.shuffle_vector(s, s, _mask(range(8)))
+            y = builder.shuffle_vector(s, s, _mask(range(8, 16)))
+            parts.append(builder.add(x, y))  # lane 0 + lane 1: both tables of the pair
+    ab = builder.shuffle_vector(parts[0], parts[1], _mask(range(16)))
+    cd = builder.shuffle_vector(parts[2], parts[3], _mask(range(16)))
+    dist = builder.shuffle_vector(ab, cd, _mask(range(32)))  # vector order
+    dptr = builder.gep(dist_p, [ir.Constant(_I32, 32 * q)])
+    builder.store(dist, builder.bitcast(dptr, _V32I16.as_pointer()), align=2)
+    thr = builder.trunc(builder.load(builder.gep(thr_p, [ir.Constant(_I32, q)])), _I16)
+    thr_v = builder.insert_element(ir.Constant(_V32I16, ir.Undefined), thr, ir.Constant(_I32, 0))
+    thr_v = builder.shuffle_vector(thr_v, thr_v, _mask([0] * 32))
+    below = builder.icmp_unsigned("<", dist, thr_v)
+    builder.store(builder.bitcast(below, _I32), builder.gep(mask_p, [ir.Constant(_I32, q)]))
+
+
+@functools.cache
+def shuffle_block(n_pairs: int, n_queries: int, wide: bool = False):
+    """An intrinsic computing the uint16 distances of one block of 32 vectors to
+    ``n_queries`` queries with byte shuffles, unrolled over ``n_pairs`` rows: AVX2 (one
+    32-byte row per shuffle) or, with ``wide``, AVX-512BW (two rows per 64-byte shuffle).
+
+    ``block(codes, code_row, luts, lut_rows, thresholds, out_dist, out_mask)``: codes uint8
+    [rows, 32] with the block at ``code_row``; luts uint8 [rows, 32], query q's tables at
+    rows ``lut_rows[q]`` (int64 [n_queries]) onwards; thresholds int32 [n_queries]; writes
+    out_dist uint16 [n_queries, 32] and out_mask int32 [n_queries] (bit v set when vector
+    v's distance is below the query's threshold).
+    """
+
+    @intrinsic
+    def block(typingctx, codes, code_row, luts, lut_rows, thresholds, out_dist, out_mask):
+        sig = types.void(codes, code_row, luts, lut_rows, thresholds, out_dist, out_mask)
+
+        def codegen(context, builder, signature, args):
+            arrays = [
+                context.make_array(signature.args[i])(context, builder, args[i])
+                for i in (0, 2, 3, 4, 5, 6)
+            ]
+            codes_p, luts_p, rows_p, thr_p, dist_p, mask_p = (a.data for a in arrays)
+            row_bytes = ir.Constant(args[1].type, 32)
+            codes_base = builder.gep(codes_p, [builder.mul(args[1], row_bytes)])
+            luts_base = []  # query q's first table row
+            for q in range(n_queries):
+                row = builder.load(builder.gep(rows_p, [ir.Constant(_I32, q)]))
+                luts_base.append(builder.gep(luts_p, [builder.mul(row, row_bytes)]))
+            acc = _sums(builder, codes_base, luts_base, n_pairs, wide)
+            for q in range(n_queries):
+                _store(builder, acc[q], q, dist_p, thr_p, mask_p)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return block
