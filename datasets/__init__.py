@@ -8,19 +8,16 @@
 - Synthetic vectors: :func:`clustered_vectors`, :func:`anisotropic_vectors`.
 """
 
+from vq.datasets.ann_hdf5 import AnnDataset, read_ann_hdf5
 from vq.datasets.embed import embed_nsynth, embedding_dim
+from vq.datasets.exact_knn import GroundTruth, ground_truth, recall_at
 from vq.datasets.nsynth import FAMILIES, QUALITIES, SOURCES, NSynth
 from vq.datasets.synth_nsynth import synthesize_nsynth
 from vq.datasets.synthetic import anisotropic_vectors, clustered_vectors
 from vq.datasets.vecs import (
-    AnnDataset,
-    GroundTruth,
-    ground_truth,
-    read_ann_hdf5,
     read_bvecs,
     read_fvecs,
     read_ivecs,
-    recall_at,
     vecs_shape,
     write_bvecs,
     write_fvecs,
