@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(PY) -m vq.nsynth
+	$(PY) -m vq.apps.nsynth
 
 test: $(VENV)/.installed
 	$(PY) -m ruff check .

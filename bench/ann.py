@@ -91,8 +91,8 @@ def load_data(args) -> tuple[str, np.ndarray, np.ndarray]:
         both = anisotropic_vectors(args.n + args.nq, args.dim, decay=0.95, seed=args.seed)
         return "synthetic", both[: args.n], both[args.n :]
     if args.data == "nsynth":
+        from vq.apps.nsynth import default_data_dir, synthetic_dataset
         from vq.datasets import embed_nsynth
-        from vq.nsynth import default_data_dir, synthetic_dataset
 
         data_dir = default_data_dir()
         train, test = synthetic_dataset(data_dir, args.instruments, args.seed, verbose=False)

@@ -186,7 +186,7 @@ def child(library: str, load: str, *args: str) -> Run:
 def cli_command(index: Path, queries: Path, threads: int) -> Run:
     """A run of ``vq search``: only its whole wall time is known."""
     script = Path(sys.executable).with_name("vq")
-    vq = [str(script)] if script.exists() else [sys.executable, "-m", "vq.cli"]
+    vq = [str(script)] if script.exists() else [sys.executable, "-m", "vq.apps.cli"]
     command = [*vq, "search", str(index), "--queries", str(queries), "-k", "10"]
     command += ["--threads", str(threads)]
 

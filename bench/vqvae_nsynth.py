@@ -141,7 +141,7 @@ def spectrograms(args):
     import torch
     import torchaudio
 
-    from vq.nsynth import default_data_dir, synthetic_dataset
+    from vq.apps.nsynth import default_data_dir, synthetic_dataset
 
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
     train, test = synthetic_dataset(data_dir, args.instruments, seed=0, verbose=True)

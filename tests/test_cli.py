@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from vq import cli
+from vq.apps import cli
 from vq.datasets import anisotropic_vectors, ground_truth, read_ivecs, write_fvecs, write_ivecs
 
 

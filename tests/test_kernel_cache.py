@@ -151,7 +151,7 @@ def test_vq_imports_and_searches_with_numba_jit_disabled():
 
 
 def test_vq_warmup_reports_each_kind_and_refuses_bad_ones():
-    vq_cli = [sys.executable, "-m", "vq.cli", "warmup", "--dim", "16", "--no-layer"]
+    vq_cli = [sys.executable, "-m", "vq.apps.cli", "warmup", "--dim", "16", "--no-layer"]
     out = subprocess.run(
         [*vq_cli, "--index", "Flat", "--index", "IVF4,Flat", "--jobs", "2"],
         capture_output=True,

@@ -13,7 +13,7 @@ def data_dir(tmp_path_factory):
 
 
 def test_main_job_runs_end_to_end(data_dir, capsys):
-    from vq import nsynth
+    from vq.apps import nsynth
 
     args = ["--data-dir", str(data_dir), "--instruments", "33", "--quiet", "--nprobe", "4"]
     assert nsynth.main(args) == 0
@@ -31,7 +31,7 @@ def test_main_job_runs_end_to_end(data_dir, capsys):
 
 
 def test_missing_real_dataset_is_a_one_line_error(tmp_path, capsys):
-    from vq import nsynth
+    from vq.apps import nsynth
 
     assert nsynth.main(["--nsynth-root", str(tmp_path / "nowhere"), "--quiet"]) == 2
     err = capsys.readouterr().err
@@ -39,7 +39,7 @@ def test_missing_real_dataset_is_a_one_line_error(tmp_path, capsys):
 
 
 def test_console_command(capsys):
-    from vq import cli
+    from vq.apps import cli
 
     assert cli.main(["--help"]) == 0
     assert "nsynth" in capsys.readouterr().out
@@ -53,7 +53,7 @@ def test_console_command(capsys):
 
 
 def test_max_notes_embeds_only_a_sample(data_dir, capsys):
-    from vq import nsynth
+    from vq.apps import nsynth
 
     args = ["--data-dir", str(data_dir), "--instruments", "33", "--quiet", "--skip-validation"]
     assert nsynth.main([*args, "--max-notes", "300"]) == 0

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import vq
-from vq import cli
 from vq._checks import in_chunks
+from vq.apps import cli
 from vq.datasets import (
     clustered_vectors,
     embed_nsynth,

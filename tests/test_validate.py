@@ -4,7 +4,7 @@ pytest.importorskip("faiss")
 
 
 def test_main_job_passes_on_small_data(capsys):
-    from vq import validate
+    from vq.apps import validate
 
     assert validate.main(["--n", "20000", "--dim", "16"]) == 0
     out = capsys.readouterr().out
@@ -15,7 +15,7 @@ def test_main_job_passes_on_small_data(capsys):
 
 
 def test_main_job_rejects_bad_arguments(capsys):
-    from vq import validate
+    from vq.apps import validate
 
     with pytest.raises(SystemExit):
         validate.main(["--dim", "12"])

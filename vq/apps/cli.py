@@ -17,63 +17,38 @@ Vector files: .fvecs, .bvecs (converted to float32), .ivecs (ground truth), and 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+import vq
+from vq.apps import nsynth, validate
+from vq.apps.common import (
+    InputError,
+    read_neighbors,
+    read_vectors,
+    recall_summary,
+    run_command,
+    set_threads,
+)
+from vq.apps.warmup import COMMON, Warmed
+from vq.apps.warmup import warmup as warm_up
+from vq.datasets import write_ivecs
+from vq.export import cli as export_cli
+from vq.kernels import cache
+
 COMMANDS = ("build", "search", "export", "nsynth", "validate", "bench", "warmup")
-
-
-class InputError(Exception):
-    """Bad input from the command line: reported in one line, exit status 2."""
-
-
-def read_vectors(path: Path, what: str = "train") -> np.ndarray:
-    """float32 [n, d] from .fvecs / .bvecs, or the ``what`` set ("train"/"test") of an
-    ann-benchmarks .hdf5 file."""
-    from vq.datasets import read_ann_hdf5, read_bvecs, read_fvecs
-
-    suffix = path.suffix.lower()
-    if suffix == ".fvecs":
-        return read_fvecs(path)
-    if suffix == ".bvecs":
-        return read_bvecs(path).astype(np.float32)
-    if suffix in (".hdf5", ".h5"):
-        return getattr(read_ann_hdf5(path), what)
-    raise InputError(f"{path}: unknown vector file type {suffix!r}; use .fvecs, .bvecs or .hdf5")
-
-
-def read_neighbors(path: Path) -> np.ndarray:
-    """int [nq, k] exact neighbours from .ivecs or the ``neighbors`` of an .hdf5 file."""
-    from vq.datasets import read_ann_hdf5, read_ivecs
-
-    suffix = path.suffix.lower()
-    if suffix == ".ivecs":
-        return read_ivecs(path).astype(np.int64)
-    if suffix in (".hdf5", ".h5"):
-        return read_ann_hdf5(path).neighbors
-    raise InputError(f"{path}: unknown ground-truth file type {suffix!r}; use .ivecs or .hdf5")
-
-
-def _threads(n: int) -> None:
-    import torch
-
-    import vq
-
-    if n <= 0:
-        raise InputError(f"--threads must be positive, got {n}")
-    torch.set_num_threads(n)
-    vq.set_num_threads(n)
 
 
 def _compile_notice(what: str):
     """A context printing one line on stderr before the first kernel compilation inside (the
     kernels are then kept for every later process)."""
-    from vq.kernels import cache
-
     where = cache.folder()
     kept = f"kept in {where}" if where is not None else "in memory: the cache is not writable"
     return cache.announce(f"vq: compiling {what}, once per machine ({kept})")
@@ -99,9 +74,7 @@ def build(argv: list[str]) -> int:
     p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
-    import vq
-
-    _threads(args.threads)
+    set_threads(args.threads)
     x = read_vectors(args.data, "train")
     index = vq.index_factory(x.shape[1], args.index, metric=args.metric)
     if args.nprobe is not None:  # checked before the (long) training
@@ -161,10 +134,7 @@ def search(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, default=None, help="write the ids found as .ivecs")
     p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     args = p.parse_args(argv)
-    import vq
-    from vq.datasets import recall_at, write_ivecs
-
-    _threads(args.threads)
+    set_threads(args.threads)
     if args.k <= 0:
         raise InputError(f"-k must be positive, got {args.k}")
     index = vq.load_index(args.index)
@@ -180,11 +150,7 @@ def search(argv: list[str]) -> int:
         seconds = time.perf_counter() - start
     line = f"{len(q)} queries, k={args.k}: {seconds:.3f} s, {len(q) / seconds:.0f} QPS"
     if args.gt is not None:
-        truth = read_neighbors(args.gt)
-        if truth.shape[0] != len(q):
-            raise InputError(f"{args.gt}: {truth.shape[0]} rows of neighbours for {len(q)} queries")
-        ranks = [r for r in (1, 10, 100) if r <= min(args.k, truth.shape[1])]
-        line += "; " + ", ".join(f"recall@{r} {recall_at(ids, truth, r):.4f}" for r in ranks)
+        line += "; " + recall_summary(ids, read_neighbors(args.gt, len(q)), args.k)
     print(line)
     if args.out is not None:
         write_ivecs(args.out, ids)
@@ -192,9 +158,6 @@ def search(argv: list[str]) -> int:
 
 
 def warmup(argv: list[str]) -> int:
-    from vq.kernels import cache
-    from vq.warmup import COMMON
-
     p = argparse.ArgumentParser(
         prog="vq warmup",
         description="Compile the kernels of the common index kinds ahead of time, once per "
@@ -217,20 +180,18 @@ def warmup(argv: list[str]) -> int:
         help="kinds compiled at a time, a process each (default: the cores, at most 4)",
     )
     args = p.parse_args(argv)
-    from vq.warmup import warmup as run
-
     if args.dim <= 0:
         raise InputError(f"--dim must be positive, got {args.dim}")
     if args.jobs <= 0:
         raise InputError(f"--jobs must be positive, got {args.jobs}")
     metrics = ("l2", "ip") if args.metric == "both" else (args.metric,)
 
-    def report(item) -> None:
+    def report(item: Warmed) -> None:
         state = f"{item.compiled} kernels compiled" if item.compiled else "all cached"
         print(f"{item.description:28s} {item.seconds:6.1f} s  ({state})", flush=True)
 
     start = time.perf_counter()
-    done = run(args.index or COMMON, args.dim, metrics, not args.no_layer, report, args.jobs)
+    done = warm_up(args.index or COMMON, args.dim, metrics, not args.no_layer, report, args.jobs)
     compiled = sum(item.compiled for item in done)
     print(
         f"warm-up of {len(done)} kinds at dim {args.dim}: {time.perf_counter() - start:.1f} s, "
@@ -240,18 +201,38 @@ def warmup(argv: list[str]) -> int:
 
 
 def bench(argv: list[str]) -> int:
-    try:
-        import bench.__main__ as runner  # noqa: F401 - only importable from a source checkout
-    except ImportError as err:
+    """``python -m bench`` in a process of its own, with this interpreter: the library never
+    imports the benchmarks (bench/ is a folder of the source checkout, not installed)."""
+    root = _bench_root()
+    if root is None:
         raise InputError(
             "the benchmarks live in the source checkout's bench/ folder: run `vq bench` (or "
             "`python -m bench`) from the repository root"
-        ) from err
-    import runpy
+        )
+    paths = [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    return subprocess.run([sys.executable, "-m", "bench", *argv], env=env, check=False).returncode
 
-    sys.argv = ["python -m bench", *argv]
-    runpy.run_module("bench", run_name="__main__")
-    return 0
+
+def _bench_root() -> Path | None:
+    """The folder holding bench/: the current directory, or the source checkout this package
+    sits in (None for an installed package run elsewhere)."""
+    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        if (root / "bench" / "__main__.py").is_file():
+            return root
+    return None
+
+
+#: what each command runs, given the rest of the command line
+RUNNERS: dict[str, Callable[[list[str]], int]] = {
+    "build": build,
+    "search": search,
+    "export": functools.partial(export_cli.main, prog="vq export"),
+    "nsynth": functools.partial(nsynth.main, prog="vq nsynth"),
+    "validate": validate.main,
+    "bench": bench,
+    "warmup": warmup,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,29 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         parser.parse_args([command])  # prints the usage error and exits 2
-    try:
-        if command == "build":
-            return build(rest)
-        if command == "search":
-            return search(rest)
-        if command == "bench":
-            return bench(rest)
-        if command == "warmup":
-            return warmup(rest)
-        if command == "export":
-            from vq.export import cli as export_cli
-
-            return export_cli.main(rest, prog="vq export")
-        if command == "nsynth":
-            from vq import nsynth
-
-            return nsynth.main(rest, prog="vq nsynth")
-        from vq import validate
-
-        return validate.main(rest)
-    except (InputError, ValueError, TypeError, FileNotFoundError, RuntimeError) as err:
-        print(f"error: {err}".splitlines()[0], file=sys.stderr)
-        return 2
+    return run_command(RUNNERS[command], rest)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The main job: vq against faiss on NSynth audio embeddings.
 
-    python -m vq.nsynth                      # synthetic NSynth-format notes (built once, reused)
-    python -m vq.nsynth --nsynth-root PATH   # a real NSynth download (train/ and test/ splits)
+    python -m vq.apps.nsynth                      # synthetic NSynth-format notes (built once)
+    python -m vq.apps.nsynth --nsynth-root PATH   # a real NSynth download (train/ and test/)
 
 Steps: build (or reuse) an NSynth-format data set, embed every note with torchaudio (log-mel
 statistics), then build vq's and faiss's indexes with the same parameters — Flat, PQ, IVFPQ,
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 import time
@@ -25,6 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+import vq
+from vq.apps import validate
+from vq.apps.common import faiss_available, report_error, set_threads
+from vq.datasets import NSynth, embed_nsynth, ground_truth, recall_at, synthesize_nsynth
 
 #: how far below faiss's recall@10 vq may fall (one training seed; the tests average three)
 RECALL_TOLERANCE = 0.01
@@ -47,8 +53,6 @@ def default_data_dir() -> Path:
 
 def synthetic_dataset(data_dir: Path, instruments: int, seed: int, verbose: bool):
     """The train and test splits of a synthetic NSynth-format set, generated on first use."""
-    from vq.datasets import NSynth, synthesize_nsynth
-
     root = data_dir / f"nsynth-synthetic-i{instruments}-s{seed}"
     for split, n in (("train", instruments), ("test", max(1, instruments // 10))):
         if not (root / split / "examples.json").exists():
@@ -73,8 +77,6 @@ class Notes:
 
 def recalls(found: np.ndarray, truth: np.ndarray) -> tuple[float, float, float]:
     """recall@1, @10, @100 (see :func:`vq.datasets.recall_at`)."""
-    from vq.datasets import recall_at
-
     return tuple(recall_at(found, truth, r) for r in (1, 10, 100))
 
 
@@ -96,9 +98,7 @@ def compare_indexes(
 ) -> list[Row]:
     """vq and faiss, each trained on ``xb`` with the same factory string, searched with
     ``xq`` for 100 neighbours."""
-    import faiss
-
-    import vq
+    import faiss  # optional: imported where the comparison needs it
 
     rows = []
     for desc in descriptions:
@@ -132,8 +132,6 @@ def compare_indexes(
 
 
 def _faiss_desc(desc: str) -> str:
-    import re
-
     return re.sub(r"(^|,)(PQ\d+(?:x\d+)?)(?=,|$)", r"\1\2np", desc)
 
 
@@ -170,7 +168,33 @@ def print_rows(rows: list[Row]) -> list[str]:
     return failed
 
 
-def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+@dataclass(frozen=True)
+class IndexParameters:
+    """What the comparison builds for ``n`` database vectors of dimension ``dim``: ``M``
+    sub-quantizers of ``nbits`` bits (``pq``, e.g. "PQ16x5") and ``nlist`` IVF lists."""
+
+    M: int
+    nbits: int
+    pq: str
+    nlist: int
+
+    @classmethod
+    def for_size(cls, n: int, dim: int) -> IndexParameters:
+        M = dim // 8
+        # at least ~10 training vectors per centroid: 8-bit codes from about 2,500 notes up
+        nbits = int(min(8, max(4, np.floor(np.log2(n / 10)))))
+        pq = f"PQ{M}" + ("" if nbits == 8 else f"x{nbits}")
+        nlist = int(min(1024, max(8, 2 ** round(np.log2(max(1, n / 48))))))
+        return cls(M, nbits, pq, nlist)
+
+    def descriptions(self) -> list[str]:
+        """The index descriptions compared, from exact search to OPQ+IVFPQ."""
+        ivf = f"IVF{self.nlist},{self.pq}"
+        return ["Flat", self.pq, ivf, f"OPQ{self.M},{ivf}"]
+
+
+def parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The job's command line."""
     p = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -196,55 +220,63 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic set")
     p.add_argument("--skip-validation", action="store_true", help="only the index table")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    return p
+
+
+def load_splits(args: argparse.Namespace, data_dir: Path) -> tuple[NSynth, NSynth, str]:
+    """The train and test splits (a real download with ``--nsynth-root``, else the synthetic
+    set) and a phrase naming them."""
+    if args.nsynth_root is not None:
+        train = NSynth(args.nsynth_root, split="train")
+        test = NSynth(args.nsynth_root, split="test")
+        return train, test, f"NSynth at {args.nsynth_root}"
+    train, test = synthetic_dataset(data_dir, args.instruments, args.seed, not args.quiet)
+    source = (
+        f"synthetic NSynth-format notes ({args.instruments} train instruments, seed {args.seed})"
+    )
+    return train, test, source
+
+
+def sample_notes(train, max_notes: int | None, seed: int, p: argparse.ArgumentParser):
+    """At most ``max_notes`` of the train notes, drawn before embedding (only these are read)."""
+    if max_notes is None or max_notes >= len(train):
+        return train
+    if max_notes < 1:
+        p.error(f"--max-notes must be positive, got {max_notes}")
+    pick = np.random.default_rng(seed).choice(len(train), max_notes, replace=False)
+    return Notes(train, np.sort(pick))
+
+
+def embed_splits(train, test, method: str, data_dir: Path, verbose: bool):
+    """float32 [n, dim] database and [nq, dim] query embeddings (cached under ``data_dir``)."""
+    cache = data_dir / "embeddings"
+    xb = embed_nsynth(train, method=method, cache_dir=cache, verbose=verbose)
+    xq = embed_nsynth(test, method=method, cache_dir=cache, verbose=verbose)
+    return xb, xq
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    p = parser(prog)
     args = p.parse_args(argv)
     if args.instruments < 11:
         p.error(f"--instruments must be at least 11 (one per family), got {args.instruments}")
-    from vq import validate
-
-    if not validate.faiss_available():
+    if not faiss_available():
         return 2
-    from vq.datasets import NSynth, embed_nsynth, ground_truth
-
-    validate.set_threads(args.threads)
+    set_threads(args.threads, faiss=True)
     data_dir = args.data_dir or default_data_dir()
-    verbose = not args.quiet
     try:
-        if args.nsynth_root is not None:
-            train, test = (
-                NSynth(args.nsynth_root, split="train"),
-                NSynth(args.nsynth_root, split="test"),
-            )
-            source = f"NSynth at {args.nsynth_root}"
-        else:
-            train, test = synthetic_dataset(data_dir, args.instruments, args.seed, verbose)
-            source = (
-                f"synthetic NSynth-format notes ({args.instruments} train instruments, "
-                f"seed {args.seed})"
-            )
+        train, test, source = load_splits(args, data_dir)
     except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    if args.max_notes is not None and args.max_notes < len(train):
-        if args.max_notes < 1:
-            p.error(f"--max-notes must be positive, got {args.max_notes}")
-        pick = np.random.default_rng(args.seed).choice(len(train), args.max_notes, replace=False)
-        train = Notes(train, np.sort(pick))  # before embedding: only these notes are read
-    cache = data_dir / "embeddings"
-    xb = embed_nsynth(train, method=args.method, cache_dir=cache, verbose=verbose)
-    xq = embed_nsynth(test, method=args.method, cache_dir=cache, verbose=verbose)
-    dim = xb.shape[1]
-    M = dim // 8
-    # at least ~10 training vectors per centroid: 8-bit codes from about 2,500 notes up
-    nbits = int(min(8, max(4, np.floor(np.log2(len(xb) / 10)))))
-    pq = f"PQ{M}" + ("" if nbits == 8 else f"x{nbits}")
-    nlist = int(min(1024, max(8, 2 ** round(np.log2(max(1, len(xb) / 48))))))
+        return report_error(err)
+    train = sample_notes(train, args.max_notes, args.seed, p)
+    xb, xq = embed_splits(train, test, args.method, data_dir, not args.quiet)
+    params = IndexParameters.for_size(len(xb), xb.shape[1])
     _, truth = ground_truth(xb, xq, 100)
     print(
         f"# vq against faiss on {source}: {len(xb)} database notes, {len(xq)} queries, "
-        f"{args.method} embeddings of dim {dim}, {args.threads} threads\n"
+        f"{args.method} embeddings of dim {xb.shape[1]}, {args.threads} threads\n"
     )
-    descriptions = ["Flat", pq, f"IVF{nlist},{pq}", f"OPQ{M},IVF{nlist},{pq}"]
-    rows = compare_indexes(xb, xq, truth, descriptions, args.nprobe)
+    rows = compare_indexes(xb, xq, truth, params.descriptions(), args.nprobe)
     failed = print_rows(rows)
     print(
         f"\nrecall@r: overlap of the r returned with the true r nearest (exact search); nprobe "
@@ -253,7 +285,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     )
     if not args.skip_validation:
         print("\n## Validation against faiss on the same embeddings\n")
-        checks = validate.checks_on(xb, xb, xq, args.threads, nbits)
+        checks = validate.checks_on(xb, xb, xq, args.threads, params.nbits)
         failed += validate.print_checks(checks)
     print(f"\n{'all checks passed' if not failed else 'FAILED: ' + ', '.join(failed)}")
     return 1 if failed else 0

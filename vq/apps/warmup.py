@@ -24,6 +24,7 @@ from vq._checks import check_int
 from vq.index import index_factory
 from vq.kernels import cache
 from vq.kernels.threads import set_num_threads
+from vq.quantizers import VectorQuantizer
 
 #: the index kinds `vq warmup` compiles by default (at the dimension given)
 COMMON = (
@@ -124,8 +125,6 @@ def _warm_one(description: str, metric: str, dim: int, threads: int | None = Non
 
 def _layer_step(x: torch.Tensor) -> None:
     """One training step of an EMA vector-quantizer layer (k-means init, dead codes)."""
-    from vq.quantizers import VectorQuantizer
-
     layer = VectorQuantizer(x.shape[1], 256, learning="ema").train()
     z = x.clone().requires_grad_(True)
     out = layer(z)

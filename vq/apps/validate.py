@@ -1,6 +1,6 @@
 """The main job: validate vq against faiss on generated vectors.
 
-    python -m vq.validate [--n 50000] [--dim 64] [--threads 2]
+    python -m vq.apps.validate [--n 50000] [--dim 64] [--threads 2]
 
 What "validated against faiss" means here (see the project's MISSION):
 1. same codebooks ⇒ same codes: faiss-trained codebooks copied into vq (and vq's into faiss)
@@ -25,7 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vq.kernels.threads import set_num_threads
+import vq
+from vq import faiss_interop as fi
+from vq.apps.common import faiss_available, set_threads
+from vq.datasets import anisotropic_vectors, clustered_vectors, recall_at
 
 
 @dataclass
@@ -65,34 +68,10 @@ def _errors(x, x_hat):
 
 def run(n: int, dim: int, threads: int, seed: int = 0) -> list[Check]:
     """Every check on generated data: blobs, and anisotropic vectors (for OPQ and IVFPQ)."""
-    from vq.datasets import anisotropic_vectors, clustered_vectors
-
     x = clustered_vectors(n, dim, n_clusters=512, seed=seed)
     xa = anisotropic_vectors(n, dim, seed=seed + 1)
     q = anisotropic_vectors(1000, dim, seed=seed + 1 + 10**6)
     return checks_on(x, xa, q, threads)
-
-
-def faiss_available() -> bool:
-    """Whether faiss imports; if not, says so on stderr (the jobs then exit with status 2)."""
-    try:
-        import faiss  # noqa: F401
-    except ImportError:
-        print(
-            "error: faiss is not installed; pip install 'vq[faiss]' (make demo does)",
-            file=sys.stderr,
-        )
-        return False
-    return True
-
-
-def set_threads(threads: int) -> None:
-    """The same thread count for torch, numba and faiss."""
-    import faiss
-
-    torch.set_num_threads(threads)
-    set_num_threads(threads)
-    faiss.omp_set_num_threads(threads)
 
 
 def checks_on(
@@ -108,43 +87,62 @@ def checks_on(
         nbits: bits per code (k-means with 2**nbits centroids, PQ/OPQ/RVQ/IVFPQ codes); lower
             it for small sets (about 10 vectors per centroid at least).
     """
-    import faiss
+    set_threads(threads, faiss=True)
+    M = x.shape[1] // 8
+    _warm_up(x, M)
+    return [
+        *_kmeans_checks(x, nbits),
+        *_pq_checks(x, M, nbits),
+        *_opq_checks(xa, M, nbits),
+        *_rvq_checks(x, nbits),
+        *_index_checks(xa, queries, M, nbits),
+    ]
 
-    import vq
-    from vq import faiss_interop as fi
 
-    set_threads(threads)
-    dim = x.shape[1]
-    M = dim // 8
-    pq_name = f"PQ{M}" + ("" if nbits == 8 else f"x{nbits}")
-    checks: list[Check] = []
+def _pq_name(M: int, nbits: int) -> str:
+    return f"PQ{M}" + ("" if nbits == 8 else f"x{nbits}")
 
-    # warm up (numba compiles or loads its cache on first use) so that timings compare work
+
+def _warm_up(x: np.ndarray, M: int) -> None:
+    """numba compiles (or loads its cache) on first use: done here, so that timings compare
+    work."""
     vq.kmeans(x[:2000], 16, niter=1)
-    vq.ProductQuantizer(dim, M, nbits=4, niter=1).fit(x[:2000]).encode(x[:10])
+    vq.ProductQuantizer(x.shape[1], M, nbits=4, niter=1).fit(x[:2000]).encode(x[:10])
 
-    # k-means
-    k = 1 << nbits
+
+def _kmeans_checks(x: np.ndarray, nbits: int) -> list[Check]:
+    """k-means with 2**nbits centroids: objective within 1% of faiss.Kmeans, the same
+    assignments from faiss's centroids, and the training times."""
+    import faiss  # optional: imported where the checks need it
+
+    dim, k = x.shape[1], 1 << nbits
     km = faiss.Kmeans(dim, k, niter=20, seed=1234)
     _, t_faiss = _timed(lambda: km.train(x))
     ours, t_ours = _timed(lambda: vq.kmeans(x, k, niter=20))
     ref_inertia = float(faiss_inertia(km, x))
-    checks.append(
+    _, ref_assign = km.index.search(x, 1)
+    vqz = fi.kmeans_index_from_centroids(km.centroids)
+    same = float((vqz.encode(x) == ref_assign[:, 0]).mean())
+    return [
         Check(
             f"k-means objective (k={k})",
             ours.inertia,
             ref_inertia,
             "<= 1.01x",
             ours.inertia <= 1.01 * ref_inertia,
-        )
-    )
-    checks.append(Check("k-means time (s)", t_ours, t_faiss, "(info)", None))
-    _, ref_assign = km.index.search(x, 1)
-    vqz = fi.kmeans_index_from_centroids(km.centroids)
-    same = float((vqz.encode(x) == ref_assign[:, 0]).mean())
-    checks.append(Check("k-means assignment, faiss centroids", same, 1.0, "== 1", same == 1.0))
+        ),
+        Check("k-means time (s)", t_ours, t_faiss, "(info)", None),
+        Check("k-means assignment, faiss centroids", same, 1.0, "== 1", same == 1.0),
+    ]
 
-    # PQ: same codebooks, both directions
+
+def _pq_checks(x: np.ndarray, M: int, nbits: int) -> list[Check]:
+    """PQ: the same codebooks give the same codes in both directions (faiss's in vq, vq's in
+    faiss), equal decodes; trained independently, MSE within 1%."""
+    import faiss
+
+    dim, pq_name = x.shape[1], _pq_name(M, nbits)
+    checks = []
     fpq = faiss.ProductQuantizer(dim, M, nbits)
     fpq.train(x)
     pq = fi.pq_from_faiss(fpq)
@@ -182,8 +180,15 @@ def checks_on(
             mse_ours <= 1.01 * mse_ref,
         )
     )
+    return checks
 
-    # OPQ
+
+def _opq_checks(xa: np.ndarray, M: int, nbits: int) -> list[Check]:
+    """OPQ trained independently: MSE within 1% of faiss's OPQMatrix + PQ; an orthogonal
+    rotation."""
+    import faiss
+
+    dim = xa.shape[1]
     opq_f = faiss.OPQMatrix(dim, M)
     opq_f.train(xa)
     ya = opq_f.apply(xa)
@@ -192,20 +197,26 @@ def checks_on(
     mse_ref = _mse(xa, opq_f.reverse_transform(pq_f.decode(pq_f.compute_codes(ya))))
     opq = vq.OPQ(dim, M, nbits).fit(xa)
     mse_ours = _mse(xa, opq.decode(opq.encode(xa)))
-    checks.append(
+    r = opq.rotation.double()
+    orth = float((r @ r.T - torch.eye(dim, dtype=torch.float64)).abs().max())
+    return [
         Check(
-            f"O{pq_name} MSE, trained independently",
+            f"O{_pq_name(M, nbits)} MSE, trained independently",
             mse_ours,
             mse_ref,
             "<= 1.01x",
             mse_ours <= 1.01 * mse_ref,
-        )
-    )
-    r = opq.rotation.double()
-    orth = float((r @ r.T - torch.eye(dim, dtype=torch.float64)).abs().max())
-    checks.append(Check("OPQ rotation, max abs of RRᵀ - I", orth, 0.0, "<= 1e-4", orth <= 1e-4))
+        ),
+        Check("OPQ rotation, max abs of RRᵀ - I", orth, 0.0, "<= 1e-4", orth <= 1e-4),
+    ]
 
-    # RVQ: greedy parity with faiss codebooks, then quality at beam 1 and 4
+
+def _rvq_checks(x: np.ndarray, nbits: int) -> list[Check]:
+    """RVQ of 4 stages: greedy parity with faiss's codebooks, then quality (MSE within 2%)
+    at beam 1 and 4."""
+    import faiss
+
+    dim, checks = x.shape[1], []
     for beam in (1, 4):
         frq = faiss.ResidualQuantizer(dim, 4, nbits)
         frq.max_beam_size = beam
@@ -240,7 +251,6 @@ def checks_on(
                 mse_ours <= 1.02 * mse_ref,
             )
         )
-    checks += _index_checks(xa, queries, M, nbits)
     return checks
 
 
@@ -248,9 +258,6 @@ def _index_checks(x: np.ndarray, q: np.ndarray, M: int, nbits: int) -> list[Chec
     """IVFPQ: faiss's trained index imported gives faiss's answers; trained on its own, vq's
     reaches faiss's recall@10."""
     import faiss
-
-    import vq
-    from vq.datasets import recall_at
 
     dim, nprobe = x.shape[1], 8
     nlist = min(256, max(8, x.shape[0] // 64))
