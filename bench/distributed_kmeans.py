@@ -44,7 +44,7 @@ def worker(args: argparse.Namespace) -> None:
     import vq
     from vq.datasets import clustered_vectors
     from vq.distributed import init_process_group
-    from vq.distributed.checkpoint import TrainingRun
+    from vq.parallel import TrainingRun
 
     torch.set_num_threads(args.threads)
     numba.set_num_threads(args.threads)

@@ -1,9 +1,9 @@
-"""Distributed training, sharded indexes and restarts (issue 8).
+"""Distributed training, sharded indexes, restarts, and the group a layer's training syncs over.
 
-The two-process checks run this file as a torchrun worker (``python -m torch.distributed.run
---standalone --nproc_per_node=2 tests/test_distributed.py <job> <dir>``, gloo on CPU, one thread
-per process) and compare what the workers wrote with single-process runs here. Each launch costs
-seconds (torch import, process group), so each one checks several things.
+The two-process checks run tests/distributed_jobs.py under torchrun (``python -m
+torch.distributed.run --standalone --nproc_per_node=2 tests/distributed_jobs.py <job> <dir>``,
+gloo on CPU, one thread per process) and compare what the workers wrote with single-process runs
+here. Each launch costs seconds (torch import, process group), so each one checks several things.
 """
 
 from __future__ import annotations
@@ -18,32 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from distributed_jobs import DIM, IVF, N, database, dataset, layer_training, queries, training_jobs
 
 import vq
-from vq.datasets import clustered_vectors
-from vq.distributed import ShardedIndex, Shards, checkpoints, merge_topk
-from vq.distributed.checkpoint import TrainingRun
+from vq.distributed import ShardedIndex, merge_topk
 
-N, DIM = 6000, 32
-SPLIT = 2500  # rank 0 holds rows [0, 2500), rank 1 rows [2500, 6000): uneven on purpose
-IVF = "IVF16,PQ8x6"  # 64 codewords per sub-space, fewer than the blobs
-
-
-def dataset() -> np.ndarray:
-    """100 tight, well-separated blobs: every codebook below has fewer codewords than blobs, so
-    the boundaries between cells run through empty space. (On data with points within float
-    rounding of a boundary, the sums' rounding — which differs with the number of processes —
-    can move such a point, and Lloyd then follows another, equally good path.)"""
-    return clustered_vectors(N, DIM, n_clusters=100, spread=0.1, seed=5)
-
-
-def database() -> np.ndarray:
-    """Wider blobs for the search checks (few exact ties among PQ distances)."""
-    return clustered_vectors(N, DIM, n_clusters=40, spread=0.5, seed=7)
-
-
-def queries() -> np.ndarray:
-    return clustered_vectors(50, DIM, n_clusters=40, spread=0.6, seed=7)
+JOBS = Path(__file__).with_name("distributed_jobs.py")  # what the torchrun workers run
 
 
 def assert_same_neighbours(D, ids, D_ref, ids_ref, exact=True):
@@ -75,75 +55,6 @@ def _one_thread():
         yield
     torch.set_num_threads(torch_threads)
     numba.set_num_threads(numba_threads)
-
-
-def training_jobs(x) -> dict[str, np.ndarray]:
-    """What the workers train on their shards and this process trains on all rows: name ->
-    centroids / codebooks / rotation."""
-    out = {
-        "kmeans++ bounded": vq.kmeans(x, 80, niter=8).centroids,
-        "kmeans random": vq.kmeans(x, 20, niter=8, init="random").centroids,
-        "kmeans subsampled": vq.kmeans(x, 10, niter=6, max_points_per_centroid=64).centroids,
-        "lbg": vq.lbg(x, 16, niter=4).centroids,
-        "pq": vq.ProductQuantizer(DIM, 4, 6, niter=6).fit(x).codebooks,
-        "pq random": vq.ProductQuantizer(DIM, 4, 5, niter=4, init="random").fit(x).codebooks,
-        "rvq beam 2": vq.ResidualVQ(DIM, 2, 32, 2, niter=4, refine_iters=1).fit(x).codebooks,
-    }
-    opq = vq.OPQ(DIM, 4, 5, niter=2, niter_pq=2, niter_pq_0=3, pq_niter=3).fit(x)
-    out["opq rotation"], out["opq codebooks"] = opq.rotation, opq.pq.codebooks
-    ivfpq = vq.index_factory(DIM, IVF)
-    ivfpq.train(x)
-    out["ivfpq coarse"], out["ivfpq pq"] = ivfpq.quantizer.codebook, ivfpq.pq.codebooks
-    return {name: np.asarray(v) for name, v in out.items()}
-
-
-# -- the torchrun worker ------------------------------------------------------------------------
-def _worker_train(out: Path) -> None:
-    """Launch 1: training on shards, sharded search, errors raised on every process."""
-    import torch.distributed as dist
-    from safetensors.numpy import save_file
-
-    rank = dist.get_rank()
-    x, q = dataset(), queries()
-    results = training_jobs(x[:SPLIT] if rank == 0 else x[SPLIT:])
-    results["kmeans, rank 0 empty"] = vq.kmeans(x[:0] if rank == 0 else x, 70, niter=5).centroids
-    # sharded indexes, on the rows the CLI test's build gives each process (an even split):
-    # global ids, global top-k, saved per shard
-    xb = database()
-    mine = xb[: N // 2] if rank == 0 else xb[N // 2 :]
-    for name, description in (("flat", "Flat"), ("ivfpq", IVF)):
-        sharded = ShardedIndex(vq.index_factory(DIM, description))
-        sharded.train(mine)
-        sharded.add(mine)
-        assert sharded.ntotal == N and sharded.local_ntotal == len(mine)
-        params = {"nprobe": 4} if name == "ivfpq" else {}
-        results[f"{name} D"], results[f"{name} I"] = sharded.search(q, 10, **params)
-        sharded.save(out / f"{name}-shards")
-    results["sharded coarse"] = sharded.index.quantizer.codebook.numpy()
-    results["sharded pq"] = sharded.index.pq.codebooks.numpy()
-    errors = []
-    try:  # different queries on the two processes: an error on both, no hang
-        sharded.search(q[: 10 + rank], 5)
-    except ValueError as err:
-        errors.append(str(err))
-    try:  # a bad input on one process only: an error on both
-        sharded.add(mine[:5, :-1] if rank == 1 else mine[:5])
-    except ValueError as err:
-        errors.append(str(err))
-    save_file(results, str(out / f"rank{rank}.safetensors"))
-    (out / f"errors{rank}.json").write_text(json.dumps(errors))
-
-
-def _worker(argv: list[str]) -> None:
-    import torch.distributed as dist
-
-    from vq.distributed import init_process_group
-
-    torch.set_num_threads(1)
-    assert init_process_group("gloo")
-    _worker_train(Path(argv[1]))
-    dist.barrier()  # nobody tears the group down while another process still uses it
-    dist.destroy_process_group()
 
 
 def torchrun(*args: str, restarts: int = 0, env: dict | None = None, timeout: int = 240):
@@ -189,7 +100,7 @@ def torchrun(*args: str, restarts: int = 0, env: dict | None = None, timeout: in
 @pytest.fixture(scope="module")
 def two_process_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist-train")
-    torchrun(__file__, "train", str(out))
+    torchrun(str(JOBS), "train", str(out))
     from safetensors.numpy import load_file
 
     ranks = [load_file(str(out / f"rank{r}.safetensors")) for r in (0, 1)]
@@ -207,6 +118,26 @@ def test_two_processes_train_what_one_process_trains_on_all_rows(two_process_run
         np.testing.assert_array_equal(r0[name], r1[name], err_msg=name)
         # ...equal to one process on the concatenated data, up to the rounding of the sums
         np.testing.assert_allclose(r0[name], ref, rtol=0, atol=2e-5, err_msg=name)
+
+
+def test_layer_training_syncs_over_the_default_group_and_not_under_use_group_none(
+    two_process_run,
+):
+    """A layer's training forward follows the rule fit follows: over the default group the
+    processes end with the same buffers though their data differ; inside use_group(None) each
+    process's buffers are those of a process training alone on its data (compiled too)."""
+    _, (r0, r1), _ = two_process_run
+    alone = [layer_training(0), layer_training(1)]
+    assert {"vq.learner.embed_sum", "rvq.learner.embed_sum", "rvq.codebooks"} <= alone[0].keys()
+    for key in alone[0]:
+        np.testing.assert_array_equal(r0[f"synced {key}"], r1[f"synced {key}"], err_msg=key)
+        for r, ref in zip((r0, r1), alone, strict=True):
+            np.testing.assert_array_equal(r[f"local {key}"], ref[key], err_msg=key)
+            if key.startswith("vq."):
+                np.testing.assert_allclose(r[f"compiled {key}"], ref[key], atol=1e-5, err_msg=key)
+    for key in ("vq.codebook", "vq.learner.embed_sum", "rvq.codebooks"):
+        assert not np.allclose(r0[f"local {key}"], r1[f"local {key}"], atol=1e-3), key
+        assert not np.allclose(r0[f"synced {key}"], alone[0][key], atol=1e-3), key
 
 
 def test_sharded_search_equals_one_index_holding_every_vector(two_process_run):
@@ -288,134 +219,7 @@ def test_a_worker_killed_mid_training_restarts_and_resumes(two_process_run, tmp_
     assert_same_neighbours(D, ids, *single.search(queries(), 5, nprobe=3))
 
 
-# -- one process: checkpoints and resume ----------------------------------------------------------
-class Crash(Exception):
-    pass
-
-
-def crash_after(monkeypatch, step: int, name: str | None = None) -> None:
-    """Make the first training loop (whose checkpoint file is called ``name``, if given) that
-    gets to iteration ``step`` raise Crash right after it."""
-    done = TrainingRun.iteration_done
-    armed = [True]
-
-    def iteration_done(self, centroids, total):
-        done(self, centroids, total)
-        if armed[0] and self.step == step and name in (None, self.path and self.path.name):
-            armed[0] = False
-            raise Crash
-
-    monkeypatch.setattr(TrainingRun, "iteration_done", iteration_done)
-
-
-def checkpoint_step(path: Path) -> int:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        return int(f.metadata()["step"])
-
-
-@pytest.mark.parametrize("k, init", [(80, "k-means++"), (12, "random")])  # bounded and plain
-def test_kmeans_resumes_from_its_checkpoint_to_the_uninterrupted_result(
-    blobs, tmp_path, monkeypatch, k, init
-):
-    ref = vq.kmeans(blobs, k, niter=9, init=init, seed=3)
-    path = tmp_path / "km.safetensors"
-    crash_after(monkeypatch, 5)
-    with pytest.raises(Crash):
-        vq.kmeans(blobs, k, niter=9, init=init, seed=3, checkpoint=path, checkpoint_every=2)
-    assert checkpoint_step(path) == 4
-    resumed = vq.kmeans(blobs, k, niter=9, init=init, seed=3, checkpoint=path, checkpoint_every=2)
-    np.testing.assert_array_equal(resumed.centroids, ref.centroids)
-    np.testing.assert_array_equal(resumed.objective, ref.objective)
-    np.testing.assert_array_equal(resumed.assignments, ref.assignments)
-    assert checkpoint_step(path) == 9  # the last iteration is always saved
-    again = vq.kmeans(blobs, k, niter=9, init=init, seed=3, checkpoint=path, checkpoint_every=2)
-    np.testing.assert_array_equal(again.centroids, ref.centroids)  # finished: nothing to redo
-
-
-def test_lbg_resumes_within_a_round(blobs, tmp_path, monkeypatch):
-    ref = vq.lbg(blobs, 24, niter=3)
-    path = tmp_path / "lbg.safetensors"
-    crash_after(monkeypatch, 7)  # rounds of 3 iterations: inside the third round
-    with pytest.raises(Crash):
-        vq.lbg(blobs, 24, niter=3, checkpoint=path)
-    assert checkpoint_step(path) == 7
-    resumed = vq.lbg(blobs, 24, niter=3, checkpoint=path)
-    np.testing.assert_array_equal(resumed.centroids, ref.centroids)
-    np.testing.assert_array_equal(resumed.objective, ref.objective)
-
-
-def test_checkpoints_block_resumes_every_stage_of_a_quantizer(blobs, tmp_path, monkeypatch):
-    def fit():
-        return vq.ResidualVQ(32, 3, 16, niter=6, refine_iters=1).fit(blobs).codebooks
-
-    ref = fit()
-    crash_after(monkeypatch, 4, name="0001-kmeans.safetensors")  # in the second stage
-    with checkpoints(tmp_path, every=3), pytest.raises(Crash):
-        fit()
-    names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["0000-kmeans.safetensors", "0001-kmeans.safetensors"]
-    assert [checkpoint_step(tmp_path / n) for n in names] == [6, 3]
-    with checkpoints(tmp_path, every=3):
-        resumed = fit()
-    torch.testing.assert_close(resumed, ref, rtol=0, atol=0)
-    names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == [f"000{i}-kmeans.safetensors" for i in range(3)]
-    assert [checkpoint_step(tmp_path / n) for n in names] == [6, 6, 6]
-
-
-def test_a_checkpoint_of_another_run_is_refused(blobs, tmp_path):
-    path = tmp_path / "km.safetensors"
-    vq.kmeans(blobs, 8, niter=2, checkpoint=path)
-    with pytest.raises(ValueError, match="a checkpoint of another training"):
-        vq.kmeans(blobs, 8, niter=3, checkpoint=path)
-    with pytest.raises(ValueError, match="same settings but other training data"):
-        vq.kmeans(blobs[::-1].copy() + 1.0, 8, niter=2, checkpoint=path)
-    with pytest.raises(ValueError, match="a checkpoint of another training"):
-        vq.lbg(blobs, 8, niter=2, checkpoint=path)
-    path.write_bytes(path.read_bytes()[:100])
-    with pytest.raises(ValueError, match=r"unreadable training checkpoint .* delete"):
-        vq.kmeans(blobs, 8, niter=2, checkpoint=path)
-    with pytest.raises(ValueError, match="checkpoint_every must be >= 1"):
-        vq.kmeans(blobs, 8, niter=2, checkpoint=path, checkpoint_every=0)
-
-
-def test_checkpoint_writes_are_atomic(blobs, tmp_path, monkeypatch):
-    """A crash while writing leaves the previous checkpoint whole and no temporary file."""
-    import safetensors.torch
-
-    path = tmp_path / "km.safetensors"
-    vq.kmeans(blobs, 8, niter=2, checkpoint=path)
-    before = path.read_bytes()
-
-    def failing_save(tensors, filename, metadata=None):
-        Path(filename).write_bytes(b"partial")
-        raise OSError("disk full")
-
-    monkeypatch.setattr(safetensors.torch, "save_file", failing_save)
-    with pytest.raises(OSError, match="disk full"):
-        vq.kmeans(blobs, 8, niter=4, checkpoint=tmp_path / "other.safetensors")
-    assert path.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["km.safetensors"]
-
-
 # -- one process: the pieces ----------------------------------------------------------------------
-def test_whole_shards_are_the_single_process_sample(blobs):
-    x = torch.from_numpy(blobs)
-    s = Shards.whole(x)
-    assert s.n == 10_000 and s.offset == 0 and not s.distributed
-    from vq.clustering import _sample_rows
-
-    a = s.subsample(500, torch.Generator().manual_seed(1)).local
-    b = _sample_rows(x, 500, torch.Generator().manual_seed(1))
-    assert torch.equal(a, b)
-    assert torch.equal(
-        s.sample(7, torch.Generator().manual_seed(2)),
-        _sample_rows(x, 7, torch.Generator().manual_seed(2)),
-    )
-    assert s.subsample(10**6, torch.Generator()).local is x
-    assert Shards.of(x).distributed is False  # no process group
 
 
 def test_merge_topk_orders_by_distance_then_id_and_puts_missing_last():
@@ -489,7 +293,3 @@ def test_benchmark_runs_at_a_tiny_size(tmp_path, monkeypatch):
     assert two["max abs centroid diff"] < 1e-4 and abs(two["objective / 1 x 2"] - 1) < 1e-5
     assert (tmp_path / "distributed_kmeans.csv").exists()
     assert (tmp_path / "distributed_kmeans_projection.csv").exists()
-
-
-if __name__ == "__main__":
-    _worker(sys.argv[1:])

@@ -7,6 +7,7 @@
 """
 
 import vq._openmp  # noqa: F401  (first: an OpenMP setting that must precede torch)
+from vq._version import __version__ as __version__
 from vq.clustering import KMeansResult, kmeans, lbg
 from vq.index import (
     IVFPQ,
@@ -31,8 +32,6 @@ from vq.quantizers import (
     ResidualVQ,
     VectorQuantizer,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "EMA",

@@ -11,7 +11,7 @@ concatenation of every process's rows: subsampling and seeding draw global row n
 same generator on every process, each iteration all-reduces the cluster sums and counts, and the
 update (empty-cluster repair included) runs identically everywhere on the reduced values, so a
 seed gives the centroids of one process holding all the data. Long runs can checkpoint and resume
-(:class:`vq.distributed.checkpoint.TrainingRun`).
+(:class:`vq.parallel.TrainingRun`).
 
 References:
     S. Lloyd, "Least squares quantization in PCM", IEEE Trans. IT, 1982.
@@ -35,8 +35,7 @@ from tqdm.auto import tqdm
 from vq import _cpu, kernels
 from vq._checks import as_vectors, check_int, check_training_size, like_input
 from vq.distances import iter_nearest, nearest
-from vq.distributed.checkpoint import TrainingRun, checkpoint_path
-from vq.distributed.shards import Shards
+from vq.parallel import Shards, TrainingRun, checkpoint_path
 
 # k-means++ seeds from at most this many points per centroid (a random subset): the D² sampling
 # is sequential over k, and Lloyd iterations on the full sample fix what the subset misses.

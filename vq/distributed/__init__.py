@@ -7,7 +7,8 @@ sit in one process or are split over many.
   the vectors would get (to float rounding): subsampling and seeding draw global row numbers
   with the same generator everywhere, each Lloyd iteration all-reduces the cluster sums and
   counts, and the update runs identically on every process. :func:`use_group` picks the group
-  (``use_group(None)``: each process trains alone, e.g. on replicated data under DDP).
+  for all training, a quantizer layer's training ``forward`` included (``use_group(None)``:
+  each process trains alone, e.g. on replicated data under DDP).
 - :class:`ShardedIndex`: each process adds its vectors to its own index with global ids; a
   search all-gathers every shard's top-k and returns the global top-k; ``save`` / ``load`` write
   one file per shard plus a manifest.
@@ -19,12 +20,16 @@ sit in one process or are split over many.
 
 Without torch.distributed (or with one process) everything runs as in a single process, with no
 communication and no cost.
+
+The process-group rule, :class:`Shards`, the collectives and the checkpoints live one floor
+down, in :mod:`vq.parallel` (which clustering and the quantizers build on); this package adds
+what sits above the indexes — :class:`ShardedIndex`, joining torchrun's group, the command
+line — and re-exports the rest, so ``vq.distributed`` is the one namespace users need.
 """
 
-from vq.distributed.checkpoint import checkpoints
 from vq.distributed.launch import default_backend, init_process_group
 from vq.distributed.sharded import ShardedIndex, merge_topk
-from vq.distributed.shards import Shards, current_group, use_group
+from vq.parallel import Shards, checkpoints, current_group, use_group
 
 __all__ = [
     "ShardedIndex",

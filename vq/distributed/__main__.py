@@ -25,8 +25,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
+import vq
+from vq.datasets import read_bvecs, read_fvecs, read_ivecs, recall_at, vecs_shape, write_ivecs
+from vq.distributed.launch import init_process_group
+from vq.distributed.sharded import ShardedIndex
 from vq.kernels.threads import set_num_threads
+from vq.parallel import Shards, checkpoints
 
 COMMANDS = ("build", "search")
 
@@ -39,8 +45,6 @@ def read_rows(path: Path, rank: int, world: int, what: str = "train") -> tuple[n
     """This process's share of the rows of a vector file (all rows when world is 1) and the
     global row number of its first row. .fvecs/.bvecs/.npy are memory-mapped; .hdf5 (the
     ``what`` dataset of an ann-benchmarks file) is sliced by h5py."""
-    from vq.datasets import read_bvecs, read_fvecs, vecs_shape
-
     if not path.is_file():
         raise InputError(f"{path}: no such file")
     suffix = path.suffix.lower()
@@ -99,10 +103,6 @@ def build(argv: list[str]) -> int:
     p.add_argument("--threads", type=int, default=None, help="CPU threads per process")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
-
-    import vq
-    from vq.distributed import ShardedIndex, Shards, checkpoints
-
     world, rank = _start(args.threads)
     x, first = read_rows(args.data, rank, world, "train")
     index = vq.index_factory(x.shape[1], args.index, metric=args.metric)
@@ -152,10 +152,6 @@ def search(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, default=None, help="write the ids found as .ivecs")
     p.add_argument("--threads", type=int, default=None, help="CPU threads per process")
     args = p.parse_args(argv)
-
-    from vq.datasets import read_ivecs, recall_at, write_ivecs
-    from vq.distributed import ShardedIndex
-
     if args.k <= 0:
         raise InputError(f"-k must be positive, got {args.k}")
     _, rank = _start(args.threads)
@@ -185,10 +181,6 @@ def search(argv: list[str]) -> int:
 
 def _start(threads: int | None) -> tuple[int, int]:
     """Join torchrun's process group (if any); returns (world size, rank)."""
-    import torch.distributed as dist
-
-    from vq.distributed import init_process_group
-
     if threads is not None:
         if threads <= 0:
             raise InputError(f"--threads must be positive, got {threads}")
@@ -204,8 +196,6 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print(__doc__, file=sys.stdout if argv and argv[0] in ("-h", "--help") else sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    import torch.distributed as dist
-
     try:
         status = build(argv[1:]) if argv[0] == "build" else search(argv[1:])
     except (InputError, ValueError, TypeError, FileNotFoundError, RuntimeError) as err:

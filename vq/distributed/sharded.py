@@ -4,15 +4,15 @@ the global top-k, as one index holding all the vectors would.
 A search is one collective: every process searches its own shard for the same queries, the
 (distances, ids) of all shards are all-gathered and merged into the top k. Saved, a sharded index
 is a directory: one index file per shard (``shard-00000.index``, … written by ``index.save``)
-plus ``manifest.json`` (number of shards, vectors per shard, each file's checksum). It loads onto
-any number of processes: shard i goes to the process of rank ``i % world_size``, so shards built
-by 16 workers can be served by 4 — or by one process, without torch.distributed at all.
+plus ``manifest.json`` (number of shards, vectors per shard, each file's checksum; see
+:mod:`vq.distributed.manifest`). It loads onto any number of processes: shard i goes to the
+process of rank ``i % world_size``, so shards built by 16 workers can be served by 4 — or by one
+process, without torch.distributed at all.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -21,23 +21,19 @@ import numpy as np
 import torch
 
 from vq._checks import as_vectors, like_input
-from vq.distributed.shards import (
-    _DEFAULT,
-    all_gather_ints,
-    all_sum,
-    broadcast_json,
-    current_group,
-    gather_rows,
-    use_group,
+from vq.distributed.manifest import (
+    CHECKSUM_BYTES,
+    MANIFEST,
+    check_shard,
+    encode_checksum,
+    read_manifest,
+    shard_checksum,
+    shard_file,
+    write_manifest,
 )
-
-MANIFEST = "manifest.json"
-FORMAT = "vq.sharded-index"
-FORMAT_VERSION = 1
-
-
-def shard_file(shard: int) -> str:
-    return f"shard-{shard:05d}.index"
+from vq.index import load_index
+from vq.parallel.collectives import agree, all_gather_ints, all_sum, broadcast_json, gather_rows
+from vq.parallel.groups import CURRENT, resolve, use_group
 
 
 class ShardedIndex:
@@ -64,8 +60,8 @@ class ShardedIndex:
         num_shards: shards in all.
     """
 
-    def __init__(self, index: Any, group: Any = _DEFAULT):
-        group = current_group() if group is _DEFAULT else group
+    def __init__(self, index: Any, group: Any = CURRENT):
+        group = resolve(group)
         rank = 0 if group is None else torch.distributed.get_rank(group)
         world = 1 if group is None else torch.distributed.get_world_size(group)
         self._init([index], [rank], world, group)
@@ -194,21 +190,20 @@ class ShardedIndex:
             )
 
     def _agreed(self, fn, what: str):
-        """``fn()``, with its errors raised on every process (see :func:`_agree`)."""
+        """``fn()``, with its errors raised on every process (see
+        :func:`vq.parallel.collectives.agree`)."""
         result, error = None, None
         try:
             result = fn()
         except (ValueError, TypeError, RuntimeError) as err:
             error = err
-        _agree(self.group, error, what)
+        agree(self.group, error, what)
         return result
 
     # -- persistence ----------------------------------------------------------------------
     def save(self, directory: str | os.PathLike) -> None:
         """Write every shard to ``directory/shard-<i>.index`` (on the file system of the
         process that holds it) and, from rank 0, ``directory/manifest.json``."""
-        from safetensors import safe_open
-
         path = Path(directory)
         error = None
         rows = []
@@ -216,42 +211,23 @@ class ShardedIndex:
             path.mkdir(parents=True, exist_ok=True)
             for i, shard in zip(self.shard_ids, self.shards, strict=True):
                 shard.save(path / shard_file(i))
-                with safe_open(str(path / shard_file(i)), framework="pt") as f:
-                    checksum = (f.metadata() or {}).get("checksum", "")
-                rows.append([i, shard.ntotal, *_encode(checksum)])
+                checksum = shard_checksum(path / shard_file(i))
+                rows.append([i, shard.ntotal, *encode_checksum(checksum)])
         except (OSError, ValueError) as err:
             error = err
-        _agree(self.group, error, "save its shards")
-        width = 2 + _CHECKSUM_BYTES
-        mine = torch.tensor(rows, dtype=torch.int64).reshape(-1, width)
+        agree(self.group, error, "save its shards")
+        mine = torch.tensor(rows, dtype=torch.int64).reshape(-1, 2 + CHECKSUM_BYTES)
         counts = tuple(row[0] for row in all_gather_ints(self.group, [mine.shape[0]]))
         table = gather_rows(self.group, mine, counts).tolist()
         if self.rank == 0:
-            table.sort()
             first = self.shards[0] if self.shards else None
-            manifest = {
-                "format": FORMAT,
-                "format_version": FORMAT_VERSION,
-                "vq_version": _vq_version(),
-                "num_shards": len(table),
-                "ntotal": sum(row[1] for row in table),
-                "dim": self.dim,
-                "metric": self.metric,
-                "index": None
-                if first is None
-                else {"class": type(first).__name__, **first.config()},
-                "shards": [
-                    {"file": shard_file(row[0]), "ntotal": row[1], "checksum": _decode(row[2:])}
-                    for row in table
-                ],
-            }
-            _write_json(path / MANIFEST, manifest)
+            write_manifest(path, table, first, self.dim, self.metric)
         if self.group is not None:
             torch.distributed.barrier(group=self.group)
 
     @classmethod
     def load(
-        cls, directory: str | os.PathLike, group: Any = _DEFAULT, device: str | torch.device = "cpu"
+        cls, directory: str | os.PathLike, group: Any = CURRENT, device: str | torch.device = "cpu"
     ) -> ShardedIndex:
         """Load a directory written by :meth:`save` (collective): this process takes the shards
         i with ``i % world_size == rank``; without a group, one process takes them all.
@@ -260,32 +236,30 @@ class ShardedIndex:
             FileNotFoundError, ValueError: on every process, when the manifest or a shard file is
                 missing, corrupted, or does not match the manifest.
         """
-        import vq
-
-        group = current_group() if group is _DEFAULT else group
+        group = resolve(group)
         rank = 0 if group is None else torch.distributed.get_rank(group)
         world = 1 if group is None else torch.distributed.get_world_size(group)
         path = Path(directory)
         manifest, error = None, None
         if rank == 0:
             try:
-                manifest = _read_manifest(path)
+                manifest = read_manifest(path)
             except (OSError, ValueError) as err:
                 error = err
-        _agree(group, error, f"read {path / MANIFEST}")
+        agree(group, error, f"read {path / MANIFEST}")
         manifest = broadcast_json(group, manifest)
         shards, ids, error = [], [], None
         try:
             for i, entry in enumerate(manifest["shards"]):
                 if i % world != rank:
                     continue
-                shard = vq.load_index(path / entry["file"], device=device)
-                _check_shard(path / entry["file"], shard, entry, manifest)
+                shard = load_index(path / entry["file"], device=device)
+                check_shard(path / entry["file"], shard, entry, manifest)
                 shards.append(shard)
                 ids.append(i)
         except (OSError, ValueError) as err:
             error = err
-        _agree(group, error, "load its shards")
+        agree(group, error, "load its shards")
         self = cls.__new__(cls)
         self._init(shards, ids, manifest["num_shards"], group)
         return self
@@ -326,25 +300,7 @@ def merge_topk(
     return d, i
 
 
-# -- manifest and agreement -------------------------------------------------------------------
-_CHECKSUM_BYTES = 80
-
-
-def _encode(text: str) -> list[int]:
-    raw = text.encode()[:_CHECKSUM_BYTES]
-    return list(raw) + [0] * (_CHECKSUM_BYTES - len(raw))
-
-
-def _decode(values: list[int]) -> str:
-    return bytes(v for v in values if v).decode()
-
-
-def _vq_version() -> str:
-    import vq
-
-    return vq.__version__
-
-
+# -- agreement ---------------------------------------------------------------------------------
 def _agreed_dim_and_metric(shards: list, group: Any) -> tuple[int, str]:
     """(dim, metric) of the shards, checked to agree over all processes."""
     dims = {(s.dim, s.metric) for s in shards}
@@ -362,66 +318,3 @@ def _agreed_dim_and_metric(shards: list, group: Any) -> tuple[int, str]:
     if not table:
         raise ValueError("no process holds a shard")
     return table[0][0], ["l2", "ip"][table[0][1]]
-
-
-def _agree(group: Any, error: BaseException | None, what: str) -> None:
-    """Raise on every process when any failed (so that none waits forever in a collective): the
-    failing process raises its own error, the others a ValueError naming the failing rank."""
-    failed = [row[0] for row in all_gather_ints(group, [int(error is not None)])]
-    if error is not None:
-        raise error
-    bad = [r for r, f in enumerate(failed) if f]
-    if bad:
-        raise ValueError(f"process(es) of rank {bad} could not {what} (see their errors)")
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _read_manifest(path: Path) -> dict:
-    file = path / MANIFEST
-    if not file.is_file():
-        raise FileNotFoundError(f"no sharded index at {path} (no {MANIFEST})")
-    try:
-        manifest = json.loads(file.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{file}: unreadable manifest ({err})") from err
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ValueError(f"{file}: not a vq sharded-index manifest (no '{FORMAT}' format tag)")
-    if int(manifest.get("format_version", 0)) > FORMAT_VERSION:
-        raise ValueError(
-            f"{file}: written by vq {manifest.get('vq_version')} in a newer format; upgrade vq"
-        )
-    shards = manifest.get("shards")
-    if not isinstance(shards, list) or len(shards) != manifest.get("num_shards") or not shards:
-        raise ValueError(f"{file}: corrupted manifest (its shard list does not match num_shards)")
-    for i, entry in enumerate(shards):
-        if not (isinstance(entry, dict) and entry.get("file") == shard_file(i)):
-            raise ValueError(f"{file}: corrupted manifest (entry {i} is not {shard_file(i)})")
-    return manifest
-
-
-def _check_shard(file: Path, shard: Any, entry: dict, manifest: dict) -> None:
-    from safetensors import safe_open
-
-    with safe_open(str(file), framework="pt") as f:
-        checksum = (f.metadata() or {}).get("checksum", "")
-    if entry.get("checksum") and checksum != entry["checksum"]:
-        raise ValueError(
-            f"{file}: not the shard the manifest lists (checksum differs): the directory mixes "
-            "files of different builds"
-        )
-    if shard.ntotal != entry.get("ntotal") or shard.dim != manifest.get("dim"):
-        raise ValueError(
-            f"{file}: holds {shard.ntotal} vectors of dim {shard.dim}, the manifest says "
-            f"{entry.get('ntotal')} of dim {manifest.get('dim')}"
-        )

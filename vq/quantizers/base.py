@@ -30,7 +30,7 @@ from vq._checks import (
     like_input,
 )
 from vq._tree_cache import cached
-from vq.quantizers import sync
+from vq.parallel import sync
 from vq.quantizers.functional import (
     code_counts,
     masked_mse,

@@ -20,7 +20,9 @@ graph, before and after initialisation.
 
 Under torch.distributed, updates all-reduce the batch statistics, the k-means initialisation
 runs on every process's vectors (gathered) and is broadcast from rank 0, and dead-code
-candidates are gathered so that every process writes the same codewords (see :mod:`.sync`).
+candidates are gathered so that every process writes the same codewords (see
+:mod:`vq.parallel.sync`: the processes of :func:`vq.parallel.current_group`, so
+``use_group(None)`` keeps a layer's training to its own process).
 
 References:
     A. van den Oord, O. Vinyals, K. Kavukcuoglu, "Neural discrete representation learning",
@@ -33,7 +35,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +43,7 @@ from torch import nn
 
 from vq._checks import is_eager
 from vq.clustering import kmeans
-from vq.quantizers import sync
+from vq.parallel import sync, use_group
 from vq.quantizers.cluster_sums import cluster_sums
 from vq.quantizers.functional import code_counts
 
@@ -301,7 +302,7 @@ class CodebookLearner(nn.Module):
         candidates = x.gather(1, idx[..., None].expand(n_groups, size, dim))
         valid = torch.ones_like(idx, dtype=torch.float32) if weight is None else weight[idx]
         if synced:  # every process takes code k's candidate from process k mod world size
-            world = torch.distributed.get_world_size()
+            world = sync.world_size()
             src = torch.arange(size, device=x.device) % world
             codes = torch.arange(size, device=x.device)
             candidates = sync.all_gather(candidates)[src, :, codes].transpose(0, 1)
@@ -376,7 +377,7 @@ def _kmeans_rows(rows: torch.Tensor, k: int, niter: int, seed: int, cosine: bool
         # encoder outputs that are still nearly isotropic), k-means++ seeds singleton clusters
         # on outliers and leaves one centroid near the mean holding most vectors — a lower
         # k-means objective on that batch, but a collapsed codebook
-        with _single_process(), warnings.catch_warnings():  # our own syncing: every
+        with use_group(None), warnings.catch_warnings():  # our own syncing: every
             # process's rows are already here; empty clusters are dead codes, restarted later
             warnings.filterwarnings("ignore", ".* clusters are empty", RuntimeWarning)
             result = kmeans(rows, k, niter=niter, init="random", seed=seed)
@@ -385,15 +386,6 @@ def _kmeans_rows(rows: torch.Tensor, k: int, niter: int, seed: int, cosine: bool
     if cosine:
         centroids = F.normalize(centroids, dim=-1)
     return centroids, counts
-
-
-def _single_process():
-    """Keep :func:`vq.kmeans` on this process's rows even under torch.distributed."""
-    try:
-        from vq.distributed import use_group
-    except ImportError:  # a vq without distributed k-means
-        return nullcontext()
-    return use_group(None)
 
 
 @torch.library.custom_op("vq::kmeans_init", mutates_args=())

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from vq.clustering import _generator, _kmeans_plus_plus
-from vq.distributed.shards import Shards
+from vq.parallel import Shards
 from vq.quantizers.base import Metric, Quantizer
 from vq.quantizers.product import ProductQuantizer
 

@@ -16,7 +16,7 @@ from vq import _cpu, kernels
 from vq._checks import is_eager
 from vq.clustering import _generator, _kmeans_plus_plus, _update
 from vq.distances import chunk_rows
-from vq.distributed.shards import Shards
+from vq.parallel import Shards
 from vq.quantizers.base import Metric, Quantizer, Step
 from vq.quantizers.learning import Learning
 

@@ -25,8 +25,7 @@ from vq import _cpu, kernels
 from vq._checks import as_codes, is_eager, like_input
 from vq.clustering import _generator, kmeans
 from vq.distances import nearest
-from vq.distributed.shards import Shards
-from vq.quantizers import sync
+from vq.parallel import Shards, sync
 from vq.quantizers.base import Metric, Quantizer, Step
 from vq.quantizers.functional import (
     code_counts,

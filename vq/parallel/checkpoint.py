@@ -33,8 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 
-from vq.distributed.shards import Shards, broadcast_json
+from vq._version import __version__
+from vq.parallel.atomic import write_safetensors
+from vq.parallel.collectives import broadcast_json
+from vq.parallel.shards import Shards
 
 FORMAT = "vq.training-checkpoint"
 FORMAT_VERSION = 1
@@ -184,20 +188,16 @@ class TrainingRun:
 
     # -- files ----------------------------------------------------------------------------
     def _metadata(self) -> dict[str, str]:
-        import vq
-
         return {
             "format": FORMAT,
             "format_version": str(FORMAT_VERSION),
-            "vq_version": vq.__version__,
+            "vq_version": __version__,
             "kind": self.kind,
             "config": _config_json(self.config),
             "step": str(self.step),
         }
 
     def _write(self) -> None:
-        from safetensors.torch import save_file
-
         assert self.path is not None and self.centroids is not None
         tensors = {
             "centroids": self.centroids.detach().float().cpu().contiguous(),
@@ -206,20 +206,10 @@ class TrainingRun:
             "fingerprint": self._fingerprint,
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        try:
-            save_file(tensors, str(tmp), metadata=self._metadata())
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        _fsync_directory(self.path.parent)
+        write_safetensors(self.path, tensors, self._metadata())
 
     def _read(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """(header, tensors) of the checkpoint file as rank 0 finds it."""
-        from safetensors import SafetensorError, safe_open
-
         path = self.path
         assert path is not None
         if not path.exists():
@@ -318,17 +308,3 @@ def _fault_iteration(train: Shards) -> int:
     if train.rank != int(os.environ.get("VQ_FAULT_RANK", "1")):
         return -1
     return int(value)
-
-
-def _fsync_directory(path: Path) -> None:
-    """Make a rename in ``path`` durable (best effort: not every platform can open directories)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

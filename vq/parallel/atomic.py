@@ -1,0 +1,64 @@
+"""Files that are either the old version or the new one, never half written: write a temporary
+file next to the target, fsync it, rename it over the target (atomic on POSIX and Windows), and
+fsync the directory so that the rename survives a crash. Nothing is pickled: tensors go to
+safetensors (metadata as strings), everything else to JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+
+
+def write_safetensors(
+    path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]
+) -> None:
+    """Write ``tensors`` (contiguous CPU tensors) and ``metadata`` to ``path`` atomically."""
+    tmp = _temporary(path)
+    try:
+        # looked up at call time (not imported by name), so that tests can simulate a failure
+        safetensors.torch.save_file(tensors, str(tmp), metadata=metadata)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_directory(path.parent)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically."""
+    tmp = _temporary(path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_directory(path.parent)
+
+
+def fsync_directory(path: Path) -> None:
+    """Make a rename in ``path`` durable (best effort: not every platform can open directories)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _temporary(path: Path) -> Path:
+    """A hidden sibling of ``path``, unique to this process."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
