@@ -8,6 +8,7 @@ import torch
 from vq import _cpu, kernels
 from vq._cpu import empty, fast_path
 from vq.index.base import _NO_IDS, Index
+from vq.index.static import Searcher, kept, search_in_chunks
 from vq.kernels import threads
 
 _NO_NORMS = np.zeros(0, np.float32)
@@ -43,25 +44,24 @@ class FlatIndex(Index):
     def _keep(self, rows: torch.Tensor) -> None:
         self.vectors = self.vectors[rows]
 
+    def searcher(self, k: int | None = None) -> FlatSearch:
+        """The search as a static-shape graph over a snapshot of the stored vectors (see
+        :class:`FlatSearch`; what :mod:`vq.export` writes out)."""
+        return FlatSearch(self, k)
+
+    def _search_ids(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.ntotal == 0 or fast_path(q):
+            return super()._search_ids(q, k)
+        return search_in_chunks(self._torch_searcher(), q, k)
+
+    def _torch_searcher(self) -> FlatSearch:
+        """The torch path: the static search over the index's own vectors, kept until they
+        change."""
+        sources = (self.vectors, self.ids)
+        return self._derived("searcher", sources, lambda: FlatSearch(self, copy=False))
+
     def _search_rows(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if fast_path(q):
-            return self._search_numba(q, k)
-        x = self.vectors.float()
-        x_norms = (x * x).sum(dim=1) if self.metric == "l2" else None
-        # memory bound: at most ~2^26 scores at a time
-        rows_per_chunk = max(1, (1 << 26) // max(1, x.shape[0]))
-        dists, rows = [], []
-        for s in range(0, q.shape[0], rows_per_chunk):
-            qc = q[s : s + rows_per_chunk]
-            if self.metric == "l2":
-                scores = torch.addmm(x_norms, qc, x.T, alpha=-2.0)
-                val, idx = torch.topk(scores, k, dim=1, largest=False, sorted=True)
-                val = (val + (qc * qc).sum(dim=1, keepdim=True)).clamp_min(0.0)
-            else:
-                val, idx = torch.topk(qc @ x.T, k, dim=1, largest=True, sorted=True)
-            dists.append(val)
-            rows.append(idx)
-        return torch.cat(dists), torch.cat(rows)
+        return self._search_numba(q, k)  # (CPU tensors in eager mode: see _search_ids)
 
     def _norms(self) -> np.ndarray:
         """float32 [ntotal]: the stored vectors' squared norms, kept until they change (each
@@ -132,3 +132,37 @@ class FlatIndex(Index):
         if inner_product:
             return -dist, rows
         return (dist + (q * q).sum(dim=1, keepdim=True)).clamp_min(0.0), rows
+
+
+class FlatSearch(Searcher):
+    """:class:`FlatIndex`'s search as a static-shape graph: scores against every stored vector
+    from one matrix product, then a top-k (see :class:`vq.index.static.Searcher`).
+
+    Args:
+        index: the FlatIndex; k: neighbours ``forward`` returns (default the index's).
+        copy: hold a snapshot of the vectors (True) or the index's own (the torch path).
+
+    Buffers:
+        vectors: float32 [ntotal, dim]; norms: float32 [ntotal], their squared norms;
+        id_table: int64 [ntotal] unless the ids are the row numbers.
+    """
+
+    def __init__(self, index: FlatIndex, k: int | None = None, copy: bool = True):
+        super().__init__(index, k, copy)
+        x = index.vectors.detach().float()
+        self.register_buffer("vectors", kept(x, copy))
+        self.register_buffer("norms", (x * x).sum(dim=1))
+
+    def search(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        kk = min(k, self.ntotal)
+        if self.metric == "ip":
+            val, rows = torch.topk(-(queries @ self.vectors.T), kk, dim=1, largest=False)
+            return self.results(val, rows, k)
+        # ranked by ||x||² - 2⟨q, x⟩; ||q||² is added to the k kept
+        scores = torch.addmm(self.norms, queries, self.vectors.T, alpha=-2.0)
+        val, rows = torch.topk(scores, kk, dim=1, largest=False, sorted=True)
+        val = (val + (queries * queries).sum(dim=1, keepdim=True)).clamp_min(0.0)
+        return self.results(val, rows, k)
+
+    def chunk_rows(self, k: int) -> int:
+        return max(1, (1 << 26) // max(1, self.ntotal))

@@ -10,14 +10,16 @@ Storage is CSR: the rows of list l are ``offsets[l]:offsets[l + 1]`` of every st
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import torch
 
 from vq import _cpu, kernels
 from vq._checks import check_training_size
 from vq.clustering import kmeans
-from vq.distances import nearest
 from vq.index.base import _NO_IDS, Index
+from vq.index.static import INF, Searcher, kept, search_in_chunks, top_rows
 from vq.quantizers import VectorQuantizer
 
 _NO_NORMS = np.zeros(0, np.float32)
@@ -98,32 +100,11 @@ class IVFIndex(Index):
         self.quantizer.codebook.copy_(result.centroids)
         self.quantizer._mark_trained()
 
-    def _coarse_scores(self, x: torch.Tensor) -> torch.Tensor:
-        """float32 [n, nlist]: squared L2 distances to the centroids (l2) or negated inner
-        products (ip); smaller is nearer."""
-        c = self.quantizer.codebook.float()
-        if self.metric == "ip":
-            return -(x @ c.T)
-        return torch.addmm((c * c).sum(1), x, c.T, alpha=-2.0).add_((x * x).sum(1, keepdim=True))
-
     def _assign(self, x: torch.Tensor) -> torch.Tensor:
-        """int64 [n]: the list of each vector."""
+        """int64 [n]: the list of each vector (nearest centroid, or largest inner product)."""
         if self.metric == "l2":
             return self.quantizer._encode(x).long()
-        return self._coarse_scores(x).argmin(dim=1)
-
-    def _probe(self, q: torch.Tensor, nprobe: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ``nprobe`` nearest lists of each query: coarse scores float32 [nq, nprobe]
-        (as ``_coarse_scores``, clamped at 0 for l2) and list numbers int64 [nq, nprobe]."""
-        if _cpu.fast_path(q):
-            return self._probe_numba(q, nprobe)
-        if nprobe == 1 and self.metric == "l2":  # a plain arg-min, no top-k
-            nn = nearest(q, self.quantizer.codebook.float())
-            return nn.distances[:, None], nn.indices[:, None]
-        scores, lists = torch.topk(self._coarse_scores(q), nprobe, dim=1, largest=False)
-        if self.metric == "l2":
-            scores = scores.clamp_min(0.0)
-        return scores, lists
+        return (x @ self.quantizer.codebook.float().T).argmax(dim=1)
 
     def _search_work(self, nq: int, k: int, nprobe: int | None = None, **params) -> float:
         nprobe = min(self.nprobe if nprobe is None else nprobe, self.nlist)
@@ -136,7 +117,7 @@ class IVFIndex(Index):
         return self._derived("centroid_norms", (c,), lambda: (c.float() ** 2).sum(1).numpy())
 
     def _probe_numba(self, q: torch.Tensor, nprobe: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``_probe`` on CPU: BLAS inner products, then a numba kernel keeps each row's
+        """:func:`probe` on CPU: BLAS inner products, then a numba kernel keeps each row's
         ``nprobe`` best (faster than ``torch.topk`` for the small k of an nprobe)."""
         c = self.quantizer.codebook.float()
         ip = self.metric == "ip"
@@ -191,37 +172,39 @@ class IVFIndex(Index):
         for name in self._row_buffers:
             setattr(self, name, getattr(self, name)[rows])
 
-    def _padded_lists(self) -> torch.Tensor:
-        """int64 [nlist, capacity]: the rows of each list, padded with -1 to the longest list
-        (the torch path's static layout)."""
-        sizes = self.list_sizes()
-        capacity = max(1, int(sizes.max()))
-        slots = torch.arange(capacity, device=self.device)
-        rows = self.offsets[:-1, None] + slots
-        return torch.where(slots < sizes[:, None], rows, -1)
-
     # -- search ---------------------------------------------------------------------------
+    def _torch_searcher(self) -> IVFSearch:
+        """The torch path: the kind's static search over the index's own storage
+        (``searcher(copy=False)``), kept until a buffer changes; it probes ``nprobe`` lists
+        unless a search says otherwise."""
+        shared = partial(self.searcher, copy=False)
+        searcher = self._derived("searcher", tuple(self.buffers()), shared)
+        searcher.nprobe = min(self.nprobe, self.nlist)
+        return searcher
+
+    def _search_ids(self, q: torch.Tensor, k: int, nprobe: int | None = None):
+        if self.ntotal == 0 or _cpu.fast_path(q):
+            return super()._search_ids(q, k, nprobe=nprobe)
+        return search_in_chunks(self._torch_searcher(), q, k, nprobe=nprobe)
+
     def _search_rows(self, q: torch.Tensor, k: int, nprobe: int | None = None):
         return self._probe_and_scan(q, k, nprobe, ranked=True)
 
     def _candidate_ids(self, q: torch.Tensor, k: int, nprobe: int | None = None):
-        if self.ntotal == 0:
-            return super()._candidate_ids(q, k)
+        if self.ntotal == 0 or not _cpu.fast_path(q):
+            return self._search_ids(q, k, nprobe)[1]
         dist, rows = self._probe_and_scan(q, min(k, self.ntotal), nprobe, ranked=False)
         return self._finish(dist, rows, k)[1]
 
     def _probe_and_scan(self, q: torch.Tensor, k: int, nprobe: int | None, ranked: bool):
         """Distances (smaller is nearer) and rows [nq, k] of the k nearest, ascending, or
-        in any order where that is cheaper if not ``ranked``."""
+        in any order where that is cheaper if not ``ranked`` (CPU tensors in eager mode: see
+        ``_search_ids``)."""
         nprobe = min(_check_nprobe(self.nprobe if nprobe is None else nprobe), self.nlist)
-        if _cpu.fast_path(q):
-            coarse, lists = self._probe_numba(q, nprobe)
-            dist = _cpu.empty((q.shape[0], k))
-            rows = _cpu.empty((q.shape[0], k), torch.int64)
-            self._scan_numba(q, coarse, lists, dist, rows, ranked)
-        else:
-            coarse, lists = self._probe(q, nprobe)
-            dist, rows = self._scan_torch(q, coarse, lists, k)
+        coarse, lists = self._probe_numba(q, nprobe)
+        dist = _cpu.empty((q.shape[0], k))
+        rows = _cpu.empty((q.shape[0], k), torch.int64)
+        self._scan_numba(q, coarse, lists, dist, rows, ranked)
         return (-dist if self.metric == "ip" else dist), rows
 
     def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked=True) -> None:
@@ -266,19 +249,6 @@ class IVFIndex(Index):
         finite."""
         raise NotImplementedError
 
-    @staticmethod
-    def _top_candidates(scores: torch.Tensor, rows: torch.Tensor, k: int):
-        """Top-k (smallest) of candidate ``scores`` [b, C] whose ``rows`` [b, C] are -1 for
-        padding; fewer than k candidates are padded with +inf / -1."""
-        scores = torch.where(rows < 0, float("inf"), scores)
-        kk = min(k, scores.shape[1])
-        val, pos = torch.topk(scores, kk, dim=1, largest=False, sorted=True)
-        idx = torch.where(torch.isinf(val), -1, rows.gather(1, pos))
-        if kk < k:
-            val = torch.cat([val, val.new_full((val.shape[0], k - kk), float("inf"))], 1)
-            idx = torch.cat([idx, idx.new_full((idx.shape[0], k - kk), -1)], 1)
-        return val, idx
-
 
 class IVFFlat(IVFIndex):
     """Inverted lists of full float32 vectors, scanned exactly (faiss ``IndexIVFFlat``).
@@ -302,6 +272,12 @@ class IVFFlat(IVFIndex):
     def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"lists": self._assign(x), "vectors": x.float()}
 
+    def searcher(self, k=None, *, nprobe=None, capacity=None, copy=True) -> IVFFlatSearch:
+        """The search as a static-shape graph over a snapshot of the lists (``copy=False``:
+        over the index's own), padded to one ``capacity`` (see :class:`IVFFlatSearch`; what
+        :mod:`vq.export` writes out)."""
+        return IVFFlatSearch(self, k, nprobe, capacity, copy)
+
     def _lean_kernel(self) -> tuple:
         x, offsets = self.vectors.contiguous().numpy(), self.offsets.numpy()
         return kernels.ivf_flat_lean, (x, offsets)
@@ -317,24 +293,104 @@ class IVFFlat(IVFIndex):
             out_rows.numpy(),
         )
 
-    def _scan_torch(self, q, coarse, lists, k):
-        padded = self._padded_lists()
-        per_query = lists.shape[1] * padded.shape[1] * self.dim
-        step = max(1, (1 << 25) // per_query)
-        out = []
-        for s in range(0, q.shape[0], step):
-            rows = padded[lists[s : s + step]].flatten(1)  # [b, C]
-            cand = self.vectors[rows.clamp_min(0)]  # [b, C, dim]
-            qs = q[s : s + step, None, :]
-            if self.metric == "ip":
-                scores = -(cand * qs).sum(-1)
-            else:
-                scores = ((cand - qs) ** 2).sum(-1)
-            out.append(self._top_candidates(scores, rows, k))
-        return torch.cat([d for d, _ in out]), torch.cat([r for _, r in out])
-
 
 def _check_nprobe(nprobe) -> int:
     if isinstance(nprobe, bool) or not isinstance(nprobe, int | np.integer) or nprobe <= 0:
         raise ValueError(f"nprobe must be a positive integer, got {nprobe!r}")
     return int(nprobe)
+
+
+# -- the static-shape search --------------------------------------------------------------------
+def probe(queries, centroids, centroid_norms, nprobe: int, metric: str):
+    """The ``nprobe`` (<= nlist) nearest lists of each query, as one static-shape graph:
+    queries float32 [B, dim], centroids float32 [nlist, dim] and their squared norms [nlist],
+    metric "l2" or "ip" (lists are probed by the index's metric, as faiss does) → coarse scores
+    float32 [B, nprobe], ascending (squared L2 clamped at 0, or negated inner products), and
+    lists int64 [B, nprobe]."""
+    if metric == "ip":
+        return torch.topk(-(queries @ centroids.T), nprobe, dim=1, largest=False, sorted=True)
+    scores = torch.addmm(centroid_norms, queries, centroids.T, alpha=-2.0)
+    q2 = (queries * queries).sum(dim=1, keepdim=True)
+    if nprobe == 1:  # ranked before adding ||q||², as the nearest-centroid assignment
+        val, lists = torch.topk(scores, 1, dim=1, largest=False, sorted=True)
+        return (val + q2).clamp_min(0.0), lists
+    val, lists = torch.topk(scores + q2, nprobe, dim=1, largest=False, sorted=True)
+    return val.clamp_min(0.0), lists
+
+
+def padded_rows(offsets: torch.Tensor, capacity: int) -> torch.Tensor:
+    """int64 [nlist, capacity]: the storage rows of each CSR inverted list, -1 past its end."""
+    slots = torch.arange(capacity, device=offsets.device)
+    return torch.where(slots < offsets.diff()[:, None], offsets[:-1, None] + slots, -1)
+
+
+class IVFSearch(Searcher):
+    """Shared by the IVF searches (see :class:`vq.index.static.Searcher`): coarse probing, and
+    the inverted lists padded to one ``capacity`` (a probe reads that many slots).
+
+    Args:
+        index: the IVF index; k: neighbours ``forward`` returns (default the index's).
+        nprobe: lists ``forward`` probes (default the index's, at most nlist).
+        capacity: slots per list (default and minimum: the longest list).
+        copy: hold a snapshot (True) or the index's own storage (the torch path).
+
+    Buffers:
+        centroids: float32 [nlist, dim]; centroid_norms: float32 [nlist];
+        list_rows: int64 [nlist, capacity], the storage row of each slot (-1 for padding);
+        slot_bias: float32 [nlist, capacity], added to every slot's score: +inf for padding.
+    """
+
+    def __init__(self, index: IVFIndex, k, nprobe, capacity, copy: bool):
+        super().__init__(index, k, copy)
+        longest = max(1, int(index.list_sizes().max()))
+        capacity = longest if capacity is None else int(capacity)
+        if capacity < longest:
+            raise ValueError(
+                f"capacity={capacity} is shorter than the longest inverted list ({longest} "
+                f"vectors); pass capacity >= {longest} or leave it to the default"
+            )
+        self.nlist, self.capacity = index.nlist, capacity
+        self.nprobe = min(index.nprobe if nprobe is None else int(nprobe), index.nlist)
+        c = index.quantizer.codebook.detach().float()
+        self.register_buffer("centroids", kept(c, copy))
+        self.register_buffer("centroid_norms", (c * c).sum(dim=1))
+        rows = padded_rows(index.offsets, capacity)
+        self.register_buffer("list_rows", rows)
+        self.register_buffer("slot_bias", torch.where(rows < 0, INF, 0.0))
+
+    def probe(self, queries: torch.Tensor, nprobe: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return probe(queries, self.centroids, self.centroid_norms, nprobe, self.metric)
+
+    def lists_probed(self, nprobe: int | None) -> int:
+        """``nprobe`` checked and capped at nlist (default: the one fixed at construction)."""
+        return self.nprobe if nprobe is None else min(_check_nprobe(nprobe), self.nlist)
+
+    @staticmethod
+    def gather_lists(table: torch.Tensor, lists: torch.Tensor) -> torch.Tensor:
+        """Rows [B, nprobe * capacity, …] of a padded ``table`` [nlist, capacity, …]."""
+        picked = table.index_select(0, lists.reshape(-1))
+        return picked.reshape(lists.shape[0], -1, *table.shape[2:])
+
+
+class IVFFlatSearch(IVFSearch):
+    """:class:`IVFFlat`'s search as a static-shape graph: exact scores against the stored
+    vectors in the probed lists' slots, plus the slot bias, then a top-k.
+
+    Buffers (beyond :class:`IVFSearch`'s): vectors: float32 [ntotal, dim], in list order.
+    """
+
+    def __init__(self, index: IVFFlat, k=None, nprobe=None, capacity=None, copy: bool = True):
+        super().__init__(index, k, nprobe, capacity, copy)
+        self.register_buffer("vectors", kept(index.vectors.float(), copy))
+
+    def search(self, queries: torch.Tensor, k: int, nprobe: int | None = None):
+        _, lists = self.probe(queries, self.lists_probed(nprobe))
+        rows = self.gather_lists(self.list_rows, lists)  # [B, C]
+        cand = self.vectors.index_select(0, rows.clamp_min(0).reshape(-1)).reshape(*rows.shape, -1)
+        q = queries[:, None, :]
+        scores = -(cand * q).sum(-1) if self.metric == "ip" else ((cand - q) ** 2).sum(-1)
+        scores = scores + self.gather_lists(self.slot_bias, lists)
+        return self.results(*top_rows(scores, k, rows), k)
+
+    def chunk_rows(self, k: int, nprobe: int | None = None) -> int:
+        return max(1, (1 << 25) // (self.lists_probed(nprobe) * self.capacity * self.dim))

@@ -17,10 +17,13 @@ import torch
 
 from vq import kernels
 from vq.index.fastscan import PackedCodes, check_fast_scan
-from vq.index.ivf import IVFIndex
+from vq.index.ivf import IVFIndex, IVFSearch
+from vq.index.pq import stored_codes
+from vq.index.static import INF, kept, top_rows
 from vq.kernels import fastscan as fastscan_kernels
 from vq.kernels.fastscan_ivf import ivf_fastscan_lean, ivf_fastscan_lists
 from vq.quantizers import ProductQuantizer
+from vq.quantizers.product import lookup_tables, pq_decode
 
 
 class IVFPQ(IVFIndex):
@@ -128,27 +131,14 @@ class IVFPQ(IVFIndex):
             self._table_key = key
         return self.precomputed_table
 
-    def _tables(self, q: torch.Tensor, coarse: torch.Tensor, lists: torch.Tensor):
-        """Look-up tables for the probes of queries ``q`` [b, dim], smaller is nearer:
-        ``(tables [b, T, M, ksub], list_tables [nlist or 0, M, ksub], base [b, nprobe])`` with
-        T = 1 (one table per query) or nprobe (one per probe); see ``kernels.ivfpq_scanner``."""
-        M, ksub = self.pq.M, self.pq.ksub
-        none = q.new_zeros(0, M, ksub)
-        if not self.by_residual:
-            t = self.pq._tables(q, self.metric)
-            t = -t if self.metric == "ip" else t
-            return t[:, None], none, torch.zeros_like(coarse)
-        if self.metric == "ip":  # ⟨x, c + r⟩ = ⟨x, c⟩ + ⟨x, r⟩; coarse is already -⟨x, c⟩
-            return -self.pq._tables(q, "ip")[:, None], none, coarse
-        if self._uses_precomputed():
-            return -2.0 * self.pq._tables(q, "ip")[:, None], self._list_tables(), coarse
-        residuals = q[:, None, :] - self.quantizer.codebook.float()[lists]  # [b, nprobe, dim]
-        t = self.pq._tables(residuals.reshape(-1, self.dim), "l2")
-        return t.reshape(q.shape[0], lists.shape[1], M, ksub), none, torch.zeros_like(coarse)
-
-    def _query_step(self, nprobe: int) -> int:
-        """Queries per step of the torch path, so that per-probe tables stay under ~256 MiB."""
-        return max(1, (1 << 26) // (nprobe * self.pq.M * self.pq.ksub))
+    # -- the torch path: the static search ---------------------------------------------------
+    def searcher(
+        self, k=None, *, nprobe=None, capacity=None, code_dtype=None, copy=True
+    ) -> IVFPQSearch:
+        """The search as a static-shape graph over a snapshot of the lists (``copy=False``:
+        over the index's own), padded to one ``capacity`` (see :class:`IVFPQSearch`; what
+        :mod:`vq.export` writes out). Fast-scan indexes search by float tables here."""
+        return IVFPQSearch(self, k, nprobe, capacity, code_dtype, copy)
 
     # -- scans ----------------------------------------------------------------------------
     def _kernel_args(self) -> tuple:
@@ -224,25 +214,74 @@ class IVFPQ(IVFIndex):
         kernel = kernels.ivfpq_lean(self.pq.M, words, self.pq.dsub)
         return kernel, (*args, coarse_base, codes, offsets)
 
-    def _scan_torch(self, q, coarse, lists, k):
-        M, ksub = self.pq.M, self.pq.ksub
-        padded = self._padded_lists()
-        nprobe, capacity = lists.shape[1], padded.shape[1]
-        step = max(1, min(self._query_step(nprobe), (1 << 24) // (nprobe * capacity * M)))
-        offsets = torch.arange(M, device=q.device) * ksub
-        out = []
-        for s in range(0, q.shape[0], step):
-            e = s + step
-            tables, list_tables, base = self._tables(q[s:e], coarse[s:e], lists[s:e])
-            tables = tables.expand(-1, nprobe, -1, -1)
-            if list_tables.shape[0]:
-                tables = tables + list_tables[lists[s:e]]
-            rows = padded[lists[s:e]]  # [b, nprobe, capacity]
-            flat = self.codes[rows.clamp_min(0)].long() + offsets  # [b, nprobe, capacity, M]
-            b = rows.shape[0]
-            looked_up = torch.gather(
-                tables.reshape(b * nprobe, M * ksub), 1, flat.reshape(b * nprobe, capacity * M)
-            )
-            scores = looked_up.reshape(b, nprobe, capacity, M).sum(-1) + base[:, :, None]
-            out.append(self._top_candidates(scores.flatten(1), rows.flatten(1), k))
-        return torch.cat([d for d, _ in out]), torch.cat([r for _, r in out])
+
+def residual_terms(index: IVFPQ, rows: int = 1 << 16) -> torch.Tensor:
+    """faiss's per-vector term ``||r||² + 2⟨c, r⟩`` of L2 search by residual (r the decoded
+    residual of a stored vector, c its list's centroid): float32 [ntotal], in storage order,
+    computed ``rows`` vectors at a time."""
+    cb, centroids = index.pq.codebooks.detach().float(), index.quantizer.codebook.detach().float()
+    lists = torch.repeat_interleave(
+        torch.arange(index.nlist, device=centroids.device), index.list_sizes()
+    )
+    out = torch.empty(index.ntotal, device=centroids.device)
+    for s in range(0, index.ntotal, rows):
+        r = pq_decode(index.codes[s : s + rows], cb)
+        c = centroids.index_select(0, lists[s : s + rows])
+        out[s : s + rows] = (r * r).sum(-1) + 2.0 * (c * r).sum(-1)
+    return out
+
+
+class IVFPQSearch(IVFSearch):
+    """:class:`IVFPQ`'s search as a static-shape graph (by residual or not, L2 or inner
+    product, fast-scan too with float tables): one look-up table per query, summed over the
+    padded codes of the probed lists, plus the slot bias (faiss's precomputed ``||r||² +
+    2⟨c, r⟩`` per stored vector for L2 by residual, +inf for padding) and, by residual, the
+    coarse term of each probe; then a top-k. One table per query serves every probe.
+
+    Args:
+        index, k, nprobe, capacity, copy: as :class:`vq.index.ivf.IVFSearch`.
+        code_dtype: integer dtype of the codes held (default as stored).
+
+    Buffers (beyond :class:`IVFSearch`'s): codebooks: float32 [M, ksub, dsub]; list_codes:
+    [M, nlist, capacity], the codes of every slot (0 in padding).
+    """
+
+    def __init__(
+        self, index: IVFPQ, k=None, nprobe=None, capacity=None, code_dtype=None, copy=True
+    ):
+        super().__init__(index, k, nprobe, capacity, copy)
+        self.by_residual = index.by_residual
+        if index.metric == "ip":  # ⟨x, c + r⟩: the coarse term is -⟨x, c⟩, by residual
+            self.table, self.scale = "ip", -1.0
+        elif index.by_residual:  # ||x - c||² + (||r||² + 2⟨c, r⟩) - 2⟨x, r⟩
+            self.table, self.scale = "ip", -2.0
+        else:
+            self.table, self.scale = "l2", 1.0
+        self.register_buffer("codebooks", kept(index.pq.codebooks.float(), copy))
+        codes = stored_codes(index, code_dtype)
+        self.code_dtype = codes.dtype
+        rows = self.list_rows
+        padded = torch.where(rows[..., None] < 0, 0, codes[rows.clamp_min(0)]).to(codes.dtype)
+        self.register_buffer("list_codes", padded.permute(2, 0, 1).contiguous())
+        if self.scale == -2.0:
+            self.slot_bias = torch.where(rows < 0, INF, residual_terms(index)[rows.clamp_min(0)])
+
+    def search(self, queries: torch.Tensor, k: int, nprobe: int | None = None):
+        nprobe = self.lists_probed(nprobe)
+        coarse, lists = self.probe(queries, nprobe)
+        tables = lookup_tables(queries, self.codebooks, self.table)  # [M, B, ksub]
+        tables = tables if self.scale == 1.0 else self.scale * tables
+        scores = self.gather_lists(self.slot_bias, lists)  # [B, C]
+        if self.by_residual:  # the coarse term of each probe, over its capacity slots
+            n, c = scores.shape
+            per_probe = scores.reshape(n, nprobe, self.capacity) + coarse[:, :, None]
+            scores = per_probe.reshape(n, c)
+        # one element-wise gather per sub-quantizer: GatherElements in ONNX, which ONNX Runtime
+        # ran several times faster here than a Gather from flattened tables at offset indices
+        for m in range(self.list_codes.shape[0]):
+            codes = self.gather_lists(self.list_codes[m], lists).long()  # [B, C]
+            scores = scores + torch.gather(tables[m], 1, codes)
+        return self.results(*top_rows(scores, k, self.gather_lists(self.list_rows, lists)), k)
+
+    def chunk_rows(self, k: int, nprobe: int | None = None) -> int:
+        return max(1, (1 << 23) // (self.lists_probed(nprobe) * self.capacity))

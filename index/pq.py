@@ -9,7 +9,9 @@ from vq import _cpu, kernels
 from vq.index import fastscan
 from vq.index.base import _NO_IDS, Index
 from vq.index.fastscan import PackedCodes, check_fast_scan
+from vq.index.static import Searcher, kept, search_in_chunks
 from vq.quantizers import ProductQuantizer
+from vq.quantizers.product import lookup_tables
 
 
 class PQIndex(Index):
@@ -80,7 +82,24 @@ class PQIndex(Index):
     def _vector_ns(self) -> float:
         return self.pq.M / (64 if self.fast_scan else 4)
 
+    def searcher(self, k: int | None = None, *, code_dtype: torch.dtype | None = None):
+        """The search as a static-shape graph over a snapshot of the codes (see
+        :class:`PQSearch`; what :mod:`vq.export` writes out)."""
+        return PQSearch(self, k, code_dtype)
+
+    def _search_ids(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.ntotal == 0 or _cpu.fast_path(q):
+            return super()._search_ids(q, k)
+        return search_in_chunks(self._torch_searcher(), q, k)
+
+    def _torch_searcher(self) -> PQSearch:
+        """The torch path (fast-scan indexes too, with float tables): the static search over
+        the index's own codes, kept until they change."""
+        sources = (self.codes, self.ids, self.pq.codebooks)
+        return self._derived("searcher", sources, lambda: PQSearch(self, copy=False))
+
     def _search_rows(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # CPU tensors in eager mode (see _search_ids)
         ip = self.metric == "ip"
         if self.fast_scan and _cpu.fast_path(q):  # tables built by the kernel
             packed = self._packed.get(self.codes)
@@ -91,14 +110,11 @@ class PQIndex(Index):
         tables = self.pq._tables(q, self.metric)  # [nq, M, ksub]
         if ip:
             tables = -tables  # the scan keeps the smallest sums
-        if _cpu.fast_path(q):
-            dist = _cpu.empty((q.shape[0], k))
-            rows = _cpu.empty((q.shape[0], k), torch.int64)
-            codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)
-            flat = tables.reshape(q.shape[0], -1).contiguous().numpy()
-            kernels.adc_scanner(self.pq.M, words)(flat, codes, dist.numpy(), rows.numpy())
-        else:
-            dist, rows = self._scan_torch(tables, k)
+        dist = _cpu.empty((q.shape[0], k))
+        rows = _cpu.empty((q.shape[0], k), torch.int64)
+        codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)
+        flat = tables.reshape(q.shape[0], -1).contiguous().numpy()
+        kernels.adc_scanner(self.pq.M, words)(flat, codes, dist.numpy(), rows.numpy())
         return (-dist if self.metric == "ip" else dist), rows
 
     def _lean_search(self):
@@ -137,15 +153,73 @@ class PQIndex(Index):
 
         return self._derived("codebook_arrays", (cb,), compute)
 
-    def _scan_torch(self, tables: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        nq, M, ksub = tables.shape
-        flat_codes = self.codes.long() + torch.arange(M, device=tables.device) * ksub  # [n, M]
-        rows_per_chunk = max(1, (1 << 26) // max(1, self.ntotal * M))
-        dists, rows = [], []
-        for s in range(0, nq, rows_per_chunk):
-            t = tables[s : s + rows_per_chunk].reshape(-1, M * ksub)
-            scores = t[:, flat_codes].sum(dim=-1)  # [b, n]
-            val, idx = torch.topk(scores, k, dim=1, largest=False, sorted=True)
-            dists.append(val)
-            rows.append(idx)
-        return torch.cat(dists), torch.cat(rows)
+
+def stored_codes(index, code_dtype: torch.dtype | None) -> torch.Tensor:
+    """The codes [ntotal, M] a PQIndex or IVFPQ stores (one per sub-quantizer), as
+    ``code_dtype`` (default: as stored)."""
+    codes, pq = index.codes.detach(), index.pq
+    if codes.dim() != 2 or codes.shape[1] != pq.M:
+        raise NotImplementedError(
+            f"{type(index).__name__} stores codes of shape {tuple(codes.shape)}; its static "
+            f"search reads one code per sub-quantizer, [ntotal, {pq.M}]"
+        )
+    return codes.to(code_dtype or codes.dtype)
+
+
+def adc_scores(tables: torch.Tensor, codes_t: torch.Tensor) -> torch.Tensor:
+    """Sums of look-up table entries over the codes, as one static-shape graph.
+
+    Args:
+        tables: float32 [M, B, ksub] (:func:`vq.quantizers.product.lookup_tables`).
+        codes_t: integer [M, n], the codes transposed.
+
+    Returns:
+        float32 [B, n]: ``Σ_m tables[m, b, codes_t[m, i]]``, summed in the order of m.
+    """
+    n = tables.shape[1]
+    if isinstance(n, int) and n == 1:
+        # one query: element-wise gathers (GatherElements, ~10x a Gather in ONNX Runtime)
+        scores = torch.gather(tables[0], 1, codes_t[:1].long())  # [1, n]
+        for m in range(1, codes_t.shape[0]):
+            scores = scores + torch.gather(tables[m], 1, codes_t[m : m + 1].long())
+        return scores
+    # a batch: rows of the transposed tables, B contiguous values per code (~4x faster)
+    tables = tables.transpose(1, 2)  # [M, ksub, B]
+    scores = tables[0].index_select(0, codes_t[0].long())  # [n, B]
+    for m in range(1, codes_t.shape[0]):
+        scores = scores + tables[m].index_select(0, codes_t[m].long())
+    return scores.T
+
+
+class PQSearch(Searcher):
+    """:class:`PQIndex`'s search as a static-shape graph (fast-scan indexes too, with float
+    tables): a look-up table per query from one batched matrix product, summed over the codes
+    with gathers, then a top-k (see :class:`vq.index.static.Searcher`).
+
+    Args:
+        index: the PQIndex; k: neighbours ``forward`` returns (default the index's).
+        code_dtype: integer dtype of the codes held (default as stored).
+        copy: hold a snapshot (True) or the index's own codebooks (the torch path).
+
+    Buffers:
+        codebooks: float32 [M, ksub, dsub]; codes_t: [M, ntotal], the codes transposed;
+        id_table: int64 [ntotal] unless the ids are the row numbers.
+    """
+
+    def __init__(self, index: PQIndex, k=None, code_dtype=None, copy: bool = True):
+        super().__init__(index, k, copy)
+        self.register_buffer("codebooks", kept(index.pq.codebooks.float(), copy))
+        codes = stored_codes(index, code_dtype)
+        self.code_dtype = codes.dtype
+        self.register_buffer("codes_t", codes.T.contiguous())
+
+    def search(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        tables = lookup_tables(queries, self.codebooks, self.metric)  # [M, B, ksub]
+        if self.metric == "ip":
+            tables = -tables  # smaller is nearer
+        scores = adc_scores(tables, self.codes_t)
+        val, rows = torch.topk(scores, min(k, self.ntotal), dim=1, largest=False, sorted=True)
+        return self.results(val, rows, k)
+
+    def chunk_rows(self, k: int) -> int:
+        return max(1, (1 << 26) // max(1, self.ntotal))

@@ -8,6 +8,7 @@ import torch
 from vq import kernels
 from vq._cpu import empty, fast_path
 from vq.index.base import _NO_IDS, Index, Wrapper
+from vq.index.static import INF, Searcher, kept, search_in_chunks, top_rows
 
 
 class Refine(Wrapper):
@@ -72,24 +73,32 @@ class Refine(Wrapper):
         inner = self.index._search_work(nq, candidates, **params)
         return inner + nq * candidates * (self.dim / 16 + 50)  # a cache miss per candidate
 
+    def searcher(self, k: int | None = None, *, k_factor: int | None = None, **options):
+        """The search as a static-shape graph: the wrapped index's ``searcher(k * k_factor,
+        **options)`` for candidates, re-ranked on a snapshot of the vectors (see
+        :class:`RefineSearch`)."""
+        k = self.k if k is None else k
+        k_factor = self.k_factor if k_factor is None else _check_k_factor(k_factor)
+        return RefineSearch(self, self.index.searcher(k * k_factor, **options), k, k_factor)
+
     def _search_ids(self, q: torch.Tensor, k: int, k_factor: int | None = None, **params):
         k_factor = _check_k_factor(self.k_factor if k_factor is None else k_factor)
         if self.ntotal == 0:
             return super()._search_ids(q, k)
+        if not fast_path(q):  # the torch path: the static search over the index's own tensors
+            searcher = RefineSearch(self, self.index._torch_searcher(), copy=False)
+            return search_in_chunks(searcher, q, k, k_factor=k_factor, **params)
         cand = self.index._candidate_ids(q, k * k_factor, **params)  # [nq, k * k_factor]
-        if fast_path(q):
-            kk = min(k, cand.shape[1])
-            dist, rows = empty((q.shape[0], kk)), empty((q.shape[0], kk), torch.int64)
-            kernels.refine_scan(
-                q.contiguous().numpy(),
-                self.vectors.numpy(),
-                cand.contiguous().numpy(),
-                self.metric == "ip",
-                dist.numpy(),
-                rows.numpy(),
-            )
-        else:
-            dist, rows = self._rerank_torch(q, cand, k)
+        kk = min(k, cand.shape[1])
+        dist, rows = empty((q.shape[0], kk)), empty((q.shape[0], kk), torch.int64)
+        kernels.refine_scan(
+            q.contiguous().numpy(),
+            self.vectors.numpy(),
+            cand.contiguous().numpy(),
+            self.metric == "ip",
+            dist.numpy(),
+            rows.numpy(),
+        )
         return self._finish(-dist if self.metric == "ip" else dist, rows, k)
 
     def _lean_search(self):
@@ -118,21 +127,50 @@ class Refine(Wrapper):
 
         return search
 
-    def _rerank_torch(self, q: torch.Tensor, cand: torch.Tensor, k: int):
-        """Ascending distances (negated inner products for "ip") and rows [nq, <=k]."""
-        step = max(1, (1 << 24) // (cand.shape[1] * self.dim))
-        dists = []
-        for s in range(0, q.shape[0], step):
-            vectors = self.vectors[cand[s : s + step].clamp_min(0)]  # [b, C, dim]
-            qs = q[s : s + step, None, :]
-            if self.metric == "ip":
-                dists.append(-(vectors * qs).sum(-1))
-            else:
-                dists.append(((vectors - qs) ** 2).sum(-1))
-        scores = torch.cat(dists) if dists else q.new_zeros(0, cand.shape[1])
-        scores = torch.where(cand < 0, float("inf"), scores)
-        val, pos = torch.topk(scores, min(k, scores.shape[1]), dim=1, largest=False, sorted=True)
-        return val, torch.where(torch.isinf(val), -1, cand.gather(1, pos))
+
+def rerank(queries, vectors, candidates, k: int, metric: str):
+    """Candidates re-ranked by their exact distances, as one static-shape graph.
+
+    Args:
+        queries: float32 [B, dim]; vectors: float32 [ntotal, dim], the stored vectors;
+        candidates: int64 [B, C], rows of ``vectors`` (-1 for none); k: results kept;
+        metric: "l2" or "ip".
+
+    Returns:
+        values float32 [B, min(k, C)], ascending (squared L2 or negated inner products; +inf
+        where there is no candidate), and their rows int64 (-1 there).
+    """
+    n, c = candidates.shape
+    cand = vectors.index_select(0, candidates.clamp_min(0).reshape(-1)).reshape(n, c, -1)
+    q = queries[:, None, :]
+    scores = -(cand * q).sum(-1) if metric == "ip" else ((cand - q) ** 2).sum(-1)
+    return top_rows(torch.where(candidates < 0, INF, scores), k, candidates)
+
+
+class RefineSearch(Searcher):
+    """:class:`Refine`'s search as a static-shape graph: the wrapped index's static search
+    (``inner``) for ``k * k_factor`` candidates (its ids are this index's rows), re-ranked by
+    :func:`rerank`.
+
+    Buffers: vectors: float32 [ntotal, dim]; id_table: int64 [ntotal] unless the ids are the
+    row numbers (and ``inner``'s).
+    """
+
+    def __init__(self, index: Refine, inner: Searcher, k=None, k_factor=None, copy=True):
+        super().__init__(index, k, copy)
+        self.inner = inner
+        self.k_factor = index.k_factor if k_factor is None else int(k_factor)
+        self.register_buffer("vectors", kept(index.vectors.float(), copy))
+
+    def search(self, queries: torch.Tensor, k: int, k_factor: int | None = None, **options):
+        wanted = k * (self.k_factor if k_factor is None else k_factor)
+        _, candidates = self.inner.search(queries, wanted, **options)
+        return self.results(*rerank(queries, self.vectors, candidates, k, self.metric), k)
+
+    def chunk_rows(self, k: int, k_factor: int | None = None, **options) -> int:
+        wanted = k * (self.k_factor if k_factor is None else k_factor)
+        own = max(1, (1 << 24) // (wanted * self.dim))  # the [B, wanted, dim] candidates
+        return min(self.inner.chunk_rows(wanted, **options), own)
 
 
 def _check_k_factor(k_factor) -> int:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from vq import _cpu
 from vq.index.base import Index, Wrapper
+from vq.index.static import Searcher, kept, search_in_chunks
 from vq.quantizers import OPQ
+from vq.quantizers.opq import rotate
 
 
 class PreTransform(Wrapper):
@@ -72,8 +75,13 @@ class PreTransform(Wrapper):
         }
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
-        """Rotated vectors: float32 [n, dim] → [n, dim_out]."""
+        """Rotated vectors: float32 [n, dim] → [n, dim_out] (:func:`vq.quantizers.opq.rotate`)."""
         return self.transform._rotate(x.float())
+
+    def searcher(self, k: int | None = None, **options) -> PreTransformSearch:
+        """The search as a static-shape graph: the rotation, then the wrapped index's
+        ``searcher(k, **options)`` (see :class:`PreTransformSearch`)."""
+        return PreTransformSearch(self, self.index.searcher(self.k if k is None else k, **options))
 
     def _train(self, x: torch.Tensor) -> None:
         if not bool(self.transform.trained):
@@ -95,7 +103,14 @@ class PreTransform(Wrapper):
         return self.index._search_work(nq, k, **params) + nq * self.dim * self.index.dim / 16
 
     def _search_ids(self, q: torch.Tensor, k: int, **params):
-        return self.index._search_ids(self.apply(q), k, **params)
+        if self.ntotal == 0 or _cpu.fast_path(q):
+            return self.index._search_ids(self.apply(q), k, **params)
+        return search_in_chunks(self._torch_searcher(), q, k, **params)
+
+    def _torch_searcher(self) -> PreTransformSearch:
+        """The torch path: the rotation, then the wrapped index's static search, over the
+        index's own tensors."""
+        return PreTransformSearch(self, self.index._torch_searcher(), copy=False)
 
     def _lean_search(self):
         inner = self.index._lean()
@@ -121,3 +136,22 @@ def _keep_training_pq(module, state_dict, prefix, *args) -> None:
     # a saved PreTransform has no "pq." entries: the module keeps its own (untrained) PQ
     for name, t in module.pq.state_dict().items():
         state_dict.setdefault(prefix + "pq." + name, t)
+
+
+class PreTransformSearch(Searcher):
+    """:class:`PreTransform`'s search as a static-shape graph: the OPQ rotation, then the
+    wrapped index's static search (``inner``), which maps rows to ids.
+
+    Buffers: rotation: float32 [dim_out, dim] (and ``inner``'s).
+    """
+
+    def __init__(self, index: PreTransform, inner: Searcher, copy: bool = True):
+        super().__init__(index, inner.k, copy, ids=False)
+        self.inner = inner
+        self.register_buffer("rotation", kept(index.transform.rotation.float(), copy))
+
+    def search(self, queries: torch.Tensor, k: int, **options):
+        return self.inner.search(rotate(queries, self.rotation), k, **options)
+
+    def chunk_rows(self, k: int, **options) -> int:
+        return self.inner.chunk_rows(k, **options)

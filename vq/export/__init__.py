@@ -7,6 +7,12 @@
     True
     >>> D, I = OnnxRunner("ivfpq.onnx")(queries)                      # any number of queries
 
+The graphs are not written here: each quantizer and index kind writes its encode, decode or
+search once, as a static-shape torch function next to its class (a quantizer's
+``static_encode`` / ``static_decode``, an index's ``searcher(...)``: see
+:mod:`vq.index.static`), which is also what its own torch path runs. This package wraps them
+with names, dtypes, metadata, padding and checks.
+
 - :func:`export_module`: the graph as a ``torch.nn.Module`` (for torch.compile, torch.export,
   TorchScript tracing, or your own exporter).
 - :func:`to_onnx`: that module written as ONNX, with named inputs/outputs and metadata.

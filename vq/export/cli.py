@@ -124,7 +124,7 @@ def _export(args) -> int:
 def _check(index, path: Path, queries_path: Path) -> str:
     """ONNX Runtime against the index's torch path on the given queries, in one line."""
     from vq._cpu import torch_only
-    from vq.cli import read_vectors
+    from vq.apps.common import read_vectors
     from vq.export import OnnxRunner
 
     runner = OnnxRunner(path)

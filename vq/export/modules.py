@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from vq.export.base import ExportModule
-from vq.export.codecs import decoder, encoder
-from vq.export.search import searcher
+from vq.export.codecs import codec_module
+from vq.export.search import search_module
 from vq.index import IVFPQ, PQIndex
 from vq.index.base import Index
 from vq.quantizers import Quantizer
@@ -34,7 +34,8 @@ def export_module(
 
     Args:
         obj: a trained :class:`vq.VectorQuantizer`, :class:`vq.ResidualVQ` (greedy or beam),
-            :class:`vq.ProductQuantizer` or :class:`vq.OPQ`; or a trained, non-empty
+            :class:`vq.ProductQuantizer`, :class:`vq.OPQ` or :class:`vq.FSQ`, with any layer
+            option (see :mod:`vq.export.codecs`); or a trained, non-empty
             :class:`vq.FlatIndex`, :class:`vq.PQIndex`, :class:`vq.IVFFlat`, :class:`vq.IVFPQ`,
             or :class:`vq.PreTransform` / :class:`vq.Refine` around them (faiss indexes
             imported with :func:`vq.index.from_faiss` included).
@@ -96,7 +97,9 @@ def _search_module(index, what, k, nprobe, k_factor, capacity, code_dtype) -> Ex
     if capacity is not None and not any(hasattr(m, "nlist") for m in index.modules()):
         raise ValueError(f"capacity applies to IVF indexes, not to a {name}")
     with torch.no_grad():
-        return searcher(index, index.k if k is None else k, nprobe, k_factor, capacity, code_dtype)
+        return search_module(
+            index, index.k if k is None else k, nprobe, k_factor, capacity, code_dtype
+        )
 
 
 def _codec_module(quantizer, what, k, nprobe, k_factor, capacity, code_dtype) -> ExportModule:
@@ -111,10 +114,13 @@ def _codec_module(quantizer, what, k, nprobe, k_factor, capacity, code_dtype) ->
     if extra:
         raise ValueError(f"{', '.join(extra)} apply to what='search' of an index, not to a {name}")
     if not quantizer.is_trained:
-        raise ValueError(f"the {name} is not trained; call fit(x) before exporting")
+        raise ValueError(
+            f"the {name} is not trained; call fit(x) before exporting (a learning layer also "
+            "trains in its first training-mode forward)"
+        )
     dtype = _code_dtype(code_dtype, quantizer)
     with torch.no_grad():
-        return decoder(quantizer, dtype) if what == "decode" else encoder(quantizer, dtype)
+        return codec_module(quantizer, what or "encode", dtype)
 
 
 def _code_dtype(code_dtype, quantizer) -> torch.dtype | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from vq.export.base import require
+from vq.export.base import ExportModule, positive, require
 from vq.export.modules import export_module
 
 #: ONNX opset used unless ``opset`` says otherwise (what torch 2.11's exporter targets)
@@ -63,29 +63,40 @@ def to_onnx(
     require("vq.export.to_onnx", "onnx", "onnxscript")
     import onnx
 
-    batch_size = _positive(batch_size, "batch_size")
-    opset = DEFAULT_OPSET if opset is None else _positive(opset, "opset")
-    module = export_module(
-        obj,
-        what,
-        k=k,
-        nprobe=nprobe,
-        k_factor=k_factor,
-        capacity=capacity,
-        code_dtype=code_dtype,
+    batch_size = positive(batch_size, "batch_size")
+    opset = DEFAULT_OPSET if opset is None else positive(opset, "opset")
+    options = {"k": k, "nprobe": nprobe, "k_factor": k_factor, "capacity": capacity}
+    module = export_module(obj, what, code_dtype=code_dtype, **options)
+    program = _program(module, batch_size, dynamic_batch, opset)
+    program.model.metadata_props.update(
+        {
+            "vq_version": _version(),
+            **module.metadata,
+            "batch_size": "dynamic" if dynamic_batch else str(batch_size),
+            "opset": str(opset),
+        }
     )
+    program.model.producer_name = "vq"
+    program.model.producer_version = _version()
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbytes = sum(b.numel() * b.element_size() for b in module.buffers())
+    program.save(path, external_data=nbytes > (1 << 31) - (1 << 26))
+    onnx.checker.check_model(str(path))
+    return path
+
+
+def _program(module: ExportModule, batch_size: int, dynamic_batch: bool, opset: int):
+    """The ONNX program of ``module`` traced at ``batch_size`` rows (a symbolic batch axis
+    named "batch" when ``dynamic_batch``), inputs and outputs named after its specs."""
     # a symbolic batch cannot be traced from 1 row (torch.export specialises sizes 0 and 1)
     example = module.example_input(max(batch_size, 2) if dynamic_batch else batch_size)
-    input_names = [spec.name for spec in module.inputs]
-    dynamic_shapes = None
-    if dynamic_batch:
-        dynamic_shapes = ({0: torch.export.Dim("batch", min=1)},)
+    dynamic_shapes = ({0: torch.export.Dim("batch", min=1)},) if dynamic_batch else None
     with _quiet(), torch.no_grad():
         program = _export(
             module,
             (example,),
-            input_names=input_names,
+            input_names=[spec.name for spec in module.inputs],
             output_names=[spec.name for spec in module.outputs],
             opset_version=opset,
             dynamic_shapes=dynamic_shapes,
@@ -94,20 +105,7 @@ def to_onnx(
         )
     if dynamic_batch:  # name the symbolic batch axis "batch" wherever it appears
         program.rename_axes({program.model.graph.inputs[0].shape[0]: "batch"})
-    metadata = {
-        "vq_version": _version(),
-        **module.metadata,
-        "batch_size": "dynamic" if dynamic_batch else str(batch_size),
-        "opset": str(opset),
-    }
-    program.model.metadata_props.update(metadata)
-    program.model.producer_name = "vq"
-    program.model.producer_version = _version()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    nbytes = sum(b.numel() * b.element_size() for b in module.buffers())
-    program.save(path, external_data=nbytes > (1 << 31) - (1 << 26))
-    onnx.checker.check_model(str(path))
-    return path
+    return program
 
 
 def _export(module: torch.nn.Module, args: tuple, **options):
@@ -134,12 +132,6 @@ def _version() -> str:
     import vq
 
     return vq.__version__
-
-
-def _positive(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 @contextlib.contextmanager

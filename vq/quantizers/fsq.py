@@ -83,9 +83,21 @@ class FSQ(Quantizer):
         return (self._digits(x.float()) * self._basis).sum(-1)
 
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
-        digits = (codes.reshape(-1, 1).long() // self._basis) % self._levels
+        # codes are non-negative: truncating division is floor division (one Div in ONNX)
+        quotient = torch.div(codes.reshape(-1, 1).long(), self._basis, rounding_mode="trunc")
         half = self._half_width(torch.float32)
-        return (digits.float() - half) / half
+        return (torch.remainder(quotient, self._levels).float() - half) / half
+
+    def static_encode(self, x: torch.Tensor) -> torch.Tensor:
+        """``encode`` as one static-shape graph (its only path), float32 Tensor[n, dim] →
+        int64 Tensor[n]: ``project_in`` when ``dim`` differs from ``len(levels)``, the bounded,
+        rounded coordinates, their mixed-radix number. What :mod:`vq.export` writes out."""
+        return self._encode(self._code_space(x))
+
+    def static_decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """``decode`` as one static-shape graph: integer codes Tensor[n] → float32 Tensor[n,
+        dim] (the grid point, then ``project_out``)."""
+        return self._output_space(self._decode(codes))
 
     def _codebook_groups(self) -> torch.Tensor:
         grid = torch.arange(self.codebook_size, device=self._levels.device)

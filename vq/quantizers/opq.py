@@ -46,6 +46,12 @@ def eigenvalue_allocation(x: torch.Tensor, M: int, dim_out: int) -> torch.Tensor
     return evecs[:, order].T.float().contiguous()
 
 
+def rotate(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """``x Rᵀ``: float32 Tensor[n, d], rotation float32 Tensor[d_out, d] → Tensor[n, d_out] (the
+    OPQ pre-transform of encoding and of :class:`vq.PreTransform` search)."""
+    return x @ rotation.T
+
+
 def procrustes(x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Orthogonal R [d_out, d] minimising ``||x Rᵀ - target||_F`` (x [n, d], target [n, d_out])."""
     u, _, vh = torch.linalg.svd(x.double().T @ target.double(), full_matrices=False)
@@ -148,10 +154,21 @@ class OPQ(Quantizer):
         return self.pq.ksub
 
     def _rotate(self, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.rotation.float().T
+        return rotate(x, self.rotation.float())
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         return self.pq._encode(self._rotate(x))
+
+    def static_encode(self, x: torch.Tensor) -> torch.Tensor:
+        """``encode`` as one static-shape graph: :func:`rotate`, then the PQ's
+        :meth:`~vq.ProductQuantizer.static_encode`. What ``encode`` runs off the numba path and
+        what :mod:`vq.export` writes out: float32 Tensor[n, dim] → int64 Tensor[n, M]."""
+        return self.pq.static_encode(self._rotate(x))
+
+    def static_decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """``decode`` as one static-shape graph: integer codes Tensor[n, M] → float32
+        Tensor[n, dim] (the PQ's reconstruction rotated back)."""
+        return self.pq.static_decode(codes) @ self.rotation.float()
 
     def _lean_encoder(self):
         inner = self.pq._lean_encoder()

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from vq import _cpu, kernels
-from vq._checks import is_eager
+from vq._checks import in_chunks, is_eager
 from vq.clustering import _generator, _kmeans_plus_plus, _update
 from vq.distances import chunk_rows
 from vq.parallel import Shards
@@ -173,15 +173,35 @@ class ProductQuantizer(Quantizer):
         return torch.cat([c for c, _ in parts]), torch.cat([e for _, e in parts])
 
     def _assign_torch(self, x: torch.Tensor, cb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        val, idx = partial_distances(x, cb).min(dim=-1)  # [M, n]
         subs = x.reshape(-1, self.M, self.dsub).transpose(0, 1)  # [M, n, dsub]
-        norms = (cb * cb).sum(-1)  # [M, ksub]
-        dist = torch.baddbmm(norms[:, None, :], subs, cb.transpose(1, 2), alpha=-2.0)
-        val, idx = dist.min(dim=-1)  # [M, n]
         err = (val + (subs * subs).sum(-1)).clamp_min(0.0).sum(0)
         return idx.T, err
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
-        return self._assign(x, with_errors=False)[0]
+        if _cpu.fast_path(x):
+            return self._assign(x, with_errors=False)[0]
+        rows = max(1, chunk_rows(self.M * self.ksub, x.device))
+        return in_chunks(lambda chunk: pq_encode(chunk, self.codebooks.detach().float()), x, rows)
+
+    def static_encode(self, x: torch.Tensor) -> torch.Tensor:
+        """``encode`` as one static-shape graph: the code space (cosine normalisation of the
+        sub-vectors), then :func:`pq_encode`. What ``encode`` runs (chunk by chunk) for CUDA
+        tensors, under ``vq._cpu.torch_only()`` and in compiled graphs, and what
+        :mod:`vq.export` writes out.
+
+        Args:
+            x: float32 Tensor[n, dim].
+
+        Returns:
+            int64 Tensor[n, M].
+        """
+        return pq_encode(self._code_space(x), self.codebooks.detach().float())
+
+    def static_decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """``decode`` as one static-shape graph: integer codes Tensor[n, M] → float32
+        Tensor[n, dim] (:func:`pq_decode`)."""
+        return pq_decode(codes, self.codebooks.detach().float())
 
     def _lean_encoder(self):
         cb = self.codebooks.detach().float()
@@ -206,9 +226,7 @@ class ProductQuantizer(Quantizer):
                 codes.contiguous().numpy(), cb.contiguous().numpy(), out.numpy()
             )
             return out
-        flat = (codes.long() + self._offsets).reshape(-1)
-        sub = cb.reshape(-1, self.dsub).index_select(0, flat)
-        return sub.reshape(-1, self.dim)
+        return pq_decode(codes, cb)
 
     # -- the layer --------------------------------------------------------------------------
     def _codebook_groups(self) -> torch.Tensor:
@@ -230,10 +248,52 @@ class ProductQuantizer(Quantizer):
         return self._quantize_groups(z, weight, update)
 
     def _tables(self, queries: torch.Tensor, metric: Metric) -> torch.Tensor:
-        cb = self.codebooks.detach().float()
-        subs = queries.reshape(-1, self.M, self.dsub).transpose(0, 1)  # [M, nq, dsub]
-        dots = torch.bmm(subs, cb.transpose(1, 2))  # [M, nq, ksub]
-        if metric == "ip":
-            return dots.transpose(0, 1).contiguous()
-        sq = (subs * subs).sum(-1, keepdim=True) - 2.0 * dots + (cb * cb).sum(-1)[:, None, :]
-        return sq.clamp_min(0.0).transpose(0, 1).contiguous()
+        tables = lookup_tables(queries, self.codebooks.detach().float(), metric)
+        return tables.transpose(0, 1).contiguous()
+
+
+# -- the static-shape graphs: encode's and decode's torch path, the indexes' look-up tables ------
+def partial_distances(x: torch.Tensor, codebooks: torch.Tensor) -> torch.Tensor:
+    """``||c||² - 2⟨x_m, c⟩`` of every sub-vector and codeword (the squared distance less
+    ``||x_m||²``): x float32 Tensor[n, M * dsub], codebooks float32 Tensor[M, ksub, dsub] →
+    float32 Tensor[M, n, ksub], one batched matrix product."""
+    M, _, dsub = codebooks.shape
+    subs = x.reshape(-1, M, dsub).transpose(0, 1)  # [M, n, dsub]
+    norms = (codebooks * codebooks).sum(-1)[:, None, :]  # [M, 1, ksub]
+    return torch.baddbmm(norms, subs, codebooks.transpose(1, 2), alpha=-2.0)
+
+
+def pq_encode(x: torch.Tensor, codebooks: torch.Tensor) -> torch.Tensor:
+    """Product-quantizer codes as one static-shape graph (MatMul and ArgMin in ONNX): x float32
+    Tensor[n, M * dsub], codebooks float32 Tensor[M, ksub, dsub] → int64 Tensor[n, M], the
+    nearest codeword of each sub-vector (lowest index among exact ties)."""
+    return partial_distances(x, codebooks).argmin(dim=2).T
+
+
+def pq_decode(codes: torch.Tensor, codebooks: torch.Tensor) -> torch.Tensor:
+    """Reconstructions as one static-shape graph (one Gather): integer codes Tensor[n, M],
+    codebooks float32 Tensor[M, ksub, dsub] → float32 Tensor[n, M * dsub]."""
+    M, ksub, dsub = codebooks.shape
+    offsets = torch.arange(M, device=codes.device) * ksub  # a constant of the graph
+    flat = (codes.long() + offsets).reshape(-1)
+    return codebooks.reshape(-1, dsub).index_select(0, flat).reshape(-1, M * dsub)
+
+
+def lookup_tables(queries: torch.Tensor, codebooks: torch.Tensor, metric: Metric) -> torch.Tensor:
+    """ADC look-up tables as one static-shape graph, laid out per sub-quantizer.
+
+    Args:
+        queries: float32 Tensor[B, M * dsub]; codebooks: float32 Tensor[M, ksub, dsub].
+        metric: "l2" (``||q_m - c||²``, clamped at 0) or "ip" (``⟨q_m, c⟩``).
+
+    Returns:
+        float32 Tensor[M, B, ksub]: summing ``table[m, :, code_m]`` over m gives ``||q - x̂||²``
+        or ``⟨q, x̂⟩``.
+    """
+    M, _, dsub = codebooks.shape
+    subs = queries.reshape(-1, M, dsub).transpose(0, 1)  # [M, B, dsub]
+    dots = torch.bmm(subs, codebooks.transpose(1, 2))  # [M, B, ksub]
+    if metric == "ip":
+        return dots
+    norms = (codebooks * codebooks).sum(-1)[:, None, :]
+    return ((subs * subs).sum(-1, keepdim=True) - 2.0 * dots + norms).clamp_min(0.0)

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from vq import _cpu, kernels
-from vq._checks import as_codes, is_eager, like_input
+from vq._checks import as_codes, in_chunks, like_input
 from vq.clustering import _generator, kmeans
-from vq.distances import nearest
+from vq.distances import chunk_rows, nearest
 from vq.parallel import Shards, sync
 from vq.quantizers.base import Metric, Quantizer, Step
 from vq.quantizers.functional import (
@@ -35,6 +35,7 @@ from vq.quantizers.functional import (
     training_rows,
 )
 from vq.quantizers.learning import Learning
+from vq.quantizers.vector import nearest_codeword
 
 
 class ResidualVQ(Quantizer):
@@ -124,21 +125,15 @@ class ResidualVQ(Quantizer):
         self.niter, self.init, self.seed = niter, init, seed
         self.max_points_per_centroid = max_points_per_centroid
         self._init_codebooks("codebooks", (num_quantizers, codebook_size, self.code_dim), learning)
-        self.register_buffer(
-            "_offsets",
-            torch.tensor([q * codebook_size for q in range(num_quantizers)]),  # not arange: meta
-            persistent=False,
-        )
 
     # -- training ---------------------------------------------------------------------------
     def _fit(self, x: torch.Tensor) -> None:
-        # every stage's k-means would subsample to this many vectors anyway
+        # every stage's k-means would subsample to this many vectors anyway; under
+        # torch.distributed x is this process's shard: keep its part of the global sample
         gen = _generator(self.seed)
-        # under torch.distributed x is this process's shard: keep its part of the global sample
         x = Shards.of(x).subsample(self.codebook_size * self.max_points_per_centroid, gen).local
         n = x.shape[0]
-        codes = torch.zeros(n, 1, 0, dtype=torch.long, device=x.device)
-        residuals = x[:, None, :].clone()  # [n, beam, d]
+        codes, residuals = None, x[:, None, :].clone()  # codes [n, beam, m], residuals [n, beam, d]
         for m in range(self.num_quantizers):
             result = kmeans(
                 residuals.reshape(-1, self.code_dim),
@@ -150,9 +145,10 @@ class ResidualVQ(Quantizer):
             )
             self.codebooks[m].copy_(result.centroids)
             rows = max(1, (1 << 20) // (residuals.shape[1] * self.codebook_size))
+            cb, chunks = self.codebooks[m].float(), [slice(s, s + rows) for s in range(0, n, rows)]
             steps = [
-                self._beam_step(codes[s : s + rows], residuals[s : s + rows], m, self.beam_size)
-                for s in range(0, n, rows)
+                beam_step(None if codes is None else codes[c], residuals[c], cb, self.beam_size)
+                for c in chunks
             ]
             codes = torch.cat([c for c, _, _ in steps])
             residuals = torch.cat([r for _, r, _ in steps])
@@ -178,54 +174,25 @@ class ResidualVQ(Quantizer):
             cb.copy_(new)
 
     # -- coding -----------------------------------------------------------------------------
-    def _beam_step(self, codes, residuals, m: int, beam: int):
-        """Extend every partial encoding by stage m and keep the ``beam`` best.
-
-        Args:
-            codes: int64 [n, B, m]; residuals: float32 [n, B, d].
-
-        Returns:
-            codes [n, B', m+1], residuals [n, B', d], errors [n, B'] (sorted ascending).
-        """
-        n, b, d = residuals.shape
-        cb = self.codebooks[m].float()
-        k = cb.shape[0]
-        r2 = (residuals * residuals).sum(-1, keepdim=True)
-        dist = torch.addmm((cb * cb).sum(-1), residuals.reshape(n * b, d), cb.T, alpha=-2.0)
-        dist = dist.reshape(n, b, k) + r2  # [n, B, K]
-        keep = min(beam, b * k)
-        err, flat = torch.topk(dist.reshape(n, b * k), keep, dim=1, largest=False, sorted=True)
-        parent, code = flat // k, flat % k
-        codes = torch.cat(
-            [codes.gather(1, parent[..., None].expand(n, keep, m)), code[..., None]], dim=2
-        )
-        residuals = residuals.gather(1, parent[..., None].expand(n, keep, d)) - cb[code]
-        return codes, residuals, err
-
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
-        if self.beam_size == 1:
-            return self._encode_greedy(x)
-        if not is_eager() or x.shape[0] == 0:
-            return self._encode_beam(x)
-        rows = max(1, (1 << 20) // (self.beam_size * self.codebook_size))
-        return torch.cat([self._encode_beam(x[s : s + rows]) for s in range(0, x.shape[0], rows)])
+        k, beam = self.codebook_size, self.beam_size
+        rows = chunk_rows(k, x.device) if beam == 1 else max(1, (1 << 20) // (beam * k))
+        cb = self.codebooks.detach().float()
+        return in_chunks(lambda chunk: residual_encode(chunk, cb, beam), x, rows)
 
-    def _encode_greedy(self, x: torch.Tensor) -> torch.Tensor:
-        residual = x.float()
-        codes = []
-        for m in range(self.num_quantizers):
-            cb = self.codebooks[m].float()
-            idx = nearest(residual, cb).indices
-            residual = residual - cb.index_select(0, idx)
-            codes.append(idx)
-        return torch.stack(codes, dim=1)
+    def static_encode(self, x: torch.Tensor) -> torch.Tensor:
+        """``encode`` as one static-shape graph, float32 Tensor[n, dim] → int64 Tensor[n, Q]:
+        the code space (``project_in``), then :func:`residual_encode` (greedy or beam search,
+        as ``beam_size`` says). What ``encode`` and eval-mode ``forward`` run (chunk by chunk)
+        off the CPU, under ``vq._cpu.torch_only()`` and in graphs, and what :mod:`vq.export`
+        writes out."""
+        cb = self.codebooks.detach().float()
+        return residual_encode(self._code_space(x), cb, self.beam_size)
 
-    def _encode_beam(self, x: torch.Tensor) -> torch.Tensor:
-        codes = torch.zeros(x.shape[0], 1, 0, dtype=torch.long, device=x.device)
-        residuals = x.float()[:, None, :]
-        for m in range(self.num_quantizers):
-            codes, residuals, _ = self._beam_step(codes, residuals, m, self.beam_size)
-        return codes[:, 0]
+    def static_decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """``decode`` as one static-shape graph: integer codes Tensor[n, Q] → float32
+        Tensor[n, dim] (:func:`residual_decode`, then ``project_out``)."""
+        return self._output_space(residual_decode(codes, self.codebooks.detach().float()))
 
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
         cb = self.codebooks.detach().float()
@@ -234,9 +201,7 @@ class ResidualVQ(Quantizer):
             codes_np, cb_np = codes.contiguous().numpy(), cb.contiguous().numpy()
             kernels.additive_decode(codes_np, cb_np, out.numpy())
             return out
-        flat = (codes.long() + self._offsets).reshape(-1)
-        words = cb.reshape(-1, self.code_dim).index_select(0, flat)
-        return words.reshape(-1, self.num_quantizers, self.code_dim).sum(dim=1)
+        return residual_decode(codes, cb)
 
     def decode(self, codes: Any, num_stages: int | None = None) -> Any:
         """Reconstructions of integer ``codes`` [..., Q] → float [..., dim].
@@ -258,13 +223,10 @@ class ResidualVQ(Quantizer):
                 f"codes: expected codes [..., {q}] or [..., {num_stages}] for num_stages="
                 f"{num_stages}, got shape {tuple(c.shape)}"
             )
-        lead = c.shape[:-1]
-        c = c[..., :num_stages].reshape(-1, num_stages).to(self.device).long()
+        rows = c[..., :num_stages].reshape(-1, num_stages).to(self.device)
         with torch.no_grad():
-            cb = self.codebooks.detach().float()[:num_stages].reshape(-1, self.code_dim)
-            words = cb.index_select(0, (c + self._offsets[:num_stages]).reshape(-1))
-            x_hat = self._output_space(words.reshape(-1, num_stages, self.code_dim).sum(dim=1))
-        return like_input(x_hat.reshape(*lead, self.dim), codes)
+            x_hat = self._output_space(residual_decode(rows, self.codebooks.detach()[:num_stages]))
+        return like_input(x_hat.reshape(*c.shape[:-1], self.dim), codes)
 
     # -- the layer --------------------------------------------------------------------------
     def _codebook_groups(self) -> torch.Tensor:
@@ -368,4 +330,71 @@ class ResidualVQ(Quantizer):
         """``Σ_m ||c_m||²`` over the codewords named by ``codes`` [..., Q] → float32 [...]."""
         c = torch.as_tensor(codes).long().to(self.device)
         norms = (self._output_codebooks() ** 2).sum(-1).reshape(-1)
-        return norms[c + self._offsets].sum(-1)
+        offsets = torch.arange(self.num_quantizers, device=c.device) * self.codebook_size
+        return norms[c + offsets].sum(-1)
+
+
+# -- the static-shape graphs: encode's and decode's torch path ----------------------------------
+def residual_encode(x: torch.Tensor, codebooks: torch.Tensor, beam_size: int) -> torch.Tensor:
+    """Residual codes as one static-shape graph: greedy (``beam_size`` 1: the nearest codeword
+    of each stage's residual) or beam search (:func:`beam_step` per stage, the best path).
+
+    Args:
+        x: float32 Tensor[n, d]; codebooks: float32 Tensor[Q, K, d]; beam_size: B >= 1.
+
+    Returns:
+        int64 Tensor[n, Q].
+    """
+    if beam_size == 1:
+        residual, codes = x, []
+        for codebook in codebooks.unbind(0):
+            idx = nearest_codeword(residual, codebook)
+            residual = residual - codebook.index_select(0, idx)
+            codes.append(idx)
+        return torch.stack(codes, dim=1)
+    codes, residuals = None, x[:, None, :]
+    for codebook in codebooks.unbind(0):
+        codes, residuals, _ = beam_step(codes, residuals, codebook, beam_size)
+    return codes[:, 0]
+
+
+def beam_step(
+    codes: torch.Tensor | None, residuals: torch.Tensor, codebook: torch.Tensor, beam: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Extend every partial encoding by one stage and keep the ``beam`` best: a top-k over
+    ``B × K`` candidates, parents followed by gathers from flattened rows (a candidate's parent
+    and codeword are read from constant tables: Gathers in ONNX, not division arithmetic).
+
+    Args:
+        codes: int64 Tensor[n, B, m] (None before the first stage); residuals: float32
+            Tensor[n, B, d]; codebook: float32 Tensor[K, d] of this stage; beam: B' >= 1.
+
+    Returns:
+        codes int64 [n, B', m + 1], residuals float32 [n, B', d], squared errors [n, B'].
+    """
+    (n, b, d), k = residuals.shape, codebook.shape[0]
+    r2, norms = (residuals * residuals).sum(-1, keepdim=True), (codebook * codebook).sum(-1)
+    dist = torch.addmm(norms, residuals.reshape(n * b, d), codebook.T, alpha=-2.0)
+    dist = dist.reshape(n, b, k) + r2  # [n, B, K]
+    keep = min(beam, b * k)
+    err, flat = torch.topk(dist.reshape(n, b * k), keep, dim=1, largest=False, sorted=True)
+    slots = torch.arange(b * k, device=residuals.device)  # constants of the graph
+    parent = (slots // k).index_select(0, flat.reshape(-1)).reshape(n, keep)
+    code = (slots % k).index_select(0, flat.reshape(-1)).reshape(n, keep)
+    rows = (parent + torch.arange(n, device=residuals.device)[:, None] * b).reshape(-1)
+    words = codebook.index_select(0, code.reshape(-1)).reshape(n, keep, d)
+    residuals = residuals.reshape(n * b, d).index_select(0, rows).reshape(n, keep, d) - words
+    if codes is None:
+        return code[:, :, None], residuals, err
+    m = codes.shape[2]
+    kept = codes.reshape(n * b, m).index_select(0, rows).reshape(n, keep, m)
+    return torch.cat([kept, code[:, :, None]], dim=2), residuals, err
+
+
+def residual_decode(codes: torch.Tensor, codebooks: torch.Tensor) -> torch.Tensor:
+    """Reconstructions as one static-shape graph, the sum of one codeword per stage: integer
+    codes Tensor[n, Q], codebooks float32 Tensor[Q, K, d] → float32 Tensor[n, d]."""
+    q, k, d = codebooks.shape
+    offsets = torch.arange(q, device=codes.device) * k  # a constant of the graph
+    words = codebooks.reshape(-1, d).index_select(0, (codes.long() + offsets).reshape(-1))
+    return words.reshape(-1, q, d).sum(dim=1)

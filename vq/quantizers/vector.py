@@ -6,11 +6,26 @@ import numpy as np
 import torch
 
 from vq import _cpu, kernels
+from vq._checks import in_chunks
 from vq.clustering import kmeans
-from vq.distances import nearest
+from vq.distances import chunk_rows, nearest
 from vq.quantizers.base import Metric, Quantizer, Step
 from vq.quantizers.functional import row_norms, training_rows
 from vq.quantizers.learning import Learning
+
+
+def nearest_codeword(x: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
+    """The nearest codeword of every row, as one static-shape graph: ``argmin_j ||c_j||² -
+    2⟨x, c_j⟩`` from one matrix product (Gemm and ArgMin in ONNX); ties go to the lowest index.
+
+    Args:
+        x: float32 Tensor[n, d]; codebook: float32 Tensor[K, d].
+
+    Returns:
+        int64 Tensor[n].
+    """
+    norms = (codebook * codebook).sum(1)
+    return torch.addmm(norms, x, codebook.T, alpha=-2.0).argmin(dim=1)
 
 
 class VectorQuantizer(Quantizer):
@@ -80,7 +95,30 @@ class VectorQuantizer(Quantizer):
         self.codebook.copy_(result.centroids)
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
-        return nearest(x, self.codebook.detach().float(), x_norms=row_norms(x)).indices
+        cb = self.codebook.detach().float()
+        if _cpu.fast_path(x):  # BLAS products, numba arg-min
+            return nearest(x, cb, x_norms=row_norms(x)).indices
+        rows = chunk_rows(self.codebook_size, x.device)
+        return in_chunks(lambda chunk: nearest_codeword(chunk, cb), x, rows)
+
+    def static_encode(self, x: torch.Tensor) -> torch.Tensor:
+        """``encode`` as one static-shape graph: the code space (``project_in``, cosine
+        normalisation), then :func:`nearest_codeword`. What ``encode`` runs (chunk by chunk)
+        for CUDA tensors, under ``vq._cpu.torch_only()`` and in compiled graphs, and what
+        :mod:`vq.export` writes out.
+
+        Args:
+            x: float32 Tensor[n, dim].
+
+        Returns:
+            int64 Tensor[n].
+        """
+        return nearest_codeword(self._code_space(x), self.codebook.detach().float())
+
+    def static_decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """``decode`` as one static-shape graph: integer codes Tensor[n] → float32 Tensor[n,
+        dim] (a gather, then ``project_out``)."""
+        return self._output_space(self._decode(codes))
 
     def _lean_encoder(self):
         c = self.codebook.detach().float()

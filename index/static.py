@@ -1,0 +1,121 @@
+"""What the static-shape searches of every index kind share.
+
+Each index kind writes its search once, as a :class:`Searcher` next to it (``FlatSearch`` in
+flat.py, ``PQSearch`` in pq.py, ``IVFFlatSearch`` in ivf.py, ``IVFPQSearch`` in ivfpq.py,
+``PreTransformSearch`` in transform.py, ``RefineSearch`` in refine.py): a ``torch.nn.Module``
+whose buffers are the index's constants in fixed shapes (inverted lists padded to one capacity,
+with a +inf bias on the padding slots so that padding never wins) and whose ``search`` uses
+matrix products, gathers, top-k and elementwise ops only: no shape computed from data, no
+``.item()``, no Python branch on a tensor value. So it runs the same eagerly, compiled with
+``fullgraph=True``, under strict ``torch.export`` and in ONNX Runtime.
+
+The index's torch path (CUDA tensors, ``vq._cpu.torch_only()``, graph capture) runs that module
+over its own storage (``copy=False``), a chunk of queries at a time (:func:`search_in_chunks`);
+``index.searcher(...)`` gives a snapshot (``copy=True``) that :mod:`vq.export` writes out. The
+numba kernels are the CPU engine, tested against it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+INF = float("inf")
+
+
+def kept(t: torch.Tensor, copy: bool) -> torch.Tensor:
+    """``t`` detached: a copy (a snapshot that later ``add`` or training do not reach) or the
+    tensor itself (the torch path, over the index's storage)."""
+    return t.detach().clone() if copy else t.detach()
+
+
+class Searcher(nn.Module):
+    """Base of the static searches: queries float32 [B, dim] → distances float32 [B, k] and ids
+    int64 [B, k], as :meth:`vq.index.Index.search` returns them (squared L2 ascending or inner
+    products descending; id -1 with +inf, -inf for "ip", where fewer than k results exist).
+
+    ``forward(queries)`` searches with the options fixed at construction (``k``, ``nprobe``,
+    ``k_factor``: what an exported graph bakes in); ``search(queries, k, **options)`` takes
+    them per call (the index's torch path).
+
+    Attributes:
+        k, metric, dim, ntotal: those of the index.
+
+    Buffers:
+        id_table: int64 [ntotal], the id of every stored row (absent while the ids are the row
+        numbers, or where a wrapped searcher maps them).
+    """
+
+    def __init__(self, index, k: int | None, copy: bool, ids: bool = True):
+        super().__init__()
+        self.k = index.k if k is None else int(k)
+        self.metric, self.dim, self.ntotal = index.metric, index.dim, index.ntotal
+        self.sequential = not ids or index._sequential_ids()
+        if not self.sequential:
+            self.register_buffer("id_table", kept(index.stored_ids(), copy))
+
+    def forward(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.search(queries, self.k)
+
+    def search(self, queries: torch.Tensor, k: int, **options):
+        """Distances float32 [B, k] and ids int64 [B, k] of queries float32 [B, dim]."""
+        raise NotImplementedError
+
+    def chunk_rows(self, k: int, **options) -> int:
+        """Queries per ``search`` call that keep its temporaries to some hundred MiB (the
+        torch path's chunks)."""
+        raise NotImplementedError
+
+    def results(self, val: torch.Tensor, rows: torch.Tensor, k: int):
+        """Candidates best first → search results.
+
+        Args:
+            val: float32 [B, kk], smaller is nearer (negated inner products for "ip"), +inf
+                where there is no candidate; rows: int64 [B, kk], -1 there; kk <= k.
+
+        Returns:
+            distances float32 [B, k] (negated back for "ip") and ids int64 [B, k], padded
+            with ±inf and -1.
+        """
+        if self.sequential:
+            ids = rows
+        else:
+            found = self.id_table.index_select(0, rows.clamp_min(0).reshape(-1))
+            ids = torch.where(rows < 0, -1, found.reshape(rows.shape))
+        dist = -val if self.metric == "ip" else val
+        pad = k - dist.shape[1]
+        if pad <= 0:
+            return dist, ids
+        fill = INF if self.metric == "l2" else -INF
+        dist = torch.cat([dist, dist.new_full((dist.shape[0], pad), fill)], dim=1)
+        ids = torch.cat([ids, ids.new_full((ids.shape[0], pad), -1)], dim=1)
+        return dist, ids
+
+
+def top_rows(scores: torch.Tensor, k: int, rows: torch.Tensor | None = None):
+    """The ``k`` smallest candidate scores and their rows.
+
+    Args:
+        scores: float32 [B, C], +inf for padding; k: how many to keep (at most C are).
+        rows: int64 [B, C], the stored row of each candidate (-1 for padding), or None when
+            candidate c is row c.
+
+    Returns:
+        values float32 [B, min(k, C)], ascending, and rows int64 (-1 where the value is +inf).
+    """
+    val, pos = torch.topk(scores, min(k, scores.shape[1]), dim=1, largest=False, sorted=True)
+    found = pos if rows is None else rows.gather(1, pos)
+    return val, torch.where(torch.isinf(val), -1, found)
+
+
+def search_in_chunks(searcher: Searcher, queries: torch.Tensor, k: int, **options):
+    """``searcher.search(queries, k, **options)`` a chunk of queries at a time (bounded
+    temporary memory: see ``Searcher.chunk_rows``)."""
+    rows = searcher.chunk_rows(k, **options)
+    if queries.shape[0] <= rows:
+        return searcher.search(queries, k, **options)
+    parts = [
+        searcher.search(queries[s : s + rows], k, **options)
+        for s in range(0, queries.shape[0], rows)
+    ]
+    return torch.cat([d for d, _ in parts]), torch.cat([i for _, i in parts])
