@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 import vq
+from vq.apps import export as export_cli
 from vq.apps import nsynth, validate
 from vq.apps.common import (
     InputError,
@@ -40,7 +41,6 @@ from vq.apps.common import (
 from vq.apps.warmup import COMMON, Warmed
 from vq.apps.warmup import warmup as warm_up
 from vq.datasets import write_ivecs
-from vq.export import cli as export_cli
 from vq.kernels import cache
 
 COMMANDS = ("build", "search", "export", "nsynth", "validate", "bench", "warmup")

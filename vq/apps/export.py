@@ -1,4 +1,4 @@
-"""vq export: a saved index (vq or faiss file) to ONNX, or the audit of ONNX models.
+"""``vq export``: a saved index (vq or faiss file) to ONNX, or the audit of ONNX models.
 
 vq export my.index -o search.onnx --batch-size 64 -k 10 --nprobe 16   [--check queries.fvecs]
 vq export faiss.index -o search.onnx --batch-size 1                   (a faiss.write_index file)
@@ -12,6 +12,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+import vq
+from vq._cpu import torch_only
+from vq.apps.common import read_vectors
+from vq.export import OnnxRunner, audit, to_onnx
 
 
 def main(argv: list[str], prog: str = "vq export") -> int:
@@ -57,8 +62,6 @@ def main(argv: list[str], prog: str = "vq export") -> int:
 
 
 def _audit(paths: list[Path]) -> int:
-    from vq.export import audit
-
     clean = True
     for path in paths:
         report = audit(path)
@@ -69,8 +72,6 @@ def _audit(paths: list[Path]) -> int:
 
 def load_any_index(path: Path):
     """A vq index from a vq file (``index.save``) or a faiss file (``faiss.write_index``)."""
-    import vq
-
     try:
         return vq.load_index(path)
     except ValueError as vq_error:
@@ -92,8 +93,6 @@ def load_any_index(path: Path):
 
 
 def _export(args) -> int:
-    from vq.export import audit, to_onnx
-
     index = load_any_index(args.index[0])
     start = time.perf_counter()
     path = to_onnx(
@@ -123,10 +122,6 @@ def _export(args) -> int:
 
 def _check(index, path: Path, queries_path: Path) -> str:
     """ONNX Runtime against the index's torch path on the given queries, in one line."""
-    from vq._cpu import torch_only
-    from vq.apps.common import read_vectors
-    from vq.export import OnnxRunner
-
     runner = OnnxRunner(path)
     queries = read_vectors(queries_path, "test")
     meta = runner.metadata
