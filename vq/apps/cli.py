@@ -37,6 +37,7 @@ from vq.apps.common import (
     recall_summary,
     run_command,
     set_threads,
+    timed,
 )
 from vq.apps.warmup import COMMON, Warmed
 from vq.apps.warmup import warmup as warm_up
@@ -93,12 +94,8 @@ def build(argv: list[str]) -> int:
             rng = np.random.default_rng(args.seed)
             train = x[np.sort(rng.choice(len(x), args.train_size, replace=False))]
     with _compile_notice(f"the kernels of {args.index} (dim {x.shape[1]})"):
-        start = time.perf_counter()
-        index.train(train)
-        t_train = time.perf_counter() - start
-        start = time.perf_counter()
-        index.add(x)
-        t_add = time.perf_counter() - start
+        _, t_train = timed(lambda: index.train(train))
+        _, t_add = timed(lambda: index.add(x))
     index.save(args.output)
     print(
         f"{args.index}: {index.ntotal} vectors of dim {x.shape[1]}, trained on {len(train)} in "
@@ -145,9 +142,7 @@ def search(argv: list[str]) -> int:
         _set(index, "k_factor", args.k_factor)
     kind = f"{type(index).__name__} of dim {index.dim}"
     with _compile_notice(f"search kernels for this {kind}"):
-        start = time.perf_counter()
-        _, ids = index.search(q, args.k)
-        seconds = time.perf_counter() - start
+        (_, ids), seconds = timed(lambda: index.search(q, args.k))
     line = f"{len(q)} queries, k={args.k}: {seconds:.3f} s, {len(q) / seconds:.0f} QPS"
     if args.gt is not None:
         line += "; " + recall_summary(ids, read_neighbors(args.gt, len(q)), args.k)

@@ -6,13 +6,16 @@ ground-truth files, thread counts, recall lines.
     truth = read_neighbors(gt_path, len(q))     # .ivecs / .hdf5 -> int64 [nq, k], rows checked
     line += "; " + recall_summary(ids, truth, k)   # "recall@1 0.9, recall@10 0.95"
     set_threads(args.threads)                   # torch and vq (and faiss with faiss=True)
+    _, seconds = timed(lambda: index.train(x))  # a call and its wall time
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -92,6 +95,13 @@ def set_threads(threads: int | None, faiss: bool = False) -> None:
         import faiss as faiss_module  # optional: only the jobs that compare with faiss need it
 
         faiss_module.omp_set_num_threads(threads)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """``fn()``'s result and the seconds it took (wall clock)."""
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
 
 
 def faiss_available() -> bool:

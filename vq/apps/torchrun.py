@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +35,7 @@ from vq.apps.common import (
     recall_summary,
     report_error,
     set_threads,
+    timed,
 )
 from vq.datasets import read_bvecs, read_fvecs, vecs_shape, write_ivecs
 from vq.distributed.launch import init_process_group
@@ -125,13 +125,9 @@ def build(argv: list[str]) -> int:
         train = Shards.of(train).subsample(args.train_size, gen).local
     sharded = ShardedIndex(index)
     ckpt = args.checkpoint_dir or args.output / "checkpoints"
-    start = time.perf_counter()
     with checkpoints(ckpt, every=args.checkpoint_every):
-        sharded.train(train)
-    t_train = time.perf_counter() - start
-    start = time.perf_counter()
-    sharded.add(x)
-    t_add = time.perf_counter() - start
+        _, t_train = timed(lambda: sharded.train(train))
+    _, t_add = timed(lambda: sharded.add(x))
     sharded.save(args.output)
     if rank == 0:
         if not args.keep_checkpoints:
@@ -162,9 +158,7 @@ def search(argv: list[str]) -> int:
     sharded = ShardedIndex.load(args.index)
     q, _ = read_rows(args.queries, 0, 1, "test")
     params = {} if args.nprobe is None else {"nprobe": args.nprobe}
-    start = time.perf_counter()
-    _, ids = sharded.search(q, args.k, **params)
-    seconds = time.perf_counter() - start
+    (_, ids), seconds = timed(lambda: sharded.search(q, args.k, **params))
     if rank != 0:
         return 0
     line = (
