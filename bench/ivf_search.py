@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         faiss.write_index(ref, os.path.join(tmp, "index.faiss"))
         vq_file = os.path.getsize(os.path.join(tmp, "index.vq"))
         faiss_file = os.path.getsize(os.path.join(tmp, "index.faiss"))
-    index._list_tables()  # the precomputed table, as faiss holds it
+    index.precompute_table()  # held, as faiss holds it
     add_rows = [
         {
             "index": f"IVF{args.nlist},PQ{args.M}, n={args.n}",

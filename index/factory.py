@@ -6,7 +6,7 @@ import re
 
 from vq.index.base import Index
 from vq.index.flat import FlatIndex
-from vq.index.ivf import IVFFlat
+from vq.index.ivfflat import IVFFlat
 from vq.index.ivfpq import IVFPQ
 from vq.index.pq import PQIndex
 from vq.index.refine import Refine

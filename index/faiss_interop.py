@@ -8,6 +8,10 @@ aside). Supported: IndexFlat (L2/IP), IndexPQ, IndexIVFFlat, IndexIVFPQ (flat co
 quantizer), IndexPreTransform with one OPQMatrix, IndexRefineFlat, IndexIDMap around Flat/PQ
 (what non-sequential ids need in faiss), and the 4-bit fast-scan IndexPQFastScan and
 IndexIVFPQFastScan (even M).
+
+:func:`from_faiss` must know every kind, so it sits here, above them; the other way, each kind
+converts itself (``Index.to_faiss``, next to its class, on the pieces in
+:mod:`vq.index.faiss_build`), and :func:`to_faiss` only calls it.
 """
 
 from __future__ import annotations
@@ -16,17 +20,17 @@ import numpy as np
 import torch
 
 from vq.faiss_interop import (
-    _faiss,
     kmeans_index_from_centroids,
     opq_from_faiss,
-    pack_codes,
     pq_from_faiss,
     pq_to_faiss,
     unpack_codes,
 )
 from vq.index.base import Index
+from vq.index.faiss_build import import_faiss
 from vq.index.flat import FlatIndex
-from vq.index.ivf import IVFFlat, IVFIndex
+from vq.index.ivf import IVFIndex
+from vq.index.ivfflat import IVFFlat
 from vq.index.ivfpq import IVFPQ
 from vq.index.pq import PQIndex
 from vq.index.refine import Refine
@@ -35,7 +39,7 @@ from vq.kernels import fastscan as packed4
 
 
 def _metric(findex) -> str:
-    faiss = _faiss()
+    faiss = import_faiss()
     if findex.metric_type == faiss.METRIC_L2:
         return "l2"
     if findex.metric_type == faiss.METRIC_INNER_PRODUCT:
@@ -45,18 +49,13 @@ def _metric(findex) -> str:
     )
 
 
-def _faiss_metric(metric: str) -> int:
-    faiss = _faiss()
-    return faiss.METRIC_L2 if metric == "l2" else faiss.METRIC_INNER_PRODUCT
-
-
 def _bytes(ptr, n: int) -> np.ndarray:
-    return _faiss().rev_swig_ptr(ptr, n).copy() if n else np.zeros(0, np.uint8)
+    return import_faiss().rev_swig_ptr(ptr, n).copy() if n else np.zeros(0, np.uint8)
 
 
 def from_faiss(findex) -> Index:
     """A vq index holding the same parameters, vectors/codes and ids as a faiss index."""
-    faiss = _faiss()
+    faiss = import_faiss()
     f = faiss.downcast_index(findex)
     if isinstance(f, faiss.IndexIDMap):
         inner = from_faiss(f.index)
@@ -118,7 +117,7 @@ def _codes(raw: np.ndarray, fpq) -> torch.Tensor:
 
 
 def _ivf_from_faiss(f, metric: str) -> IVFIndex:
-    faiss = _faiss()
+    faiss = import_faiss()
     quantizer = faiss.downcast_index(f.quantizer)
     if not isinstance(quantizer, faiss.IndexFlat):
         raise ValueError(
@@ -155,7 +154,7 @@ def _ivf_from_faiss(f, metric: str) -> IVFIndex:
         code_size = invlists.code_size
         codes = [_bytes(invlists.get_codes(i), int(s) * code_size) for i, s in enumerate(sizes)]
     ids = [
-        _faiss().rev_swig_ptr(invlists.get_ids(i), int(s)).copy() if s else np.zeros(0, np.int64)
+        faiss.rev_swig_ptr(invlists.get_ids(i), int(s)).copy() if s else np.zeros(0, np.int64)
         for i, s in enumerate(sizes)
     ]
     if fast_scan:
@@ -171,102 +170,6 @@ def _ivf_from_faiss(f, metric: str) -> IVFIndex:
 
 
 def to_faiss(index: Index):
-    """The faiss index equivalent to ``index`` (parameters, stored data, ids, nprobe)."""
-    faiss = _faiss()
-    if isinstance(index, PreTransform):
-        matrix = faiss.OPQMatrix(index.transform.dim, index.transform.M, index.transform.dim_out)
-        rotation = index.transform.rotation.float().cpu().numpy()
-        faiss.copy_array_to_vector(rotation.ravel(), matrix.A)
-        matrix.is_trained = True
-        matrix.is_orthonormal = True
-        inner = to_faiss(index.index)
-        return _keep(faiss.IndexPreTransform(matrix, inner), matrix, inner)
-    if isinstance(index, Refine):
-        base = to_faiss(index.index)
-        vectors = np.ascontiguousarray(index.vectors.float().cpu().numpy())
-        out = _keep(faiss.IndexRefineFlat(base, faiss.swig_ptr(vectors)), base)
-        out.k_factor = index.k_factor
-        return _with_ids(out, index.stored_ids())
-    metric = _faiss_metric(index.metric)
-    if isinstance(index, IVFIndex):
-        return _ivf_to_faiss(index, metric)
-    if isinstance(index, FlatIndex):
-        out = faiss.IndexFlat(index.dim, metric)
-        out.add(index.vectors.float().cpu().numpy())
-    elif isinstance(index, PQIndex):
-        out = faiss.IndexPQ(index.dim, index.pq.M, index.pq.nbits, metric)
-        faiss.copy_array_to_vector(
-            index.pq.codebooks.float().cpu().numpy().ravel(), out.pq.centroids
-        )
-        out.is_trained = True
-        faiss.copy_array_to_vector(_code_bytes(index), out.codes)
-        out.ntotal = index.ntotal
-        if index.fast_scan:
-            out = _keep(faiss.IndexPQFastScan(out), out)
-    else:
-        raise ValueError(f"{type(index).__name__} has no faiss counterpart")
-    return _with_ids(out, index.stored_ids())
-
-
-def _keep(findex, *objects):
-    """Keep the Python objects a faiss index points to alive as long as it is."""
-    findex.referenced_objects = [*getattr(findex, "referenced_objects", []), *objects]
-    return findex
-
-
-def _code_bytes(index) -> np.ndarray:
-    """[n, M] codes → faiss's packed layout, flattened (uint8 [n * code_size])."""
-    return pack_codes(index.codes.cpu().numpy(), index.pq.nbits).ravel()
-
-
-def _with_ids(findex, ids: torch.Tensor):
-    """Wrap in an IndexIDMap unless the ids are 0, 1, …, ntotal - 1."""
-    faiss = _faiss()
-    ids = ids.cpu()
-    if torch.equal(ids, torch.arange(ids.shape[0])):
-        return findex
-    ntotal, findex.ntotal = findex.ntotal, 0  # faiss wraps only empty indexes
-    try:
-        out = _keep(faiss.IndexIDMap(findex), findex)
-    finally:
-        findex.ntotal = ntotal
-    faiss.copy_array_to_vector(ids.numpy().astype(np.int64), out.id_map)
-    out.ntotal = ntotal
-    return out
-
-
-def _ivf_to_faiss(index: IVFIndex, metric: int):
-    faiss = _faiss()
-    quantizer = faiss.IndexFlat(index.dim, metric)
-    quantizer.add(index.quantizer.codebook.float().cpu().numpy())
-    if isinstance(index, IVFPQ):
-        out = faiss.IndexIVFPQ(
-            quantizer, index.dim, index.nlist, index.pq.M, index.pq.nbits, metric
-        )
-        out.by_residual = index.by_residual
-        faiss.copy_array_to_vector(
-            index.pq.codebooks.float().cpu().numpy().ravel(), out.pq.centroids
-        )
-        data = _code_bytes(index).reshape(index.ntotal, out.code_size)
-    else:
-        out = faiss.IndexIVFFlat(quantizer, index.dim, index.nlist, metric)
-        data = index.vectors.float().cpu().numpy().view(np.uint8).reshape(index.ntotal, -1)
-    _keep(out, quantizer)
-    out.is_trained = True
-    out.nprobe = index.nprobe
-    offsets = index.offsets.cpu().numpy()
-    ids = index.ids.cpu().numpy().astype(np.int64)
-    for lst in range(index.nlist):
-        s, e = int(offsets[lst]), int(offsets[lst + 1])
-        if e > s:
-            block = np.ascontiguousarray(data[s:e])
-            out.invlists.add_entries(lst, e - s, faiss.swig_ptr(ids[s:e]), faiss.swig_ptr(block))
-    out.ntotal = index.ntotal
-    if isinstance(index, IVFPQ) and index._uses_precomputed():
-        out.use_precomputed_table = 1
-        out.precompute_table()
-    if isinstance(index, IVFPQ) and index.fast_scan:
-        fast = _keep(faiss.IndexIVFPQFastScan(out), out)
-        fast.nprobe = index.nprobe
-        return fast
-    return out
+    """The faiss index equivalent to ``index`` (parameters, stored data, ids, nprobe):
+    ``index.to_faiss()``, which each kind implements for itself."""
+    return index.to_faiss()

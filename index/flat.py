@@ -7,7 +7,9 @@ import torch
 
 from vq import _cpu, kernels
 from vq._cpu import empty, fast_path
-from vq.index.base import _NO_IDS, Index
+from vq.index.base import Index, shape_problem
+from vq.index.faiss_build import faiss_metric, import_faiss, with_id_map
+from vq.index.searching import NO_IDS
 from vq.index.static import Searcher, kept, search_in_chunks
 from vq.kernels import threads
 
@@ -44,6 +46,20 @@ class FlatIndex(Index):
     def _keep(self, rows: torch.Tensor) -> None:
         self.vectors = self.vectors[rows]
 
+    def growing_buffers(self) -> tuple[str, ...]:
+        return (*super().growing_buffers(), "vectors")
+
+    def consistency_problem(self) -> str | None:
+        problem = super().consistency_problem()
+        return problem or shape_problem("vectors", self.vectors, (self.ntotal, self.dim))
+
+    def to_faiss(self):
+        """faiss ``IndexFlat`` (L2 or IP) holding the same vectors, in an ``IndexIDMap`` unless
+        the ids are 0 … ntotal - 1."""
+        out = import_faiss().IndexFlat(self.dim, faiss_metric(self.metric))
+        out.add(self.vectors.float().cpu().numpy())
+        return with_id_map(out, self.stored_ids())
+
     def searcher(self, k: int | None = None) -> FlatSearch:
         """The search as a static-shape graph over a snapshot of the stored vectors (see
         :class:`FlatSearch`; what :mod:`vq.export` writes out)."""
@@ -76,7 +92,7 @@ class FlatIndex(Index):
         ip = self.metric == "ip"
         x = self.vectors.contiguous().numpy()
         norms = _NO_NORMS if ip else self._norms()
-        ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else _NO_IDS
+        ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else NO_IDS
         n = x.shape[0]
         work = self._search_work
 
@@ -104,7 +120,8 @@ class FlatIndex(Index):
     def _search_numba(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """BLAS inner products of a block of queries with a block of vectors (small enough to
         stay in cache), each block offered to per-query top-k heaps by a numba kernel, as
-        faiss's IndexFlat does: about as fast as faiss, 2x the torch.topk path."""
+        faiss's IndexFlat does: about as fast as faiss, 2x the torch.topk path. Returns
+        ``_search_rows``'s values (smaller is nearer) and rows."""
         x = self.vectors
         nq, n = q.shape[0], x.shape[0]
         inner_product = self.metric == "ip"
@@ -130,7 +147,7 @@ class FlatIndex(Index):
         dist, rows = empty((nq, k)), empty((nq, k), torch.int64)
         kernels.heaps_sorted(heap_d, heap_i, dist.numpy(), rows.numpy())
         if inner_product:
-            return -dist, rows
+            return dist, rows  # negated inner products, as the heaps ranked them
         return (dist + (q * q).sum(dim=1, keepdim=True)).clamp_min(0.0), rows
 
 

@@ -6,6 +6,10 @@ Reference: J. Sivic, A. Zisserman, "Video Google", ICCV 2003; H. Jégou, M. Douz
 
 Storage is CSR: the rows of list l are ``offsets[l]:offsets[l + 1]`` of every stored buffer
 (``ids``, and ``vectors`` or ``codes``), so a scan reads one contiguous range per probe.
+
+This module holds what the IVF kinds share (:class:`IVFIndex`, the static-shape probe and
+:class:`IVFSearch`); the kinds sit beside it: :class:`vq.index.IVFFlat` in ivfflat.py,
+:class:`vq.index.IVFPQ` in ivfpq.py.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ import numpy as np
 import torch
 
 from vq import _cpu, kernels
-from vq._checks import check_training_size
+from vq._checks import check_int, check_positive, check_training_size
 from vq.clustering import kmeans
-from vq.index.base import _NO_IDS, Index
-from vq.index.static import INF, Searcher, kept, search_in_chunks, top_rows
+from vq.index.base import Index
+from vq.index.faiss_build import faiss_metric, fill_inverted_lists, import_faiss, keep_alive
+from vq.index.searching import NO_IDS
+from vq.index.static import INF, Searcher, kept, search_in_chunks
 from vq.quantizers import VectorQuantizer
 
 _NO_NORMS = np.zeros(0, np.float32)
@@ -59,10 +65,8 @@ class IVFIndex(Index):
         verbose: bool = False,
     ):
         super().__init__(dim, metric, k, verbose)
-        if nlist <= 0:
-            raise ValueError(f"nlist must be positive, got {nlist}")
-        self.nlist = int(nlist)
-        self.nprobe = _check_nprobe(nprobe)
+        self.nlist = check_int(nlist, "nlist", 1)
+        self.nprobe = check_positive(nprobe, "nprobe")
         self.coarse_niter, self.seed = coarse_niter, seed
         self.quantizer = VectorQuantizer(dim, nlist, niter=coarse_niter, seed=seed)
         self.register_buffer("offsets", torch.zeros(nlist + 1, dtype=torch.int64))
@@ -83,6 +87,40 @@ class IVFIndex(Index):
     def list_sizes(self) -> torch.Tensor:
         """int64 [nlist]: vectors stored in each inverted list."""
         return self.offsets.diff()
+
+    def growing_buffers(self) -> tuple[str, ...]:
+        return (*super().growing_buffers(), *self._row_buffers)
+
+    def consistency_problem(self) -> str | None:
+        problem = super().consistency_problem() or self._rows_problem()
+        o, n = self.offsets, self.ntotal
+        if problem is None and (
+            o.shape != (self.nlist + 1,) or o[0] != 0 or o[-1] != n or bool((o.diff() < 0).any())
+        ):
+            problem = "inverted-list offsets that do not match the stored vectors"
+        return problem
+
+    def _rows_problem(self) -> str | None:
+        """``consistency_problem`` of the kind's per-vector buffers (``_row_buffers``)."""
+        return None
+
+    def to_faiss(self):
+        """The faiss IVF index of this kind (flat coarse quantizer, the same centroids, lists,
+        ids and nprobe): the kind's ``_empty_faiss`` filled with its inverted lists."""
+        quantizer = import_faiss().IndexFlat(self.dim, faiss_metric(self.metric))
+        quantizer.add(self.quantizer.codebook.float().cpu().numpy())
+        out, data = self._empty_faiss(quantizer)
+        keep_alive(out, quantizer)
+        out.is_trained = True
+        out.nprobe = self.nprobe
+        fill_inverted_lists(out, data, self.offsets.cpu().numpy(), self.ids.cpu().numpy())
+        out.ntotal = self.ntotal
+        return out
+
+    def _empty_faiss(self, quantizer) -> tuple:
+        """The kind's empty faiss ``IndexIVF`` around the coarse ``quantizer``, and what its
+        lists store per vector: uint8 [ntotal, code_size], in list order."""
+        raise NotImplementedError
 
     # -- training and routing -------------------------------------------------------------
     def _train_coarse(self, x: torch.Tensor) -> None:
@@ -197,15 +235,16 @@ class IVFIndex(Index):
         return self._finish(dist, rows, k)[1]
 
     def _probe_and_scan(self, q: torch.Tensor, k: int, nprobe: int | None, ranked: bool):
-        """Distances (smaller is nearer) and rows [nq, k] of the k nearest, ascending, or
-        in any order where that is cheaper if not ``ranked`` (CPU tensors in eager mode: see
-        ``_search_ids``)."""
-        nprobe = min(_check_nprobe(self.nprobe if nprobe is None else nprobe), self.nlist)
+        """Values (smaller is nearer: squared L2, or negated inner products) and rows [nq, k]
+        of the k nearest, ascending, or in any order where that is cheaper if not ``ranked``
+        (CPU tensors in eager mode: see ``_search_ids``)."""
+        nprobe = check_positive(self.nprobe if nprobe is None else nprobe, "nprobe")
+        nprobe = min(nprobe, self.nlist)
         coarse, lists = self._probe_numba(q, nprobe)
         dist = _cpu.empty((q.shape[0], k))
         rows = _cpu.empty((q.shape[0], k), torch.int64)
         self._scan_numba(q, coarse, lists, dist, rows, ranked)
-        return (-dist if self.metric == "ip" else dist), rows
+        return dist, rows
 
     def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked=True) -> None:
         """The numba scan: the k nearest rows, ascending (in any order if not ``ranked``)."""
@@ -220,7 +259,7 @@ class IVFIndex(Index):
         norms = _NO_NORMS if ip else self._centroid_norms()
         c = self.quantizer.codebook
         centroids_t = self._derived("centroids_t", (c,), lambda: c.float().T.contiguous().numpy())
-        ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else _NO_IDS
+        ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else NO_IDS
         nlist = self.nlist
         # _search_work's estimate: fixed + nprobe * per_probe per query
         per_probe = self.ntotal / nlist * self._vector_ns()
@@ -229,7 +268,7 @@ class IVFIndex(Index):
 
         def search(q: np.ndarray, k: int, ranked: bool, params: dict):
             nprobe = params.get("nprobe")
-            nprobe = min(self.nprobe if nprobe is None else _check_nprobe(nprobe), nlist)
+            nprobe = min(self.nprobe if nprobe is None else check_positive(nprobe, "nprobe"), nlist)
             nq = q.shape[0]
             if nq * (fixed + nprobe * per_probe) >= serial_work:
                 return None
@@ -248,56 +287,6 @@ class IVFIndex(Index):
         ``_lean_search``); it returns False, having done nothing, for a query that is not
         finite."""
         raise NotImplementedError
-
-
-class IVFFlat(IVFIndex):
-    """Inverted lists of full float32 vectors, scanned exactly (faiss ``IndexIVFFlat``).
-
-    Args: those of :class:`IVFIndex`.
-
-    Buffers (beyond :class:`IVFIndex`'s): vectors: float32 [ntotal, dim], in list order.
-    """
-
-    _row_buffers = ("vectors",)
-
-    def __init__(
-        self, dim: int, nlist: int, metric: str = "l2", k: int = 10, nprobe: int = 1, **options
-    ):
-        super().__init__(dim, nlist, metric, k, nprobe, **options)
-        self.register_buffer("vectors", torch.zeros(0, dim))
-
-    def _train(self, x: torch.Tensor) -> None:
-        self._train_coarse(x)
-
-    def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"lists": self._assign(x), "vectors": x.float()}
-
-    def searcher(self, k=None, *, nprobe=None, capacity=None, copy=True) -> IVFFlatSearch:
-        """The search as a static-shape graph over a snapshot of the lists (``copy=False``:
-        over the index's own), padded to one ``capacity`` (see :class:`IVFFlatSearch`; what
-        :mod:`vq.export` writes out)."""
-        return IVFFlatSearch(self, k, nprobe, capacity, copy)
-
-    def _lean_kernel(self) -> tuple:
-        x, offsets = self.vectors.contiguous().numpy(), self.offsets.numpy()
-        return kernels.ivf_flat_lean, (x, offsets)
-
-    def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked=True) -> None:
-        kernels.ivf_flat_scan(
-            q.contiguous().numpy(),
-            self.vectors.numpy(),
-            lists.numpy(),
-            self.offsets.numpy(),
-            self.metric == "ip",
-            out_dist.numpy(),
-            out_rows.numpy(),
-        )
-
-
-def _check_nprobe(nprobe) -> int:
-    if isinstance(nprobe, bool) or not isinstance(nprobe, int | np.integer) or nprobe <= 0:
-        raise ValueError(f"nprobe must be a positive integer, got {nprobe!r}")
-    return int(nprobe)
 
 
 # -- the static-shape search --------------------------------------------------------------------
@@ -363,34 +352,10 @@ class IVFSearch(Searcher):
 
     def lists_probed(self, nprobe: int | None) -> int:
         """``nprobe`` checked and capped at nlist (default: the one fixed at construction)."""
-        return self.nprobe if nprobe is None else min(_check_nprobe(nprobe), self.nlist)
+        return self.nprobe if nprobe is None else min(check_positive(nprobe, "nprobe"), self.nlist)
 
     @staticmethod
     def gather_lists(table: torch.Tensor, lists: torch.Tensor) -> torch.Tensor:
         """Rows [B, nprobe * capacity, …] of a padded ``table`` [nlist, capacity, …]."""
         picked = table.index_select(0, lists.reshape(-1))
         return picked.reshape(lists.shape[0], -1, *table.shape[2:])
-
-
-class IVFFlatSearch(IVFSearch):
-    """:class:`IVFFlat`'s search as a static-shape graph: exact scores against the stored
-    vectors in the probed lists' slots, plus the slot bias, then a top-k.
-
-    Buffers (beyond :class:`IVFSearch`'s): vectors: float32 [ntotal, dim], in list order.
-    """
-
-    def __init__(self, index: IVFFlat, k=None, nprobe=None, capacity=None, copy: bool = True):
-        super().__init__(index, k, nprobe, capacity, copy)
-        self.register_buffer("vectors", kept(index.vectors.float(), copy))
-
-    def search(self, queries: torch.Tensor, k: int, nprobe: int | None = None):
-        _, lists = self.probe(queries, self.lists_probed(nprobe))
-        rows = self.gather_lists(self.list_rows, lists)  # [B, C]
-        cand = self.vectors.index_select(0, rows.clamp_min(0).reshape(-1)).reshape(*rows.shape, -1)
-        q = queries[:, None, :]
-        scores = -(cand * q).sum(-1) if self.metric == "ip" else ((cand - q) ** 2).sum(-1)
-        scores = scores + self.gather_lists(self.slot_bias, lists)
-        return self.results(*top_rows(scores, k, rows), k)
-
-    def chunk_rows(self, k: int, nprobe: int | None = None) -> int:
-        return max(1, (1 << 25) // (self.lists_probed(nprobe) * self.capacity * self.dim))

@@ -16,9 +16,10 @@ import numpy as np
 import torch
 
 from vq import kernels
+from vq.index.faiss_build import code_bytes, copy_codebooks, faiss_metric, import_faiss, keep_alive
 from vq.index.fastscan import PackedCodes, check_fast_scan
 from vq.index.ivf import IVFIndex, IVFSearch
-from vq.index.pq import stored_codes
+from vq.index.pq import codes_problem, stored_codes
 from vq.index.static import INF, kept, top_rows
 from vq.kernels import fastscan as fastscan_kernels
 from vq.kernels.fastscan_ivf import ivf_fastscan_lean, ivf_fastscan_lists
@@ -91,6 +92,29 @@ class IVFPQ(IVFIndex):
     def _vector_ns(self) -> float:
         return self.pq.M / (64 if self.fast_scan else 4)
 
+    def _rows_problem(self) -> str | None:
+        return codes_problem(self.codes, self.ntotal, self.pq)
+
+    def to_faiss(self):
+        """faiss ``IndexIVFPQ`` (``IndexIVFPQFastScan`` for fast-scan; precomputed tables
+        where vq uses them) with the same centroids, codebooks, lists, ids and nprobe."""
+        out = super().to_faiss()
+        if self._uses_precomputed():
+            out.use_precomputed_table = 1
+            out.precompute_table()
+        if not self.fast_scan:
+            return out
+        fast = keep_alive(import_faiss().IndexIVFPQFastScan(out), out)
+        fast.nprobe = self.nprobe
+        return fast
+
+    def _empty_faiss(self, quantizer) -> tuple:
+        faiss, M, nbits = import_faiss(), self.pq.M, self.pq.nbits
+        out = faiss.IndexIVFPQ(quantizer, self.dim, self.nlist, M, nbits, faiss_metric(self.metric))
+        out.by_residual = self.by_residual
+        copy_codebooks(self.pq, out.pq)
+        return out, code_bytes(self.codes, nbits).reshape(self.ntotal, out.code_size)
+
     @property
     def M(self) -> int:
         return self.pq.M
@@ -117,9 +141,11 @@ class IVFPQ(IVFIndex):
         size = self.nlist * self.pq.M * self.pq.ksub * 4
         return self.metric == "l2" and self.by_residual and size <= self.precomputed_table_max_bytes
 
-    def _list_tables(self) -> torch.Tensor:
-        """The precomputed ``||r||² + 2⟨c, r⟩`` [nlist, M, ksub], rebuilt whenever the coarse
-        centroids or the PQ codebooks changed (or moved)."""
+    def precompute_table(self) -> torch.Tensor:
+        """float32 [nlist, M, ksub]: the per-list term ``||r||² + 2⟨c, r⟩`` of L2 search by
+        residual (faiss's ``precompute_table``), held in the ``precomputed_table`` buffer and
+        rebuilt whenever the coarse centroids or the PQ codebooks changed (or moved). Searches
+        build it when they need it; call it to hold it beforehand (memory, as faiss does)."""
         c, cb = self.quantizer.codebook, self.pq.codebooks
         key = (id(c), c._version, id(cb), cb._version, c.device)
         if self._table_key != key or self.precomputed_table.shape[0] != self.nlist:
@@ -162,7 +188,7 @@ class IVFPQ(IVFIndex):
             if self.metric == "ip":
                 return (*arrays, none, kernels.IP_TABLE, np.float32(-1.0)), True
             if self._uses_precomputed():
-                list_tables = self._list_tables().reshape(self.nlist, -1).numpy()
+                list_tables = self.precompute_table().reshape(self.nlist, -1).numpy()
                 return (*arrays, list_tables, kernels.IP_TABLE, np.float32(-2.0)), True
             return (*arrays, none, kernels.RESIDUAL_L2_TABLE, np.float32(-1.0)), False
 

@@ -7,8 +7,17 @@ import torch
 
 from vq import _cpu, kernels
 from vq.index import fastscan
-from vq.index.base import _NO_IDS, Index
+from vq.index.base import Index, shape_problem
+from vq.index.faiss_build import (
+    code_bytes,
+    copy_codebooks,
+    faiss_metric,
+    import_faiss,
+    keep_alive,
+    with_id_map,
+)
 from vq.index.fastscan import PackedCodes, check_fast_scan
+from vq.index.searching import NO_IDS
 from vq.index.static import Searcher, kept, search_in_chunks
 from vq.quantizers import ProductQuantizer
 from vq.quantizers.product import lookup_tables
@@ -79,6 +88,25 @@ class PQIndex(Index):
     def _keep(self, rows: torch.Tensor) -> None:
         self.codes = self.codes[rows]
 
+    def growing_buffers(self) -> tuple[str, ...]:
+        return (*super().growing_buffers(), "codes")
+
+    def consistency_problem(self) -> str | None:
+        return super().consistency_problem() or codes_problem(self.codes, self.ntotal, self.pq)
+
+    def to_faiss(self):
+        """faiss ``IndexPQ`` (``IndexPQFastScan`` for fast-scan) with the same codebooks and
+        codes, in an ``IndexIDMap`` unless the ids are 0 … ntotal - 1."""
+        faiss = import_faiss()
+        out = faiss.IndexPQ(self.dim, self.pq.M, self.pq.nbits, faiss_metric(self.metric))
+        copy_codebooks(self.pq, out.pq)
+        out.is_trained = True
+        faiss.copy_array_to_vector(code_bytes(self.codes, self.pq.nbits).ravel(), out.codes)
+        out.ntotal = self.ntotal
+        if self.fast_scan:
+            out = keep_alive(faiss.IndexPQFastScan(out), out)
+        return with_id_map(out, self.stored_ids())
+
     def _vector_ns(self) -> float:
         return self.pq.M / (64 if self.fast_scan else 4)
 
@@ -103,10 +131,9 @@ class PQIndex(Index):
         ip = self.metric == "ip"
         if self.fast_scan and _cpu.fast_path(q):  # tables built by the kernel
             packed = self._packed.get(self.codes)
-            dist, rows = fastscan.pq_search(
+            return fastscan.pq_search(
                 q.contiguous().numpy(), self._codebook_arrays(), ip, packed, self.ntotal, k
             )
-            return (-dist if ip else dist), rows
         tables = self.pq._tables(q, self.metric)  # [nq, M, ksub]
         if ip:
             tables = -tables  # the scan keeps the smallest sums
@@ -115,14 +142,14 @@ class PQIndex(Index):
         codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)
         flat = tables.reshape(q.shape[0], -1).contiguous().numpy()
         kernels.adc_scanner(self.pq.M, words)(flat, codes, dist.numpy(), rows.numpy())
-        return (-dist if self.metric == "ip" else dist), rows
+        return dist, rows
 
     def _lean_search(self):
         """One kernel call for a few queries on the calling thread: tables, scan, ids (the
         fast-scan layout: see :func:`vq.index.fastscan.pq_lean_search`)."""
         ip = self.metric == "ip"
         codebooks_t, norms = self._codebook_arrays()
-        ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else _NO_IDS
+        ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else NO_IDS
         work, n = self._search_work, self.ntotal
         if self.fast_scan:
             packed = self._packed.get(self.codes)
@@ -152,6 +179,15 @@ class PQIndex(Index):
             return cbf.transpose(1, 2).contiguous().numpy(), (cbf * cbf).sum(-1).numpy()
 
         return self._derived("codebook_arrays", (cb,), compute)
+
+
+def codes_problem(codes: torch.Tensor, n: int, pq) -> str | None:
+    """``consistency_problem``'s words for stored PQ codes that are not [n, M] or not all in
+    ``[0, ksub)`` of the :class:`vq.ProductQuantizer` ``pq`` (PQIndex and IVFPQ)."""
+    problem = shape_problem("codes", codes, (n, pq.M))
+    if problem is None and n and not 0 <= int(codes.min()) <= int(codes.max()) < pq.ksub:
+        problem = f"codes outside [0, {pq.ksub})"
+    return problem
 
 
 def stored_codes(index, code_dtype: torch.dtype | None) -> torch.Tensor:

@@ -6,9 +6,13 @@ import numpy as np
 import torch
 
 from vq import kernels
+from vq._checks import check_positive
 from vq._cpu import empty, fast_path
-from vq.index.base import _NO_IDS, Index, Wrapper
+from vq.index.base import Index, shape_problem
+from vq.index.faiss_build import import_faiss, keep_alive, with_id_map
+from vq.index.searching import NO_IDS
 from vq.index.static import INF, Searcher, kept, search_in_chunks, top_rows
+from vq.index.wrapper import Wrapper
 
 
 class Refine(Wrapper):
@@ -46,6 +50,30 @@ class Refine(Wrapper):
             "k_factor": self.k_factor,
             "index": {"class": type(self.index).__name__, **self.index.config()},
         }
+
+    def growing_buffers(self) -> tuple[str, ...]:
+        return (*super().growing_buffers(), "vectors")
+
+    def consistency_problem(self) -> str | None:
+        n = self.ntotal
+        problem = super().consistency_problem()
+        problem = problem or shape_problem("vectors", self.vectors, (n, self.dim))
+        inner = self.index.stored_ids()  # the wrapped index stores this one's rows as its ids
+        if problem is None and (
+            self.index.ntotal != n or (n and not 0 <= int(inner.min()) <= int(inner.max()) < n)
+        ):
+            problem = "a wrapped index whose rows do not match the stored vectors"
+        return problem
+
+    def to_faiss(self):
+        """faiss ``IndexRefineFlat`` around the wrapped index's ``to_faiss()``, with the same
+        vectors and k_factor, in an ``IndexIDMap`` unless the ids are 0 … ntotal - 1."""
+        base = self.index.to_faiss()
+        vectors = np.ascontiguousarray(self.vectors.float().cpu().numpy())
+        faiss = import_faiss()
+        out = keep_alive(faiss.IndexRefineFlat(base, faiss.swig_ptr(vectors)), base)
+        out.k_factor = self.k_factor
+        return with_id_map(out, self.stored_ids())
 
     def _train(self, x: torch.Tensor) -> None:
         self.index.train(x)
@@ -99,7 +127,7 @@ class Refine(Wrapper):
             dist.numpy(),
             rows.numpy(),
         )
-        return self._finish(-dist if self.metric == "ip" else dist, rows, k)
+        return self._finish(dist, rows, k)
 
     def _lean_search(self):
         """The wrapped index's lean search for ``k * k_factor`` candidates, re-ranked and
@@ -109,7 +137,7 @@ class Refine(Wrapper):
             return None
         ip = self.metric == "ip"
         x = self.vectors.contiguous().numpy()
-        ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else _NO_IDS
+        ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else NO_IDS
 
         def search(q: np.ndarray, k: int, ranked: bool, params: dict):
             k_factor = params.get("k_factor")
@@ -174,6 +202,4 @@ class RefineSearch(Searcher):
 
 
 def _check_k_factor(k_factor) -> int:
-    if isinstance(k_factor, bool) or not isinstance(k_factor, int) or k_factor < 1:
-        raise ValueError(f"k_factor must be an integer >= 1, got {k_factor!r}")
-    return int(k_factor)
+    return check_positive(k_factor, "k_factor", "an integer >= 1")

@@ -1,7 +1,7 @@
 """What the static-shape searches of every index kind share.
 
 Each index kind writes its search once, as a :class:`Searcher` next to it (``FlatSearch`` in
-flat.py, ``PQSearch`` in pq.py, ``IVFFlatSearch`` in ivf.py, ``IVFPQSearch`` in ivfpq.py,
+flat.py, ``PQSearch`` in pq.py, ``IVFFlatSearch`` in ivfflat.py, ``IVFPQSearch`` in ivfpq.py,
 ``PreTransformSearch`` in transform.py, ``RefineSearch`` in refine.py): a ``torch.nn.Module``
 whose buffers are the index's constants in fixed shapes (inverted lists padded to one capacity,
 with a +inf bias on the padding slots so that padding never wins) and whose ``search`` uses
@@ -67,29 +67,40 @@ class Searcher(nn.Module):
         raise NotImplementedError
 
     def results(self, val: torch.Tensor, rows: torch.Tensor, k: int):
-        """Candidates best first → search results.
+        """Candidates best first → search results (:func:`to_results` with this search's
+        metric and id table)."""
+        table = None if self.sequential else self.id_table
+        return to_results(val, rows, k, self.metric, table)
 
-        Args:
-            val: float32 [B, kk], smaller is nearer (negated inner products for "ip"), +inf
-                where there is no candidate; rows: int64 [B, kk], -1 there; kk <= k.
 
-        Returns:
-            distances float32 [B, k] (negated back for "ip") and ids int64 [B, k], padded
-            with ±inf and -1.
-        """
-        if self.sequential:
-            ids = rows
-        else:
-            found = self.id_table.index_select(0, rows.clamp_min(0).reshape(-1))
-            ids = torch.where(rows < 0, -1, found.reshape(rows.shape))
-        dist = -val if self.metric == "ip" else val
-        pad = k - dist.shape[1]
-        if pad <= 0:
-            return dist, ids
-        fill = INF if self.metric == "l2" else -INF
-        dist = torch.cat([dist, dist.new_full((dist.shape[0], pad), fill)], dim=1)
-        ids = torch.cat([ids, ids.new_full((ids.shape[0], pad), -1)], dim=1)
+def to_results(val, rows, k: int, metric: str, id_table: torch.Tensor | None = None):
+    """Candidates best first → search results: rows mapped to ids, padded to k. The one torch
+    implementation (static shapes), used by every search graph and by the index's own results
+    off the CPU; on CPU, ``Index._finish`` runs its numba twin, ``vq.kernels.rows_to_ids``.
+
+    Args:
+        val: float32 [B, kk], smaller is nearer (negated inner products for "ip"), +inf where
+            there is no candidate; rows: int64 [B, kk], -1 there; kk <= k.
+        metric: "l2" or "ip"; id_table: int64 [ntotal], the id of each row, or None where the
+            ids are the rows.
+
+    Returns:
+        distances float32 [B, k] (negated back for "ip") and ids int64 [B, k], padded with
+        +inf (-inf for "ip") and -1.
+    """
+    if id_table is None:
+        ids = rows
+    else:
+        found = id_table.index_select(0, rows.clamp_min(0).reshape(-1))
+        ids = torch.where(rows < 0, -1, found.reshape(rows.shape))
+    dist = -val if metric == "ip" else val
+    pad = k - dist.shape[1]
+    if pad <= 0:
         return dist, ids
+    fill = INF if metric == "l2" else -INF
+    dist = torch.cat([dist, dist.new_full((dist.shape[0], pad), fill)], dim=1)
+    ids = torch.cat([ids, ids.new_full((ids.shape[0], pad), -1)], dim=1)
+    return dist, ids
 
 
 def top_rows(scores: torch.Tensor, k: int, rows: torch.Tensor | None = None):

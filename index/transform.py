@@ -6,8 +6,10 @@ import numpy as np
 import torch
 
 from vq import _cpu
-from vq.index.base import Index, Wrapper
+from vq.index.base import Index
+from vq.index.faiss_build import import_faiss, keep_alive
 from vq.index.static import Searcher, kept, search_in_chunks
+from vq.index.wrapper import Wrapper
 from vq.quantizers import OPQ
 from vq.quantizers.opq import rotate
 
@@ -53,6 +55,20 @@ class PreTransform(Wrapper):
 
     def stored_ids(self) -> torch.Tensor:
         return self.index.stored_ids()
+
+    def _sequential_ids(self) -> bool:
+        return self.index._sequential_ids()
+
+    def to_faiss(self):
+        """faiss ``IndexPreTransform`` of an ``OPQMatrix`` holding the rotation, in front of
+        the wrapped index's ``to_faiss()``."""
+        faiss, t = import_faiss(), self.transform
+        matrix = faiss.OPQMatrix(t.dim, t.M, t.dim_out)
+        faiss.copy_array_to_vector(t.rotation.float().cpu().numpy().ravel(), matrix.A)
+        matrix.is_trained = True
+        matrix.is_orthonormal = True
+        inner = self.index.to_faiss()
+        return keep_alive(faiss.IndexPreTransform(matrix, inner), matrix, inner)
 
     def config(self) -> dict:
         t = self.transform

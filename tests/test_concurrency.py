@@ -18,7 +18,7 @@ import torch
 
 import vq
 from vq.datasets import clustered_vectors
-from vq.index.base import ReadWriteLock
+from vq.index.locking import ReadWriteLock
 from vq.quantizers import OPQ, ProductQuantizer
 
 THREADS, SEARCHES = 8, 100

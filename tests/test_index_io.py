@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 
 import vq
-from vq.index.io import _checksum
+from vq.index.fileformat import tensors_checksum
 from vq.index.ivf import IVFIndex
 from vq.quantizers import OPQ, ProductQuantizer
 
@@ -96,7 +96,7 @@ def forge(src: Path, dst: Path, edit_tensors=None, edit_meta=None, fix_checksum=
     if edit_tensors is not None:
         tensors = edit_tensors(tensors) or tensors
     if fix_checksum:
-        meta["checksum"] = _checksum(tensors)
+        meta["checksum"] = tensors_checksum(tensors)
     if edit_meta is not None:
         edit_meta(meta)
     safetensors.torch.save_file(tensors, str(dst), metadata=meta)

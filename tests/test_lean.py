@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import vq
-from vq.index.base import SMALL_BATCH, Index
+from vq.index.base import Index
+from vq.index.lean import SMALL_BATCH
 
 KINDS = [
     ("Flat", "l2"),

@@ -17,7 +17,7 @@ from safetensors import safe_open
 
 import vq
 from vq.datasets import clustered_vectors
-from vq.index.io import FORMAT_VERSION, _checksum, _config_checksum
+from vq.index.fileformat import FORMAT_VERSION, config_checksum, tensors_checksum
 from vq.quantizers import OPQ, ProductQuantizer
 
 CUTS, FLIPS = 200, 400
@@ -132,8 +132,8 @@ def forge(raw: bytes, tmp_path, edit_tensors=None, edit_meta=None) -> bytes:
         edit_tensors(tensors)
     if edit_meta is not None:
         edit_meta(meta)
-    meta["checksum"] = _checksum(tensors)
-    meta["config_checksum"] = _config_checksum(meta["config"])
+    meta["checksum"] = tensors_checksum(tensors)
+    meta["config_checksum"] = config_checksum(meta["config"])
     safetensors.torch.save_file(tensors, str(src), metadata=meta)
     return src.read_bytes()
 

@@ -188,9 +188,15 @@ def check_finite(t: torch.Tensor, name: str) -> None:
         )
 
 
+def is_integer(value: Any) -> bool:
+    """Whether ``value`` is an integer: a Python or numpy integer, not a bool."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
 def check_int(value: Any, name: str, minimum: int | None = None) -> int:
-    """``value`` as a Python int: integers (Python or numpy, not bool) at least ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+    """``value`` as a Python int: integers (Python or numpy, not bool) at least ``minimum``
+    (constructor arguments: a wrong type is a TypeError, a wrong value a ValueError)."""
+    if not is_integer(value):
         raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
     if minimum is not None and value < minimum:
         what = "positive" if minimum == 1 else f">= {minimum}"
@@ -198,8 +204,17 @@ def check_int(value: Any, name: str, minimum: int | None = None) -> int:
     return int(value)
 
 
+def check_positive(value: Any, name: str, what: str = "a positive integer") -> int:
+    """``value`` as a Python int if it is an integer >= 1 (Python or numpy, not bool): for the
+    options of a call (``k``, ``nprobe``, ``k_factor``, a batch size), where any bad value, of
+    whatever type, is one ValueError: ``"{name} must be {what}, got {value!r}"``."""
+    if not is_integer(value) or value < 1:
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return int(value)
+
+
 def check_training_size(n: int, k: int, what: str) -> None:
-    if isinstance(k, bool) or not isinstance(k, int | np.integer):
+    if not is_integer(k):
         raise TypeError(f"{what}: k must be an integer number of centroids, got {k!r}")
     if k <= 0:
         raise ValueError(f"{what}: k must be a positive number of centroids, got {k}")

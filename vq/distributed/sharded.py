@@ -17,10 +17,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from vq._checks import as_vectors, like_input
+from vq._checks import as_vectors, check_positive, like_input
 from vq.distributed.manifest import (
     CHECKSUM_BYTES,
     MANIFEST,
@@ -155,8 +154,7 @@ class ShardedIndex:
         """
 
         def local_search():
-            if isinstance(k, bool) or not isinstance(k, int | np.integer) or k <= 0:
-                raise ValueError(f"k must be a positive integer, got {k!r}")
+            check_positive(k, "k")
             q = as_vectors(queries, self.dim, "queries")
             return q, [s.search(q, int(k), **params) for s in self.shards]
 

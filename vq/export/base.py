@@ -112,13 +112,6 @@ def snapshot(module: nn.Module) -> nn.Module:
     return frozen
 
 
-def positive(value, name: str) -> int:
-    """``value`` as an int, or ValueError unless it is a positive integer."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
 def require(what: str, *modules: str) -> None:
     """Raise ImportError naming the missing optional packages and how to install them."""
     missing = [m for m in modules if importlib.util.find_spec(m) is None]

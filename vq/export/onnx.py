@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from vq.export.base import ExportModule, positive, require
+from vq._checks import check_positive
+from vq.export.base import ExportModule, require
 from vq.export.modules import export_module
 
 #: ONNX opset used unless ``opset`` says otherwise (what torch 2.11's exporter targets)
@@ -63,8 +64,8 @@ def to_onnx(
     require("vq.export.to_onnx", "onnx", "onnxscript")
     import onnx
 
-    batch_size = positive(batch_size, "batch_size")
-    opset = DEFAULT_OPSET if opset is None else positive(opset, "opset")
+    batch_size = check_positive(batch_size, "batch_size")
+    opset = DEFAULT_OPSET if opset is None else check_positive(opset, "opset")
     options = {"k": k, "nprobe": nprobe, "k_factor": k_factor, "capacity": capacity}
     module = export_module(obj, what, code_dtype=code_dtype, **options)
     program = _program(module, batch_size, dynamic_batch, opset)

@@ -14,7 +14,8 @@ import json
 
 import torch
 
-from vq.export.base import ExportModule, TensorSpec, positive
+from vq._checks import check_positive
+from vq.export.base import ExportModule, TensorSpec
 from vq.index.base import Index
 
 
@@ -38,7 +39,7 @@ def search_module(
             as the index stores them).
     """
     options = {"nprobe": nprobe, "k_factor": k_factor, "capacity": capacity}
-    options = {name: positive(v, name) for name, v in options.items() if v is not None}
+    options = {name: check_positive(v, name) for name, v in options.items() if v is not None}
     if code_dtype is not None:
         options["code_dtype"] = code_dtype
     if not hasattr(index, "searcher"):
@@ -46,7 +47,7 @@ def search_module(
             f"no search graph for {type(index).__name__}; supported: FlatIndex, PQIndex, "
             "IVFFlat, IVFPQ, and PreTransform / Refine around them"
         )
-    graph = index.searcher(positive(k, "k"), **options)
+    graph = index.searcher(check_positive(k, "k"), **options)
     queries = TensorSpec("queries", torch.float32, (index.dim,))
     distances = TensorSpec("distances", torch.float32, (graph.k,))
     ids = TensorSpec("ids", torch.int64, (graph.k,))

@@ -2,12 +2,19 @@
 file next to the target, fsync it, rename it over the target (atomic on POSIX and Windows), and
 fsync the directory so that the rename survives a crash. Nothing is pickled: tensors go to
 safetensors (metadata as strings), everything else to JSON.
+
+The temporary file is ``.<name>.tmp-<pid>-<random>``: unique to one write, so that threads of one
+process may write the same target at once (the last rename wins). A write killed before its
+rename leaves that file behind; :func:`remove_stale_temporaries` deletes those whose process is
+gone.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +66,28 @@ def fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
+def remove_stale_temporaries(path: Path) -> None:
+    """Delete the temporary files that writes to ``path`` killed mid-write left behind (those of
+    processes no longer running; POSIX only: elsewhere nothing is deleted)."""
+    if os.name != "posix":
+        return
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.tmp-(\d+)(-[0-9a-f]+)?")
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return
+    for name in names:
+        m = pattern.fullmatch(name)
+        if m is None or int(m[1]) == os.getpid():
+            continue
+        try:
+            os.kill(int(m[1]), 0)
+        except ProcessLookupError:  # its writer is gone
+            (path.parent / name).unlink(missing_ok=True)
+        except (PermissionError, OverflowError):  # alive (another user's), or no such pid
+            continue
+
+
 def _temporary(path: Path) -> Path:
-    """A hidden sibling of ``path``, unique to this process."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    """A hidden sibling of ``path``, unique to this write."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")

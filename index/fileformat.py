@@ -1,0 +1,172 @@
+"""The index file: one safetensors file whose header carries JSON metadata.
+
+Nothing is pickled, so reading a file cannot run code. The metadata holds the format name and
+version, the vq version, the index configuration (``{"class": name, **index.config()}`` as
+JSON), a SHA-256 checksum of the tensors and (from format version 2) one of the configuration.
+Writing goes through :mod:`vq.parallel.atomic`: a temporary file beside the target, flushed to
+disk, renamed over it, the directory flushed, so a crash mid-save leaves the previous file.
+
+Format versions: 1 (vq 0.1.0: tensors checksummed) and 2 (the configuration checksummed too).
+Both are read; files of a newer version are refused with the version they need.
+
+This module knows the file, not the indexes (it imports none): ``Index.save`` writes through
+:func:`write_index_file`; :func:`vq.index.load_index` (in :mod:`vq.index.io`, the top of the
+package) reads through :func:`read_metadata` and :func:`read_tensors`, then builds the index
+and checks it against the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from pathlib import Path
+
+import safetensors.torch
+import torch
+from safetensors import SafetensorError
+
+from vq._version import __version__
+from vq.parallel.atomic import remove_stale_temporaries, write_safetensors
+
+FORMAT = "vq.index"
+FORMAT_VERSION = 2
+#: the oldest format version this vq reads
+MIN_FORMAT_VERSION = 1
+#: safetensors headers larger than this are refused before being read
+_MAX_HEADER_BYTES = 1 << 24
+
+
+def tensors_checksum(tensors: dict[str, torch.Tensor]) -> str:
+    """``"sha256:<hex>"`` over the names, dtypes, shapes and bytes of CPU ``tensors``."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name]
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy()))
+    return "sha256:" + h.hexdigest()
+
+
+def config_checksum(config: str) -> str:
+    """``"sha256:<hex>"`` of the configuration as stored (a JSON string)."""
+    return "sha256:" + hashlib.sha256(f"{FORMAT}|config|{config}".encode()).hexdigest()
+
+
+def save_target(path) -> Path:
+    """``path`` as a Path a save may write, after deleting what saves to it killed mid-write
+    left behind; ValueError for a directory, FileNotFoundError for a missing parent."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory; save the index to a file inside it")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"cannot save to {path}: no directory {path.parent}")
+    remove_stale_temporaries(path)
+    return path
+
+
+def write_index_file(path: Path, tensors: dict[str, torch.Tensor], config: dict) -> None:
+    """Write contiguous CPU ``tensors`` and the JSON-serialisable ``config`` (``{"class":
+    name, **index.config()}``) to ``path`` atomically, with the metadata and checksums."""
+    config_json = json.dumps(config)
+    metadata = {
+        "format": FORMAT,
+        "format_version": str(FORMAT_VERSION),
+        "vq_version": __version__,
+        "config": config_json,
+        "checksum": tensors_checksum(tensors),
+        "config_checksum": config_checksum(config_json),
+    }
+    write_safetensors(path, tensors, metadata)
+
+
+def read_metadata(path: Path) -> dict:
+    """The metadata of an index file, read from its header alone: the format tag and version
+    checked (``format_version`` as an int) and every tensor's byte range inside the file.
+
+    Raises:
+        ValueError: not a vq index file, a version this vq does not read, or a header that
+            does not fit the file (truncated or corrupted).
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{path}: not a vq index file (only {size} bytes)")
+        (n,) = struct.unpack("<Q", head)
+        if n > min(_MAX_HEADER_BYTES, size - 8):
+            raise ValueError(
+                f"{path}: not a vq index file (no safetensors header: it claims {n} header "
+                f"bytes in a {size}-byte file)"
+            )
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, RecursionError) as err:  # not UTF-8, not JSON, nested too deep
+            raise ValueError(f"{path}: not a vq index file (unreadable header: {err})") from err
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError(f"{path}: a safetensors file, but not a vq index (no '{FORMAT}' tag)")
+    meta["format_version"] = _format_version(meta, path)
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2):
+            raise ValueError(f"{path}: corrupted vq index file (tensor {name!r} has no offsets)")
+        start, end = offsets
+        if not (type(start) is int and type(end) is int and 0 <= start <= end <= size - 8 - n):
+            raise ValueError(f"{path}: truncated or corrupted (tensor {name!r} lies past the end)")
+    return meta
+
+
+def _format_version(meta: dict, path: Path) -> int:
+    try:
+        version = int(meta["format_version"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{path}: the vq index metadata has no valid format_version") from err
+    if version > FORMAT_VERSION:
+        raise ValueError(
+            f"{path}: written by vq {meta.get('vq_version', '?')} in index format version "
+            f"{version}; this vq reads versions {MIN_FORMAT_VERSION} to {FORMAT_VERSION}: "
+            "upgrade vq to read it"
+        )
+    if version < MIN_FORMAT_VERSION:
+        raise ValueError(
+            f"{path}: index format version {version} is older than any this vq reads (versions "
+            f"{MIN_FORMAT_VERSION} to {FORMAT_VERSION}); load it with the vq that wrote it "
+            f"({meta.get('vq_version', '?')}) and rebuild the index"
+        )
+    return version
+
+
+def read_tensors(path: Path, meta: dict) -> dict[str, torch.Tensor]:
+    """The tensors of an index file whose ``meta`` :func:`read_metadata` returned, checked
+    against their checksum (ValueError: corrupted, or modified)."""
+    try:
+        tensors = safetensors.torch.load_file(str(path))
+    except SafetensorError as err:
+        raise ValueError(f"{path}: corrupted vq index file ({err})") from err
+    if tensors_checksum(tensors) != meta.get("checksum"):
+        raise ValueError(f"{path}: checksum mismatch: the file is corrupted or was modified")
+    return tensors
+
+
+def read_config(path: Path, meta: dict) -> dict:
+    """The configuration in ``meta`` (ValueError where it is not a JSON object). Its checksum
+    is :func:`check_config_checksum`'s."""
+    try:
+        config = json.loads(meta["config"])
+    except (KeyError, TypeError, ValueError, RecursionError) as err:
+        raise ValueError(f"{path}: the vq index metadata has no valid config") from err
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: the vq index metadata has no valid config")
+    return config
+
+
+def check_config_checksum(path: Path, meta: dict) -> None:
+    """ValueError where a version-2 file's configuration does not match its checksum."""
+    if meta["format_version"] >= 2 and meta.get("config_checksum") != config_checksum(
+        meta["config"]
+    ):
+        raise ValueError(
+            f"{path}: checksum mismatch in the configuration: the file is corrupted or was modified"
+        )

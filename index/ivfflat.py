@@ -1,0 +1,91 @@
+"""Inverted lists of full vectors, scanned exactly (faiss ``IndexIVFFlat``): the coarse step,
+lists and probing are :class:`vq.index.ivf.IVFIndex`'s; this kind stores the vectors themselves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vq import kernels
+from vq.index.base import shape_problem
+from vq.index.faiss_build import faiss_metric, import_faiss
+from vq.index.ivf import IVFIndex, IVFSearch
+from vq.index.static import kept, top_rows
+
+
+class IVFFlat(IVFIndex):
+    """Inverted lists of full float32 vectors, scanned exactly (faiss ``IndexIVFFlat``).
+
+    Args: those of :class:`IVFIndex`.
+
+    Buffers (beyond :class:`IVFIndex`'s): vectors: float32 [ntotal, dim], in list order.
+    """
+
+    _row_buffers = ("vectors",)
+
+    def __init__(
+        self, dim: int, nlist: int, metric: str = "l2", k: int = 10, nprobe: int = 1, **options
+    ):
+        super().__init__(dim, nlist, metric, k, nprobe, **options)
+        self.register_buffer("vectors", torch.zeros(0, dim))
+
+    def _train(self, x: torch.Tensor) -> None:
+        self._train_coarse(x)
+
+    def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"lists": self._assign(x), "vectors": x.float()}
+
+    def _rows_problem(self) -> str | None:
+        return shape_problem("vectors", self.vectors, (self.ntotal, self.dim))
+
+    def _empty_faiss(self, quantizer) -> tuple:
+        faiss = import_faiss()
+        out = faiss.IndexIVFFlat(quantizer, self.dim, self.nlist, faiss_metric(self.metric))
+        data = self.vectors.float().cpu().numpy().view(np.uint8).reshape(self.ntotal, -1)
+        return out, data
+
+    def searcher(self, k=None, *, nprobe=None, capacity=None, copy=True) -> IVFFlatSearch:
+        """The search as a static-shape graph over a snapshot of the lists (``copy=False``:
+        over the index's own), padded to one ``capacity`` (see :class:`IVFFlatSearch`; what
+        :mod:`vq.export` writes out)."""
+        return IVFFlatSearch(self, k, nprobe, capacity, copy)
+
+    def _lean_kernel(self) -> tuple:
+        x, offsets = self.vectors.contiguous().numpy(), self.offsets.numpy()
+        return kernels.ivf_flat_lean, (x, offsets)
+
+    def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked=True) -> None:
+        kernels.ivf_flat_scan(
+            q.contiguous().numpy(),
+            self.vectors.numpy(),
+            lists.numpy(),
+            self.offsets.numpy(),
+            self.metric == "ip",
+            out_dist.numpy(),
+            out_rows.numpy(),
+        )
+
+
+class IVFFlatSearch(IVFSearch):
+    """:class:`IVFFlat`'s search as a static-shape graph: exact scores against the stored
+    vectors in the probed lists' slots, plus the slot bias, then a top-k.
+
+    Buffers (beyond :class:`IVFSearch`'s): vectors: float32 [ntotal, dim], in list order.
+    """
+
+    def __init__(self, index: IVFFlat, k=None, nprobe=None, capacity=None, copy: bool = True):
+        super().__init__(index, k, nprobe, capacity, copy)
+        self.register_buffer("vectors", kept(index.vectors.float(), copy))
+
+    def search(self, queries: torch.Tensor, k: int, nprobe: int | None = None):
+        _, lists = self.probe(queries, self.lists_probed(nprobe))
+        rows = self.gather_lists(self.list_rows, lists)  # [B, C]
+        cand = self.vectors.index_select(0, rows.clamp_min(0).reshape(-1)).reshape(*rows.shape, -1)
+        q = queries[:, None, :]
+        scores = -(cand * q).sum(-1) if self.metric == "ip" else ((cand - q) ** 2).sum(-1)
+        scores = scores + self.gather_lists(self.slot_bias, lists)
+        return self.results(*top_rows(scores, k, rows), k)
+
+    def chunk_rows(self, k: int, nprobe: int | None = None) -> int:
+        return max(1, (1 << 25) // (self.lists_probed(nprobe) * self.capacity * self.dim))

@@ -1,0 +1,94 @@
+"""The plumbing of the general search path that every index kind shares: the per-call options
+a kind takes (read from its method signatures), arrays derived for searching (kept until their
+sources change), queries as contiguous float32 rows, and results by stored row turned into
+results by id.
+
+Results by id have one implementation per engine: on CPU the numba kernel
+``vq.kernels.rows_to_ids``, elsewhere :func:`vq.index.static.to_results`, the torch function
+the static search graphs end with (and which the kernel is tested against).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import torch
+
+from vq import _cpu, kernels
+from vq.index.static import to_results
+
+#: ``rows_to_ids``'s id table where the ids are the rows themselves
+NO_IDS = np.zeros(0, dtype=np.int64)
+_OPTIONS: dict[type, frozenset[str]] = {}
+
+
+def option_names(cls: type) -> frozenset[str]:
+    """Keyword options of ``cls._search_rows`` and ``cls._search_ids`` (besides q and k): the
+    per-call search options of an index class (kept per class)."""
+    names = _OPTIONS.get(cls)
+    if names is None:
+        found = set()
+        for method in (cls._search_rows, cls._search_ids):
+            for p in list(inspect.signature(method).parameters.values())[3:]:  # self, q, k
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                    found.add(p.name)
+        names = _OPTIONS[cls] = frozenset(found)
+    return names
+
+
+def check_options(index, params: dict) -> None:
+    """TypeError, as Python words it for an unknown keyword, for a ``params`` name that is not
+    one of ``index.search_options()`` (listing those)."""
+    unknown = sorted(set(params) - set(index.search_options()))
+    if unknown:
+        takes = ", ".join(index.search_options()) or "none"
+        raise TypeError(
+            f"{type(index).__name__}.search() got an unexpected keyword argument "
+            f"{unknown[0]!r}; its search options: {takes}"
+        )
+
+
+def derived(module, name: str, sources: tuple[torch.Tensor, ...], compute):
+    """``compute()``, kept in ``module`` under ``name`` until one of the ``sources`` tensors is
+    replaced, modified in place or moved (arrays derived from codebooks or stored data that
+    every search reads; an index drops them all when it is written to)."""
+    key = tuple((t.data_ptr(), t._version, t.shape, t.device) for t in sources)
+    entry = module.__dict__.get("_derived_cache", {}).get(name)
+    if entry is None or entry[0] != key:
+        entry = (key, compute())
+        module.__dict__.setdefault("_derived_cache", {})[name] = entry
+    return entry[1]
+
+
+def query_rows(q: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Checked queries as contiguous float32 on ``device`` (the same results whatever the
+    input's dtype or memory layout: BLAS rounds differently for transposed operands)."""
+    return q.float().to(device).contiguous()
+
+
+def results_by_id(val, rows, k: int, metric: str, stored: torch.Tensor | None):
+    """Results by stored row → distances float32 [nq, k] and ids int64 [nq, k], as ``search``
+    returns them.
+
+    Args:
+        val: float32 [nq, kk], smaller is nearer (squared L2, or negated inner products),
+            +inf where missing; rows: int64 [nq, kk], -1 there; kk <= k.
+        metric: "l2" or "ip"; stored: int64 [ntotal], the id of each row, or None where the
+            ids are the rows.
+    """
+    if not (_cpu.fast_path(rows) and val.dtype == torch.float32 and rows.dtype == torch.int64):
+        return to_results(val.float(), rows.long(), k, metric, stored)
+    ip = metric == "ip"
+    nq = rows.shape[0]
+    out_dist, out_ids = _cpu.empty((nq, k)), _cpu.empty((nq, k), torch.int64)
+    kernels.rows_to_ids(
+        val.contiguous().numpy(),
+        rows.contiguous().numpy(),
+        NO_IDS if stored is None else stored.contiguous().numpy(),
+        ip,
+        np.float32(float("-inf") if ip else float("inf")),
+        out_dist.numpy(),
+        out_ids.numpy(),
+    )
+    return out_dist, out_ids
