@@ -136,12 +136,12 @@ class IVFIndex(Index):
             verbose=self.verbose,
         )
         self.quantizer.codebook.copy_(result.centroids)
-        self.quantizer._mark_trained()
+        self.quantizer.mark_trained()
 
     def _assign(self, x: torch.Tensor) -> torch.Tensor:
         """int64 [n]: the list of each vector (nearest centroid, or largest inner product)."""
         if self.metric == "l2":
-            return self.quantizer._encode(x).long()
+            return self.quantizer.encode_rows(x).long()
         return (x @ self.quantizer.codebook.float().T).argmax(dim=1)
 
     def _search_work(self, nq: int, k: int, nprobe: int | None = None, **params) -> float:

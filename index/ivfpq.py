@@ -134,7 +134,7 @@ class IVFPQ(IVFIndex):
     def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         lists = self._assign(x)
         target = self._residuals(x, lists) if self.by_residual else x
-        return {"lists": lists, "codes": self.pq._encode(target)}
+        return {"lists": lists, "codes": self.pq.encode_rows(target)}
 
     # -- look-up tables -------------------------------------------------------------------
     def _uses_precomputed(self) -> bool:

@@ -134,7 +134,7 @@ class PQIndex(Index):
             return fastscan.pq_search(
                 q.contiguous().numpy(), self._codebook_arrays(), ip, packed, self.ntotal, k
             )
-        tables = self.pq._tables(q, self.metric)  # [nq, M, ksub]
+        tables = self.pq.tables(q, self.metric)  # [nq, M, ksub]
         if ip:
             tables = -tables  # the scan keeps the smallest sums
         dist = _cpu.empty((q.shape[0], k))

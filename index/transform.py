@@ -92,7 +92,7 @@ class PreTransform(Wrapper):
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """Rotated vectors: float32 [n, dim] → [n, dim_out] (:func:`vq.quantizers.opq.rotate`)."""
-        return self.transform._rotate(x.float())
+        return self.transform.rotate(x.float())
 
     def searcher(self, k: int | None = None, **options) -> PreTransformSearch:
         """The search as a static-shape graph: the rotation, then the wrapped index's

@@ -142,10 +142,10 @@ def test_integer_input_is_a_type_error(blobs):
 
 
 def test_bounded_lloyd_gives_plain_lloyd_iterations(blobs, monkeypatch):
-    import vq.clustering
+    import vq.clustering.lloyd
 
     bounded = vq.kmeans(blobs, 64, niter=15, init="random", seed=4)
-    monkeypatch.setattr(vq.clustering, "_BOUNDED", False)
+    monkeypatch.setattr(vq.clustering.lloyd, "_BOUNDED", False)
     plain = vq.kmeans(blobs, 64, niter=15, init="random", seed=4)
     np.testing.assert_array_equal(bounded.assignments, plain.assignments)
     np.testing.assert_allclose(bounded.centroids, plain.centroids, rtol=1e-5, atol=1e-5)

@@ -142,14 +142,14 @@ def test_whole_shards_are_the_single_process_sample(blobs):
     x = torch.from_numpy(blobs)
     s = Shards.whole(x)
     assert s.n == 10_000 and s.offset == 0 and not s.distributed
-    from vq.clustering import _sample_rows
+    from vq.clustering.seeding import sample_rows
 
     a = s.subsample(500, torch.Generator().manual_seed(1)).local
-    b = _sample_rows(x, 500, torch.Generator().manual_seed(1))
+    b = sample_rows(x, 500, torch.Generator().manual_seed(1))
     assert torch.equal(a, b)
     assert torch.equal(
         s.sample(7, torch.Generator().manual_seed(2)),
-        _sample_rows(x, 7, torch.Generator().manual_seed(2)),
+        sample_rows(x, 7, torch.Generator().manual_seed(2)),
     )
     assert s.subsample(10**6, torch.Generator()).local is x
     assert Shards.of(x).distributed is False  # no process group

@@ -25,7 +25,7 @@ def _faiss():
 
 def _trained(module, **buffers):
     module.load_state_dict({"trained": torch.tensor(True), **buffers}, strict=False)
-    module._mark_trained()
+    module.mark_trained()
     return module
 
 

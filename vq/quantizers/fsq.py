@@ -16,8 +16,10 @@ from collections.abc import Sequence
 
 import torch
 
-from vq.quantizers.base import Metric, Quantizer, Step
+from vq.quantizers.base import Quantizer
+from vq.quantizers.codec import Metric
 from vq.quantizers.functional import code_counts
+from vq.quantizers.layer import Step
 
 _EPS = 1e-3  # keeps the tanh bound strictly inside the outermost rounding interval
 
@@ -56,7 +58,7 @@ class FSQ(Quantizer):
         basis = [math.prod(levels[:i]) for i in range(code_dim)]
         self.register_buffer("_levels", torch.tensor(levels), persistent=False)
         self.register_buffer("_basis", torch.tensor(basis), persistent=False)
-        self._mark_trained()
+        self.mark_trained()
 
     def _min_training_vectors(self) -> int:
         return 1
@@ -111,7 +113,8 @@ class FSQ(Quantizer):
         zero, counts = z.new_zeros(()), code_counts(codes[None], self.codebook_size, weight)
         return Step(quantized, codes, zero, zero, counts)
 
-    def _tables(self, queries: torch.Tensor, metric: Metric) -> torch.Tensor:
+    def tables(self, queries: torch.Tensor, metric: Metric) -> torch.Tensor:
+        """float32 queries [nq, dim] → tables [nq, 1, K] over the grid points."""
         c = self._output_codebooks()[0]
         dots = queries @ c.T
         if metric == "ip":

@@ -13,8 +13,9 @@ Both share where codebooks start (k-means on the first training batch, or random
 restart: a code whose moving-average usage falls below a threshold is replaced by a vector of the
 current batch and its statistics reset. The state lives in buffers of :class:`CodebookLearner`
 (``initted``, ``cluster_size``, ``embed_sum``), registered at construction and updated with
-tensor operations only: the k-means initialisation runs under ``torch.cond`` on the ``initted``
-flag when compiled (a Python branch eagerly), dead codes are replaced with ``torch.where`` from
+tensor operations only: the k-means initialisation (:mod:`vq.quantizers.kmeans_init`, an
+opaque op) runs under ``torch.cond`` on the ``initted`` flag when compiled (a Python branch
+eagerly), dead codes are replaced with ``torch.where`` from
 a fixed-size random draw, counts use ``index_add_``. A compiled training step therefore has one
 graph, before and after initialisation.
 
@@ -34,7 +35,6 @@ References:
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -42,10 +42,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from vq._checks import is_eager
-from vq.clustering import kmeans
-from vq.parallel import sync, use_group
+from vq.parallel import sync
 from vq.quantizers.cluster_sums import cluster_sums
 from vq.quantizers.functional import code_counts
+from vq.quantizers.kmeans_init import kmeans_init, kmeans_init_op
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,7 +213,7 @@ class CodebookLearner(nn.Module):
             return centroids, counts
 
         def fresh(x, weight, *state):
-            return new_state(*_kmeans_init_op(x, weight, k, niter, self.cosine, synced))
+            return new_state(*kmeans_init_op(x, weight, k, niter, self.cosine, synced))
 
         done = self.initted[groups].all()
         if is_eager():  # a Python branch: torch.cond would trace both functions on every call
@@ -318,84 +318,3 @@ class CodebookLearner(nn.Module):
             embed_sum = self.embed_sum[groups]
             fresh = candidates.float() * self._smoothed(cluster_size)[..., None]
             embed_sum.copy_(torch.where(dead[..., None], fresh, embed_sum))
-
-
-# -- k-means initialisation (an opaque op, so that compiled graphs call it as it is) ------------
-def kmeans_init(
-    x: torch.Tensor, weight: torch.Tensor, k: int, niter: int, cosine: bool, synced: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """k-means centroids of the rows of ``x`` whose weight is positive, per group.
-
-    Args:
-        x: float32 Tensor[G, n, d]; weight: float Tensor[n].
-        k: centroids per group; niter: Lloyd iterations; cosine: cluster unit vectors.
-        synced: use every process's rows; rank 0 trains and broadcasts.
-
-    Returns:
-        ``(centroids, counts)``: float32 Tensor[G, k, d] and the cluster sizes [G, k].
-    """
-    if synced:
-        x, weight = sync.gather_rows(x, weight)
-    centroids = x.new_zeros(x.shape[0], k, x.shape[2])
-    counts = x.new_zeros(x.shape[0], k)
-    # drawn on every process (keeps their generators in step); torch.manual_seed fixes it
-    seed = int(torch.randint(1 << 30, ()))
-    if not synced or sync.rank() == 0:
-        rows = x[:, weight > 0]
-        for g in range(x.shape[0]):
-            centroids[g], counts[g] = _kmeans_rows(rows[g], k, niter, seed + g, cosine)
-    if synced:
-        sync.broadcast_(centroids)
-        sync.broadcast_(counts)
-    return centroids, counts
-
-
-def _kmeans_rows(rows: torch.Tensor, k: int, niter: int, seed: int, cosine: bool):
-    if rows.shape[0] == 0:
-        raise ValueError(
-            "k-means initialisation got no vectors (every position of the first training batch "
-            "is masked); give a batch with unmasked vectors first, or call fit(x)"
-        )
-    if cosine:
-        rows = F.normalize(rows, dim=-1)
-    if rows.shape[0] < k:
-        warnings.warn(
-            f"k-means initialisation got {rows.shape[0]} vectors for {k} codes: the missing "
-            "codes start as noisy copies of them (dead-code restart spreads them later); a "
-            "larger first batch, or fit(x), gives a better start",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        gen = torch.Generator().manual_seed(seed)
-        pick = torch.randint(rows.shape[0], (k - rows.shape[0],), generator=gen).to(rows.device)
-        spread = rows.std(dim=0, keepdim=True).nan_to_num(0.0) * 0.01 + 1e-6
-        noise = torch.randn(k - rows.shape[0], rows.shape[1], generator=gen).to(rows.device)
-        centroids = torch.cat([rows, rows[pick] + noise * spread])
-        counts = torch.ones(k, device=rows.device)
-    else:
-        # random seeding, as EnCodec does: on a first batch with few vectors per code (and
-        # encoder outputs that are still nearly isotropic), k-means++ seeds singleton clusters
-        # on outliers and leaves one centroid near the mean holding most vectors — a lower
-        # k-means objective on that batch, but a collapsed codebook
-        with use_group(None), warnings.catch_warnings():  # our own syncing: every
-            # process's rows are already here; empty clusters are dead codes, restarted later
-            warnings.filterwarnings("ignore", ".* clusters are empty", RuntimeWarning)
-            result = kmeans(rows, k, niter=niter, init="random", seed=seed)
-        centroids = result.centroids
-        counts = torch.bincount(result.assignments, minlength=k).float()
-    if cosine:
-        centroids = F.normalize(centroids, dim=-1)
-    return centroids, counts
-
-
-@torch.library.custom_op("vq::kmeans_init", mutates_args=())
-def _kmeans_init_op(
-    x: torch.Tensor, weight: torch.Tensor, k: int, niter: int, cosine: bool, synced: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    centroids, counts = kmeans_init(x, weight, k, niter, cosine, synced)
-    return centroids, counts
-
-
-@_kmeans_init_op.register_fake
-def _(x, weight, k, niter, cosine, synced):
-    return x.new_empty(x.shape[0], k, x.shape[2]), x.new_empty(x.shape[0], k)

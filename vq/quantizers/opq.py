@@ -10,9 +10,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vq.clustering import _generator, _kmeans_plus_plus
+from vq.clustering.seeding import generator, kmeans_plus_plus
 from vq.parallel import Shards
-from vq.quantizers.base import Metric, Quantizer
+from vq.quantizers.base import Quantizer
+from vq.quantizers.codec import Metric
 from vq.quantizers.product import ProductQuantizer
 
 
@@ -112,7 +113,7 @@ class OPQ(Quantizer):
         self.register_buffer("rotation", rotation)
 
     def _fit(self, x: torch.Tensor) -> None:
-        gen = _generator(self.seed)
+        gen = generator(self.seed)
         # under torch.distributed x is this process's shard: the rotation's (bounded) sample is
         # gathered, and rank 0 runs the alternations below on it as one process would (the
         # others would only repeat its work); every process gets its rotation and codebooks
@@ -126,7 +127,7 @@ class OPQ(Quantizer):
             if it == 0:
                 subs = y.reshape(-1, self.M, pq.dsub)
                 for m in range(self.M):
-                    pq.codebooks[m].copy_(_kmeans_plus_plus(subs[:, m], pq.ksub, gen))
+                    pq.codebooks[m].copy_(kmeans_plus_plus(subs[:, m], pq.ksub, gen))
                 pq.lloyd(y, self.niter_pq_0, gen)
             else:
                 pq.lloyd(y, self.niter_pq, gen)
@@ -143,7 +144,7 @@ class OPQ(Quantizer):
             pq._fit(pq_train.local)
         else:
             pq.lloyd(pq_train, pq.niter, gen)
-        pq._mark_trained()
+        pq.mark_trained()
 
     @property
     def is_trained(self) -> bool:
@@ -153,17 +154,20 @@ class OPQ(Quantizer):
     def _min_training_vectors(self) -> int:
         return self.pq.ksub
 
-    def _rotate(self, x: torch.Tensor) -> torch.Tensor:
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """The pre-transform of encoding and of :class:`vq.PreTransform` search, ``x Rᵀ``:
+        float32 Tensor[n, dim] on the quantizer's device → float32 Tensor[n, dim_out] (the
+        module function :func:`rotate`; needs only the rotation trained)."""
         return rotate(x, self.rotation.float())
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
-        return self.pq._encode(self._rotate(x))
+        return self.pq._encode(self.rotate(x))
 
     def static_encode(self, x: torch.Tensor) -> torch.Tensor:
         """``encode`` as one static-shape graph: :func:`rotate`, then the PQ's
         :meth:`~vq.ProductQuantizer.static_encode`. What ``encode`` runs off the numba path and
         what :mod:`vq.export` writes out: float32 Tensor[n, dim] → int64 Tensor[n, M]."""
-        return self.pq.static_encode(self._rotate(x))
+        return self.pq.static_encode(self.rotate(x))
 
     def static_decode(self, codes: torch.Tensor) -> torch.Tensor:
         """``decode`` as one static-shape graph: integer codes Tensor[n, M] → float32
@@ -182,5 +186,6 @@ class OPQ(Quantizer):
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
         return self.pq._decode(codes) @ self.rotation.float()
 
-    def _tables(self, queries: torch.Tensor, metric: Metric) -> torch.Tensor:
-        return self.pq._tables(self._rotate(queries), metric)
+    def tables(self, queries: torch.Tensor, metric: Metric) -> torch.Tensor:
+        """float32 queries [nq, dim] → the PQ's tables [nq, M, ksub] of the rotated queries."""
+        return self.pq.tables(self.rotate(queries), metric)

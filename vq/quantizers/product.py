@@ -14,10 +14,13 @@ import torch
 
 from vq import _cpu, kernels
 from vq._checks import in_chunks, is_eager
-from vq.clustering import _generator, _kmeans_plus_plus, _update
+from vq.clustering.lloyd import update_centroids
+from vq.clustering.seeding import generator, kmeans_plus_plus
 from vq.distances import chunk_rows
 from vq.parallel import Shards
-from vq.quantizers.base import Metric, Quantizer, Step
+from vq.quantizers.base import Quantizer
+from vq.quantizers.codec import Metric
+from vq.quantizers.layer import Step
 from vq.quantizers.learning import Learning
 
 
@@ -102,7 +105,7 @@ class ProductQuantizer(Quantizer):
 
     # -- training ---------------------------------------------------------------------------
     def _fit(self, x: torch.Tensor) -> None:
-        gen = _generator(self.seed)
+        gen = generator(self.seed)
         # under torch.distributed x is this process's shard (see vq.distributed.Shards)
         train = Shards.of(x).subsample(self.ksub * self.max_points_per_centroid, gen).float()
         subs = train.local.reshape(-1, self.M, self.dsub)
@@ -111,9 +114,9 @@ class ProductQuantizer(Quantizer):
             if self.init == "random":
                 init[m] = train.with_local(subs[:, m]).sample(self.ksub, gen)
             else:
-                init[m] = _kmeans_plus_plus(train.with_local(subs[:, m]), self.ksub, gen)
+                init[m] = kmeans_plus_plus(train.with_local(subs[:, m]), self.ksub, gen)
         self.codebooks.copy_(init)
-        self._mark_trained()
+        self.mark_trained()
         self.lloyd(train, self.niter, gen)
 
     def lloyd(
@@ -128,7 +131,7 @@ class ProductQuantizer(Quantizer):
         Returns:
             The total squared error at each assignment step.
         """
-        gen = gen if gen is not None else _generator(self.seed)
+        gen = gen if gen is not None else generator(self.seed)
         shards = x if isinstance(x, Shards) else Shards.whole(x)
         x = shards.local
         M, ksub, dsub = self.codebooks.shape
@@ -143,7 +146,7 @@ class ProductQuantizer(Quantizer):
             objective.append(float(total))
             old = self.codebooks.float()
             sums, counts = sums.reshape(M, ksub, dsub), counts.reshape(M, ksub)
-            new = torch.stack([_update(old[m], sums[m], counts[m], gen) for m in range(M)])
+            new = torch.stack([update_centroids(old[m], sums[m], counts[m], gen) for m in range(M)])
             self.codebooks.copy_(new)
         return objective
 
@@ -247,7 +250,8 @@ class ProductQuantizer(Quantizer):
     def _quantize(self, z, weight, lead, update) -> Step:
         return self._quantize_groups(z, weight, update)
 
-    def _tables(self, queries: torch.Tensor, metric: Metric) -> torch.Tensor:
+    def tables(self, queries: torch.Tensor, metric: Metric) -> torch.Tensor:
+        """float32 queries [nq, dim] → tables [nq, M, ksub] (:func:`lookup_tables`)."""
         tables = lookup_tables(queries, self.codebooks.detach().float(), metric)
         return tables.transpose(0, 1).contiguous()
 

@@ -23,10 +23,12 @@ import torch
 
 from vq import _cpu, kernels
 from vq._checks import as_codes, in_chunks, like_input
-from vq.clustering import _generator, kmeans
+from vq.clustering import kmeans
+from vq.clustering.seeding import generator
 from vq.distances import chunk_rows, nearest
 from vq.parallel import Shards, sync
-from vq.quantizers.base import Metric, Quantizer, Step
+from vq.quantizers.base import Quantizer
+from vq.quantizers.codec import Metric
 from vq.quantizers.functional import (
     code_counts,
     rotation_trick,
@@ -34,6 +36,7 @@ from vq.quantizers.functional import (
     straight_through_loss,
     training_rows,
 )
+from vq.quantizers.layer import Step
 from vq.quantizers.learning import Learning
 from vq.quantizers.vector import nearest_codeword
 
@@ -114,14 +117,11 @@ class ResidualVQ(Quantizer):
             codebook_dim=codebook_dim,
             channel_first=channel_first,
         )
-        self.quantizer_dropout, self.dropout_min_stages = quantizer_dropout, dropout_min_stages
         if refine_iters < 0:
             raise ValueError(f"refine_iters must be >= 0, got {refine_iters}")
-        self.num_quantizers, self.beam_size, self.refine_iters = (
-            num_quantizers,
-            beam_size,
-            refine_iters,
-        )
+        self.num_quantizers, self.beam_size = num_quantizers, beam_size
+        self.refine_iters, self.quantizer_dropout = refine_iters, quantizer_dropout
+        self.dropout_min_stages = dropout_min_stages
         self.niter, self.init, self.seed = niter, init, seed
         self.max_points_per_centroid = max_points_per_centroid
         self._init_codebooks("codebooks", (num_quantizers, codebook_size, self.code_dim), learning)
@@ -130,7 +130,7 @@ class ResidualVQ(Quantizer):
     def _fit(self, x: torch.Tensor) -> None:
         # every stage's k-means would subsample to this many vectors anyway; under
         # torch.distributed x is this process's shard: keep its part of the global sample
-        gen = _generator(self.seed)
+        gen = generator(self.seed)
         x = Shards.of(x).subsample(self.codebook_size * self.max_points_per_centroid, gen).local
         n = x.shape[0]
         codes, residuals = None, x[:, None, :].clone()  # codes [n, beam, m], residuals [n, beam, d]
@@ -303,16 +303,11 @@ class ResidualVQ(Quantizer):
         quantized, commitment = straight_through_loss(z, kept, squares / denom, pull, 2 / denom)
         if self.rotation_trick:
             quantized = rotation_trick(z, kept)
-        return Step(
-            quantized,
-            torch.stack(codes, dim=1),
-            commitment,
-            cb_squares / denom,
-            torch.cat(counts),
-            stages,
-        )
+        codes, counts = torch.stack(codes, dim=1), torch.cat(counts)
+        return Step(quantized, codes, commitment, cb_squares / denom, counts, stages)
 
-    def _tables(self, queries: torch.Tensor, metric: Metric) -> torch.Tensor:
+    def tables(self, queries: torch.Tensor, metric: Metric) -> torch.Tensor:
+        """float32 queries [nq, dim] → tables [nq, Q, K] (l2: see the class docstring)."""
         cb = self._output_codebooks()  # [Q, K, d]
         dots = torch.einsum("nd,qkd->nqk", queries, cb)
         if metric == "ip":

@@ -9,8 +9,10 @@ from vq import _cpu, kernels
 from vq._checks import in_chunks
 from vq.clustering import kmeans
 from vq.distances import chunk_rows, nearest
-from vq.quantizers.base import Metric, Quantizer, Step
+from vq.quantizers.base import Quantizer
+from vq.quantizers.codec import Metric
 from vq.quantizers.functional import row_norms, training_rows
+from vq.quantizers.layer import Step
 from vq.quantizers.learning import Learning
 
 
@@ -151,7 +153,8 @@ class VectorQuantizer(Quantizer):
     def _quantize(self, z, weight, lead, update) -> Step:
         return self._quantize_groups(z, weight, update)
 
-    def _tables(self, queries: torch.Tensor, metric: Metric) -> torch.Tensor:
+    def tables(self, queries: torch.Tensor, metric: Metric) -> torch.Tensor:
+        """float32 queries [nq, dim] → tables [nq, 1, K] (see :meth:`Quantizer.tables`)."""
         c = self._output_codebooks()[0]
         dots = queries @ c.T
         if metric == "ip":
