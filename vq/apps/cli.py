@@ -32,16 +32,14 @@ from vq.apps import export as export_cli
 from vq.apps import nsynth, validate
 from vq.apps.common import (
     InputError,
-    read_neighbors,
     read_vectors,
-    recall_summary,
+    report_search,
     run_command,
     set_threads,
     timed,
 )
 from vq.apps.warmup import COMMON, Warmed
 from vq.apps.warmup import warmup as warm_up
-from vq.datasets import write_ivecs
 from vq.kernels import cache
 
 COMMANDS = ("build", "search", "export", "nsynth", "validate", "bench", "warmup")
@@ -144,11 +142,7 @@ def search(argv: list[str]) -> int:
     with _compile_notice(f"search kernels for this {kind}"):
         (_, ids), seconds = timed(lambda: index.search(q, args.k))
     line = f"{len(q)} queries, k={args.k}: {seconds:.3f} s, {len(q) / seconds:.0f} QPS"
-    if args.gt is not None:
-        line += "; " + recall_summary(ids, read_neighbors(args.gt, len(q)), args.k)
-    print(line)
-    if args.out is not None:
-        write_ivecs(args.out, ids)
+    report_search(line, ids, args.k, args.gt, args.out)
     return 0
 
 

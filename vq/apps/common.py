@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vq.datasets import read_ann_hdf5, read_bvecs, read_fvecs, read_ivecs, recall_at
+from vq.datasets import read_ann_hdf5, read_bvecs, read_fvecs, read_ivecs, recall_at, write_ivecs
 from vq.kernels.threads import set_num_threads
 
 
@@ -80,6 +80,16 @@ def recall_summary(ids: np.ndarray, truth: np.ndarray, k: int) -> str:
     ``truth`` (int [nq, >= r]; see :func:`vq.datasets.recall_at`), four decimals each."""
     ranks = [r for r in (1, 10, 100) if r <= min(k, truth.shape[1])]
     return ", ".join(f"recall@{r} {recall_at(ids, truth, r):.4f}" for r in ranks)
+
+
+def report_search(line: str, ids: np.ndarray, k: int, gt: Path | None, out: Path | None) -> None:
+    """Print a search's summary ``line``, with the recall against the ground truth ``gt`` if
+    given, and write the ``ids`` found to ``out`` (.ivecs) if given."""
+    if gt is not None:
+        line += "; " + recall_summary(ids, read_neighbors(gt, ids.shape[0]), k)
+    print(line)
+    if out is not None:
+        write_ivecs(out, ids)
 
 
 def set_threads(threads: int | None, faiss: bool = False) -> None:

@@ -31,13 +31,12 @@ import vq
 from vq.apps.common import (
     INPUT_ERRORS,
     InputError,
-    read_neighbors,
-    recall_summary,
     report_error,
+    report_search,
     set_threads,
     timed,
 )
-from vq.datasets import read_bvecs, read_fvecs, vecs_shape, write_ivecs
+from vq.datasets import read_bvecs, read_fvecs, vecs_shape
 from vq.distributed.launch import init_process_group
 from vq.distributed.sharded import ShardedIndex
 from vq.parallel import Shards, checkpoints
@@ -165,11 +164,7 @@ def search(argv: list[str]) -> int:
         f"{len(q)} queries, k={args.k}, {sharded.num_shards} shard(s) on {sharded.world_size} "
         f"process(es): {seconds:.3f} s, {len(q) / seconds:.0f} QPS"
     )
-    if args.gt is not None:
-        line += "; " + recall_summary(ids, read_neighbors(args.gt, len(q)), args.k)
-    print(line)
-    if args.out is not None:
-        write_ivecs(args.out, ids)
+    report_search(line, ids, args.k, args.gt, args.out)
     return 0
 
 

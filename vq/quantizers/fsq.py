@@ -18,7 +18,7 @@ import torch
 
 from vq.quantizers.base import Quantizer
 from vq.quantizers.codec import Metric
-from vq.quantizers.functional import code_counts
+from vq.quantizers.functional import code_counts, codeword_tables
 from vq.quantizers.layer import Step
 
 _EPS = 1e-3  # keeps the tanh bound strictly inside the outermost rounding interval
@@ -115,9 +115,4 @@ class FSQ(Quantizer):
 
     def tables(self, queries: torch.Tensor, metric: Metric) -> torch.Tensor:
         """float32 queries [nq, dim] → tables [nq, 1, K] over the grid points."""
-        c = self._output_codebooks()[0]
-        dots = queries @ c.T
-        if metric == "ip":
-            return dots[:, None, :]
-        sq = (queries * queries).sum(1, keepdim=True) - 2.0 * dots + (c * c).sum(1)
-        return sq.clamp_min(0.0)[:, None, :]
+        return codeword_tables(queries, self._output_codebooks()[0], metric)

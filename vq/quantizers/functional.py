@@ -89,6 +89,16 @@ def rotation_trick(z: torch.Tensor, q: torch.Tensor, eps: float = 1e-6) -> torch
     return out + (q - out).detach()
 
 
+def codeword_tables(queries: torch.Tensor, codewords: torch.Tensor, metric: str) -> torch.Tensor:
+    """ADC tables of one codebook: float32 queries [nq, d], codewords [K, d] → [nq, 1, K],
+    inner products (``metric="ip"``) or squared L2 distances clamped at 0."""
+    dots = queries @ codewords.T
+    if metric == "ip":
+        return dots[:, None, :]
+    sq = (queries * queries).sum(1, keepdim=True) - 2.0 * dots + (codewords * codewords).sum(1)
+    return sq.clamp_min(0.0)[:, None, :]
+
+
 def training_rows(codebook_size: int) -> int:
     """Rows per distance block in a training step: up to 64 MiB of float32 distances, so that
     a step makes one or two GEMM + arg-min passes per codebook rather than one per 4 MiB block

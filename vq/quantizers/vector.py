@@ -11,7 +11,7 @@ from vq.clustering import kmeans
 from vq.distances import chunk_rows, nearest
 from vq.quantizers.base import Quantizer
 from vq.quantizers.codec import Metric
-from vq.quantizers.functional import row_norms, training_rows
+from vq.quantizers.functional import codeword_tables, row_norms, training_rows
 from vq.quantizers.layer import Step
 from vq.quantizers.learning import Learning
 
@@ -155,9 +155,4 @@ class VectorQuantizer(Quantizer):
 
     def tables(self, queries: torch.Tensor, metric: Metric) -> torch.Tensor:
         """float32 queries [nq, dim] → tables [nq, 1, K] (see :meth:`Quantizer.tables`)."""
-        c = self._output_codebooks()[0]
-        dots = queries @ c.T
-        if metric == "ip":
-            return dots[:, None, :]
-        sq = (queries * queries).sum(1, keepdim=True) - 2.0 * dots + (c * c).sum(1)
-        return sq.clamp_min(0.0)[:, None, :]
+        return codeword_tables(queries, self._output_codebooks()[0], metric)
