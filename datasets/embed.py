@@ -19,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from vq._checks import check_int
+from vq.parallel.atomic import atomic_path
 
 METHODS = ("logmel", "mfcc")
 #: bumped when the embedding computation changes, so that old cache files are not reused
@@ -185,9 +186,5 @@ def _write_cache(path: Path, x: np.ndarray, config: dict) -> None:
     from safetensors.numpy import save_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
+    with atomic_path(path) as tmp:
         save_file({"embeddings": x}, str(tmp), metadata={"config": json.dumps(config)})
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)

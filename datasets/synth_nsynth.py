@@ -32,7 +32,6 @@ This module plans the dataset (instruments, the notes each plays, their seeds) a
 from __future__ import annotations
 
 import io
-import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -46,6 +45,7 @@ from vq.datasets.synth_instruments import draw_instrument, instrument_qualities
 
 # bound under this module's name, where synthesize_nsynth looks it up (a test replaces it here)
 from vq.datasets.synth_render import render_note as _render_note
+from vq.parallel.atomic import write_json
 
 #: MIDI pitch range of each family's instruments (inside the piano's 21–108)
 FAMILY_PITCH_RANGES: dict[str, tuple[int, int]] = {
@@ -140,9 +140,8 @@ def synthesize_nsynth(
     plan = _plan_notes(instruments, pitch_set, velocity_set, notes_per_instrument, block, seed)
     progress = tqdm(plan, desc=f"synthesize {split or 'nsynth'}", unit="note", disable=not verbose)
     examples = _write_notes(progress, audio_dir, block, seed)
-    tmp = json_path.with_name(f".examples.json.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(examples), encoding="utf-8")
-    os.replace(tmp, json_path)  # last: examples.json only ever lists audio that was written
+    # last: examples.json only ever lists audio that was written
+    write_json(json_path, examples, indent=None)
     return directory
 
 

@@ -27,12 +27,13 @@ leaves a half-written file behind.
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from vq.parallel.atomic import atomic_file
 
 PathLike = str | os.PathLike
 
@@ -239,24 +240,13 @@ def _write_vecs(path: PathLike, fmt: str, a: np.ndarray) -> None:
         )
     dtype = np.dtype([("d", "<i4"), ("v", _VALUE_DTYPES[fmt], (d,))])
     step = max(1, _WRITE_CHUNK_BYTES // dtype.itemsize)
-    directory, base = os.path.split(os.path.abspath(name))
+    directory = os.path.dirname(os.path.abspath(name))
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"cannot write {name}: no directory {directory}")
-    tmp = os.path.join(directory, f".{base}.{uuid.uuid4().hex[:12]}.tmp")
-    # os.open rather than tempfile: the new file gets the usual umask permissions, not 0600
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for s in range(0, n, step):
-                chunk = a[s : s + step]
-                records = np.empty(chunk.shape[0], dtype=dtype)
-                records["d"] = d
-                records["v"] = chunk  # casts (float64 -> float32, int64 -> int32, ...)
-                f.write(records.tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, name)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_file(Path(name), "wb") as f:  # the old file or the new one, never half of one
+        for s in range(0, n, step):
+            chunk = a[s : s + step]
+            records = np.empty(chunk.shape[0], dtype=dtype)
+            records["d"] = d
+            records["v"] = chunk  # casts (float64 -> float32, int64 -> int32, ...)
+            f.write(records.tobytes())

@@ -15,21 +15,24 @@ import json
 import os
 import re
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import safetensors.torch
 import torch
 
 
-def write_safetensors(
-    path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]
-) -> None:
-    """Write ``tensors`` (contiguous CPU tensors) and ``metadata`` to ``path`` atomically."""
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary path to write the new ``path`` to: when the block ends without an error the
+    file is fsynced, renamed over ``path`` and the directory fsynced; on an error it is
+    removed and ``path`` left as it was."""
+    path = Path(path)
     tmp = _temporary(path)
     try:
-        # looked up at call time (not imported by name), so that tests can simulate a failure
-        safetensors.torch.save_file(tensors, str(tmp), metadata=metadata)
+        yield tmp
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -38,18 +41,26 @@ def write_safetensors(
     fsync_directory(path.parent)
 
 
-def write_json(path: Path, obj: Any) -> None:
-    """Write ``obj`` as indented JSON to ``path`` atomically."""
-    tmp = _temporary(path)
-    try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_directory(path.parent)
+@contextmanager
+def atomic_file(path: Path, mode: str = "wb") -> Iterator[IO]:
+    """:func:`atomic_path` as an open file (``mode`` "wb" or "w")."""
+    with atomic_path(path) as tmp, open(tmp, mode) as f:
+        yield f
+
+
+def write_safetensors(
+    path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]
+) -> None:
+    """Write ``tensors`` (contiguous CPU tensors) and ``metadata`` to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        # looked up at call time (not imported by name), so that tests can simulate a failure
+        safetensors.torch.save_file(tensors, str(tmp), metadata=metadata)
+
+
+def write_json(path: Path, obj: Any, indent: int | None = 2) -> None:
+    """Write ``obj`` as JSON (indented by ``indent``; None: compact) to ``path`` atomically."""
+    with atomic_file(path, "w") as f:
+        json.dump(obj, f, indent=indent)
 
 
 def fsync_directory(path: Path) -> None:
