@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from vq._checks import as_tensor, as_vectors
+from vq._checks import as_tensor, as_vectors, check_positive
 
 
 class GroundTruth(NamedTuple):
@@ -56,8 +56,7 @@ def ground_truth(
     if metric not in ("l2", "ip"):
         raise ValueError(f'metric must be "l2" or "ip", got {metric!r}')
     for arg, value in (("k", k), ("batch_size", batch_size), ("db_batch_size", db_batch_size)):
-        if not isinstance(value, int | np.integer) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{arg} must be a positive integer, got {value!r}")
+        check_positive(value, arg)
     xb_t = _as_search_vectors(xb, None, "xb")
     xq_t = _as_search_vectors(xq, xb_t.shape[1], "xq")
     device = next((t.device for t in (xq_t, xb_t) if t.device.type != "cpu"), torch.device("cpu"))
