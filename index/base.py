@@ -16,7 +16,7 @@ index (``.to``) or assigning its buffers directly is not locked.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -338,19 +338,21 @@ class Index(nn.Module):
         return search
 
     def _lean_search(self):
-        """``_lean``'s search for this index as it is (see there; the kinds that have a lean
-        path override this): None, no lean path."""
+        """``_lean``'s search for this index as it is: None (no lean path) unless overridden."""
+        return None
+
+    def _lean_search_refined(self, vectors: Any, ids: Any, k_factor: Callable):
+        """A re-ranking wrapper's lean search fused with this index's (candidates re-ranked on
+        ``vectors`` [n, dim], mapped to ``ids`` [n]; see ivf.py): None unless overridden."""
         return None
 
     # -- the general path -------------------------------------------------------------------
     def _search_work(self, nq: int, k: int, **params) -> float:
-        """Rough single-threaded nanoseconds a CPU search of ``nq`` queries takes (small ones
-        run on one thread; see ``vq._cpu.serial_if_small``): here, one pass over every stored
-        vector per query."""
+        """Rough single-threaded ns of a CPU search of ``nq`` queries (small ones run on one
+        thread: ``vq._cpu.serial_if_small``): here, a pass over every vector per query."""
         return nq * (self.ntotal * self._vector_ns() + 2000)
 
-    def _vector_ns(self) -> float:
-        """Rough nanoseconds to compare one query with one stored vector."""
+    def _vector_ns(self) -> float:  # rough ns to compare one query with one stored vector
         return self.dim / 16
 
     def _derived(self, name: str, sources: tuple[torch.Tensor, ...], compute):
@@ -367,8 +369,8 @@ class Index(nn.Module):
         return self._finish(val, rows, k)
 
     def _candidate_ids(self, q: torch.Tensor, k: int, **params) -> torch.Tensor:
-        """int64 [nq, k]: the ids of the k nearest, in any order (-1 padding): the candidates
-        a re-ranking wrapper asks for, which an index may return without sorting them."""
+        """int64 [nq, k]: the ids of the k nearest in any order (-1 padding), the candidates a
+        re-ranking wrapper asks for."""
         return self._search_ids(q, k, **params)[1]
 
     def _finish(self, val: torch.Tensor, rows: torch.Tensor, k: int):

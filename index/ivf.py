@@ -14,6 +14,7 @@ This module holds what the IVF kinds share (:class:`IVFIndex`, the static-shape 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import numpy as np
@@ -254,12 +255,21 @@ class IVFIndex(Index):
         """The whole search of a few queries as one kernel call on the calling thread (the
         coarse step, the scan of the probed lists, ids: the kind's ``_lean_kernel``); a call
         whose estimated work is not small returns None (the general, parallel path)."""
+        return self._lean_closure(None)
+
+    def _lean_search_refined(self, vectors: np.ndarray, ids: np.ndarray, k_factor: Callable):
+        return self._lean_closure((vectors, ids, k_factor))
+
+    def _lean_closure(self, refine: tuple | None):
+        """The lean search, and with ``refine`` = (vectors, ids, k_factor) that of a
+        re-ranking wrapper, in the same kernel call (see ``Index._lean_search_refined``)."""
         kernel, args = self._lean_kernel()
         ip = self.metric == "ip"
         norms = _NO_NORMS if ip else self._centroid_norms()
         c = self.quantizer.codebook
         centroids_t = self._derived("centroids_t", (c,), lambda: c.float().T.contiguous().numpy())
         ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else NO_IDS
+        ref_x, ref_ids, k_factor = refine or (np.zeros((0, self.dim), np.float32), NO_IDS, None)
         nlist = self.nlist
         # _search_work's estimate: fixed + nprobe * per_probe per query
         per_probe = self.ntotal / nlist * self._vector_ns()
@@ -270,11 +280,19 @@ class IVFIndex(Index):
             nprobe = params.get("nprobe")
             nprobe = min(self.nprobe if nprobe is None else check_positive(nprobe, "nprobe"), nlist)
             nq = q.shape[0]
+            kc = k
+            if k_factor is not None:  # candidates for the re-ranking
+                factor = params.get("k_factor")
+                factor = k_factor() if factor is None else factor
+                if type(factor) is not int or factor < 1:
+                    return None  # the general path says what is wrong
+                kc = k * factor
             if nq * (fixed + nprobe * per_probe) >= serial_work:
                 return None
             out_dist = np.empty((nq, k), np.float32)
             out_ids = np.empty((nq, k), np.int64)
-            if not kernel(q, centroids_t, norms, nprobe, *args, ids, ip, out_dist, out_ids, ranked):
+            if not kernel(q, centroids_t, norms, nprobe, *args, ids, ip, ref_x, ref_ids, kc,
+                          out_dist, out_ids, ranked):  # fmt: skip
                 return None  # a NaN or an infinity: the general path says so
             return out_dist, out_ids
 
@@ -282,7 +300,8 @@ class IVFIndex(Index):
 
     def _lean_kernel(self) -> tuple:
         """The kind's lean kernel and its stored arrays: ``kernel(q, centroids_t, c_norms,
-        nprobe, *args, ids, inner_product, out_dist, out_ids, ranked)`` searches numpy arrays
+        nprobe, *args, ids, inner_product, ref_vectors, ref_ids, k_candidates, out_dist,
+        out_ids, ranked)`` searches numpy arrays
         of at most 16 queries on the calling thread, from the coarse step to ids (see
         ``_lean_search``); it returns False, having done nothing, for a query that is not
         finite."""

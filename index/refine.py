@@ -131,13 +131,17 @@ class Refine(Wrapper):
 
     def _lean_search(self):
         """The wrapped index's lean search for ``k * k_factor`` candidates, re-ranked and
-        mapped to ids in one more kernel call; None where the wrapped index has none."""
-        candidates = self.index._lean()
-        if candidates is None:
-            return None
+        mapped to ids in one more kernel call — or in the wrapped index's own kernel call where
+        it can re-rank (``_lean_search_refined``); None where the wrapped index has none."""
         ip = self.metric == "ip"
         x = self.vectors.contiguous().numpy()
         ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else NO_IDS
+        fused = self.index._lean_search_refined(x, ids, lambda: self.k_factor)
+        if fused is not None:
+            return fused
+        candidates = self.index._lean()
+        if candidates is None:
+            return None
 
         def search(q: np.ndarray, k: int, ranked: bool, params: dict):
             k_factor = params.get("k_factor")

@@ -104,6 +104,20 @@ def test_the_lean_path_uses_no_torch_search(data, monkeypatch):
     np.testing.assert_array_equal(index.search(q[:3], 5)[1], want)
 
 
+def test_a_refine_around_an_ivf_index_searches_in_the_ivf_kernel_call(data):
+    x, q = data
+    index = _build("IVF16,PQ8x4fs,RFlat", "l2", x, np.arange(len(x), dtype=np.int64) * 5 + 2)
+    assert "IVF" in index._lean().__qualname__  # the fused search, not Refine's composition
+    for k_factor in (1, 3):
+        want_dist, want_ids = _general(index, q[:4], 7, k_factor=k_factor)
+        dist, ids = index.search(q[:4], 7, k_factor=k_factor)
+        np.testing.assert_array_equal(ids, want_ids)
+        np.testing.assert_allclose(dist, want_dist, rtol=1e-5, atol=1e-4)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="k_factor must be an integer >= 1"):
+            index.search(q[:1], 5, k_factor=bad)
+
+
 def test_per_call_options_and_padding(data):
     x, q = data
     index = vq.index_factory(32, "IVF16,PQ8,RFlat")

@@ -142,6 +142,25 @@ def refine_lean(queries, vectors, candidates, ids, inner_product, out_dist, out_
     rows_to_ids(dist, rows, ids, inner_product, fill, out_dist, out_ids)
 
 
+@njit(nogil=True)
+def finish_lean(queries, dist, rows, ids, inner_product, ref_vectors, ref_ids, out_dist, out_ids):
+    """The last step of a lean IVF search, from the k_c best stored rows (``dist``, ``rows``
+    [nq, k_c], consumed) to results (``out_dist``, ``out_ids`` [nq, k]).
+
+    Without re-ranking (``ref_vectors`` [0, d]; k_c = k): the rows mapped to ``ids`` (int64
+    [n], or [0]: the rows are the ids), distances negated back with ``inner_product``. With
+    it: the rows mapped to ``ids`` are candidates — rows of ``ref_vectors`` float32 [n', d],
+    the vectors of the ``Refine`` around the index — ranked by their exact distances
+    (:func:`refine_lean`) and mapped to ``ref_ids``.
+    """
+    fill = np.float32(-np.inf) if inner_product else np.float32(np.inf)
+    if ref_vectors.shape[0] == 0:
+        rows_to_ids(dist, rows, ids, inner_product, fill, out_dist, out_ids)
+        return
+    rows_to_ids(dist, rows, ids, False, fill, dist, rows)  # in place: the candidates
+    refine_lean(queries, ref_vectors, rows, ref_ids, inner_product, out_dist, out_ids)
+
+
 def heap_push_block(scores, x_norms, first, inner_product, heap_d, heap_i):
     """Offer a block of columns to per-query top-k max-heaps (the Flat index's selection
     step, fused with the distance arithmetic, applied block after block of the database so

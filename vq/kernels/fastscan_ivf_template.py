@@ -8,7 +8,7 @@ from numba import njit
 
 from vq.kernels.adc import IP_TABLE, L2_TABLE
 from vq.kernels.cache import kernel
-from vq.kernels.exact import rows_to_ids
+from vq.kernels.exact import finish_lean
 from vq.kernels.fastscan import BLOCK, block_kernel, portable_block, quantize_tables, trailing_zeros
 from vq.kernels.fastscan_ivf import IVF_QUERY_BLOCK, _push, _write_key, _write_sorted
 from vq.kernels.heaps import EMPTY_KEY, key_value, row_key, smallest_keys
@@ -231,13 +231,15 @@ def scan(queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
 @kernel(nogil=True)
 def lean_search(queries, centroids_t, c_norms, nprobe, codebooks_t, norms, centroids,
                 list_tables, kind, alpha, coarse_base, list_blocks, offsets, packed, ids,
-                inner_product, out_dist, out_ids, ranked):  # fmt: skip
-    """A few queries on the calling thread, from the coarse step to ids, in one call (the
-    lean path: see :func:`vq.kernels.fastscan_ivf.ivf_fastscan_lean`); False (and nothing done)
-    if a query holds a NaN or an infinity."""
+                inner_product, ref_vectors, ref_ids, k_candidates, out_dist, out_ids,
+                ranked):  # fmt: skip
+    """A few queries on the calling thread, from the coarse step to ids (and through the
+    re-ranking of a wrapping ``Refine``), in one call (the lean path: see
+    :func:`vq.kernels.fastscan_ivf.ivf_fastscan_lean`); False (and nothing done) if a query
+    holds a NaN or an infinity."""
     if not all_finite(queries):
         return False
-    nq, k = queries.shape[0], out_dist.shape[1]
+    nq, k = queries.shape[0], k_candidates
     coarse, probes = probe_few(queries, centroids_t, c_norms, nprobe, inner_product)
     base = coarse if coarse_base else np.zeros((nq, nprobe), dtype=np.float32)
     summed = list_tables.shape[0] > 0
@@ -248,12 +250,12 @@ def lean_search(queries, centroids_t, c_norms, nprobe, codebooks_t, norms, centr
     heaps = np.full((nq, k), EMPTY_KEY, dtype=np.int64)
     counts = np.zeros(nq, dtype=np.int64)
     scale_offset = np.empty((2, nq), dtype=np.float32)
+    dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
     serve_slice(np.int64(0), np.int64(nq), queries, codebooks_t, norms, centroids, list_tables,
         kind, alpha, base, probes, T, luts, flat_luts, shifts, list_blocks, offsets, packed,
-        heaps, counts, out_dist, out_ids, scale_offset[0], scale_offset[1], ranked,
+        heaps, counts, dist, rows, scale_offset[0], scale_offset[1], ranked,
     )  # fmt: skip
-    fill = np.float32(-np.inf) if inner_product else np.float32(np.inf)
-    rows_to_ids(out_dist, out_ids, ids, inner_product, fill, out_dist, out_ids)  # in place
+    finish_lean(queries, dist, rows, ids, inner_product, ref_vectors, ref_ids, out_dist, out_ids)
     return True
 
 

@@ -14,7 +14,7 @@ from vq.kernels.adc import (
     _l2_table,
 )
 from vq.kernels.cache import kernel
-from vq.kernels.exact import rows_to_ids
+from vq.kernels.exact import finish_lean
 from vq.kernels.heaps import heap_replace_top, heap_reset, heap_sorted
 from vq.kernels.simd import borrow
 from vq.kernels.small import all_finite, probe_few
@@ -85,18 +85,18 @@ def ivfpq_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kin
 @kernel(nogil=True)
 def lean_search(queries, centroids_t, c_norms, nprobe, codebooks_t, norms, centroids,
                 list_tables, kind, alpha, coarse_base, codes, offsets, ids, inner_product,
-                out_dist, out_ids, ranked):  # fmt: skip
-    """A few queries on the calling thread, from the coarse step to ids, in one call (the
-    lean path: see :func:`vq.kernels.ivfpq_lean`); results always ranked. False (and nothing
-    done) if a query holds a NaN or an infinity."""
+                ref_vectors, ref_ids, k_candidates, out_dist, out_ids, ranked):  # fmt: skip
+    """A few queries on the calling thread, from the coarse step to ids (and through the
+    re-ranking of a wrapping ``Refine``), in one call (the lean path: see
+    :func:`vq.kernels.ivfpq_lean`); results always ranked. False (and nothing done) if a query
+    holds a NaN or an infinity."""
     if not all_finite(queries):
         return False
-    nq, k = queries.shape[0], out_dist.shape[1]
+    nq, k = queries.shape[0], k_candidates
     coarse, probes = probe_few(queries, centroids_t, c_norms, nprobe, inner_product)
     base = coarse if coarse_base else np.zeros((nq, nprobe), dtype=np.float32)
     dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
     ivfpq_range(np.int64(0), np.int64(nq), queries, codebooks_t, norms, centroids, list_tables,
                 kind, alpha, base, probes, codes, offsets, dist, rows)  # fmt: skip
-    fill = np.float32(-np.inf) if inner_product else np.float32(np.inf)
-    rows_to_ids(dist, rows, ids, inner_product, fill, out_dist, out_ids)
+    finish_lean(queries, dist, rows, ids, inner_product, ref_vectors, ref_ids, out_dist, out_ids)
     return True

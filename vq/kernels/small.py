@@ -22,7 +22,7 @@ import numpy as np
 from numba import njit
 
 from vq.kernels.cache import kernel
-from vq.kernels.exact import ivf_flat_range, rows_to_ids
+from vq.kernels.exact import finish_lean, ivf_flat_range
 from vq.kernels.heaps import EMPTY_KEY, heap_replace_top_row, heap_sorted
 from vq.kernels.select import _smallest_k_row
 from vq.kernels.simd import borrow
@@ -198,22 +198,22 @@ def probe_few(queries, centroids_t, c_norms, nprobe, inner_product):
 
 @kernel(nogil=True)
 def ivf_flat_lean(queries, centroids_t, c_norms, nprobe, vectors, offsets, ids, inner_product,
-                  out_dist, out_ids, ranked):  # fmt: skip
+                  ref_vectors, ref_ids, k_candidates, out_dist, out_ids, ranked):  # fmt: skip
     """A search of a few queries in an IVF-Flat index on the calling thread in one call, from
     the coarse step to ids (the lean path): :func:`probe_lists` (``centroids_t`` [d, nlist],
     ``c_norms`` float32 [nlist] read for l2), :func:`vq.kernels.ivf_flat_range` over the
-    ``nprobe`` lists of ``vectors`` [n, d] (CSR ``offsets``), then ids (``ids`` int64 [n],
-    or [0] when they are the rows): ``out_dist`` float32 [nq, k] ascending (negated back to
-    inner products with ``inner_product``; +inf / -inf padding), ``out_ids`` int64 [nq, k]
-    (-1 padding), ranked whatever ``ranked`` says. Returns False (and does nothing) if a
-    query holds a NaN or an infinity."""
+    ``nprobe`` lists of ``vectors`` [n, d] (CSR ``offsets``) for the ``k_candidates`` nearest,
+    then :func:`vq.kernels.exact.finish_lean` (ids, or the re-ranking of a wrapping
+    ``Refine`` with ``ref_vectors``/``ref_ids``): ``out_dist`` float32 [nq, k] ascending
+    (negated back to inner products with ``inner_product``; +inf / -inf padding),
+    ``out_ids`` int64 [nq, k] (-1 padding). Returns False (and does nothing) if a query holds
+    a NaN or an infinity."""
     if not all_finite(queries):
         return False
-    nq, k = queries.shape[0], out_dist.shape[1]
+    nq, k = queries.shape[0], k_candidates
     coarse, probes = probe_few(queries, centroids_t, c_norms, nprobe, inner_product)
     dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
     ivf_flat_range(np.int64(0), np.int64(nq), queries, vectors, probes, offsets, inner_product,
                    dist, rows)  # fmt: skip
-    fill = np.float32(-np.inf) if inner_product else np.float32(np.inf)
-    rows_to_ids(dist, rows, ids, inner_product, fill, out_dist, out_ids)
+    finish_lean(queries, dist, rows, ids, inner_product, ref_vectors, ref_ids, out_dist, out_ids)
     return True
