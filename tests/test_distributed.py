@@ -75,6 +75,10 @@ def torchrun(*args: str, restarts: int = 0, env: dict | None = None, timeout: in
         "MKL_NUM_THREADS": "1",
         "NUMBA_NUM_THREADS": "1",
         "PYTHONWARNINGS": "ignore",
+        # inductor compiles in the worker itself: no pool of compile subprocesses whose reader
+        # threads outlive the job (a fresh-clone CI run once saw rank 0 abort at exit with
+        # "terminate called without an active exception"), and none to start on 2 cores
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
         **(env or {}),
     }
     # a session of its own, so that a timeout stops the workers too, not only torchrun
