@@ -19,7 +19,11 @@ test: $(VENV)/.installed
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n auto
 
-bench: $(VENV)/.installed
+$(VENV)/.peers: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e ".[all,peers]"
+	touch $@
+
+bench: $(VENV)/.peers
 	$(PY) -m bench
 
 clean:

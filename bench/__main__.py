@@ -6,6 +6,8 @@ default to 1M (``--data nsynth`` for the NSynth embeddings, ~5 min on two cores 
 most of it faiss's OPQ training). coldstart starts some seventy fresh processes (each paying
 ``import torch``) and compiles every kind once in an empty kernel cache: about 8 minutes on two
 cores, the compiles about 3 of them (``python -m bench.coldstart --no-cold`` skips those).
+The recall frontiers against faiss, hnswlib and ScaNN run on their own:
+``python -m bench.frontier`` (real sentence embeddings; the first run embeds them, ~20 min).
 """
 
 from bench import ann, coldstart, encode, fastscan, kmeans, latency, memory, pq_search

@@ -10,7 +10,8 @@ unless given. IVF types sweep nprobe; RFlat sweeps k_factor at a fixed nprobe. E
 a k=100 search (--k): r-recall@r for r = 1, 10, 100 against exact neighbours, and QPS timed
 alternately (A B A B, best of --rounds). faiss gets "np" PQ parts (no polysemous training).
 
-Data: "synthetic" (anisotropic Gaussian vectors, whose neighbours an index can find), "nsynth"
+Data: "synthetic" (anisotropic Gaussian vectors, whose neighbours an index can find), "text"
+(real sentence embeddings: all-MiniLM-L6-v2 over local text, see vq.datasets.text), "nsynth"
 (embeddings of the synthetic NSynth notes: train split = database, test split = queries), a
 .fvecs database (with --queries Q.fvecs) or an ann-benchmarks .hdf5 (angular sets are
 normalised, so L2 ranks as cosine). Prints a table; writes bench/results/ann.csv and ann.png
@@ -72,7 +73,7 @@ def sweep(desc: str, nlist: int, nprobes: list[int], k_factors: list[int], refin
 
 def add_data_arguments(p: argparse.ArgumentParser) -> None:
     """The options :func:`load_data` reads, and the training size and IVF lists."""
-    p.add_argument("--data", default="synthetic", help="synthetic, nsynth, X.fvecs or X.hdf5")
+    p.add_argument("--data", default="synthetic", help="synthetic, text, nsynth, X.fvecs or X.hdf5")
     p.add_argument("--queries", default=None, help="query .fvecs (with a .fvecs --data)")
     p.add_argument("--n", type=int, default=1_000_000, help="database vectors (at most)")
     p.add_argument("--nq", type=int, default=1000, help="queries (at most)")
@@ -90,6 +91,11 @@ def load_data(args) -> tuple[str, np.ndarray, np.ndarray]:
     if args.data == "synthetic":
         both = anisotropic_vectors(args.n + args.nq, args.dim, decay=0.95, seed=args.seed)
         return "synthetic", both[: args.n], both[args.n :]
+    if args.data == "text":  # real sentence embeddings (all-MiniLM-L6-v2 over local text)
+        from vq.datasets.text import sentence_embeddings
+
+        x, q = sentence_embeddings(args.n, args.nq, seed=args.seed, verbose=True)
+        return "text (all-MiniLM-L6-v2)", x, q
     if args.data == "nsynth":
         from vq.apps.nsynth import default_data_dir, synthetic_dataset
         from vq.datasets import embed_nsynth

@@ -1,0 +1,239 @@
+"""Recall frontiers: each library swept over the configurations its users pick, and the best QPS
+each reaches at recall@10 >= 0.80, 0.90, 0.95 and 0.99 (k = 10, same data, same threads).
+
+    python -m bench.frontier [--data text|nsynth|synthetic|X.fvecs|X.hdf5] [--n 300000]
+
+Systems (each where importable; ``make bench`` installs all of them):
+- vq: IVF{nlist},PQ{d/2}x4fs,RFlat (nprobe x k_factor), IVF{nlist},Flat (nprobe), and every
+  other --vq description given (an HNSW description sweeps efSearch, an IVF one nprobe);
+- faiss: the same fast-scan + RFlat and IVF,Flat, and HNSW32 (efSearch);
+- hnswlib: M=32, ef_construction=200 (ef);
+- ScaNN: tree (num_leaves ~ 2 sqrt(n)) + score_ah(2, 0.2) + reorder (leaves x reorder).
+
+Every point of every system is timed in one alternating loop (each round visits all points in
+turn; each sample repeats a search of all queries until it lasts --min-seconds; the best of
+--rounds is kept), so that the machine's noise falls on all systems alike. Prints the points,
+the frontier table and the ratio of vq's best to the best peer at each level; writes
+results/<name>.csv, <name>-frontier.csv and <name>.png. Data as bench.ann ("text" is the
+all-MiniLM-L6-v2 set of vq.datasets.text: 300k sentences of local text, unit norm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from bench.ann import add_data_arguments, load_data
+from bench.common import alternate, figure, report, set_threads
+
+LEVELS = (0.80, 0.90, 0.95, 0.99)
+K = 10
+Search = Callable[[], np.ndarray]  # runs all queries, returns ids [nq, K]
+
+
+def vq_points(desc: str, x, train, q, nprobes, k_factors, efs) -> list[tuple[str, Search]]:
+    """vq's index of ``desc``, trained and filled, and its sweep."""
+    import vq
+
+    index = vq.index_factory(x.shape[1], desc)
+    index.train(train)
+    index.add(x)
+    if "HNSW" in desc.split(",")[0]:
+        return [(f"efSearch={e}", lambda e=e: index.search(q, K, efSearch=e)[1]) for e in efs]
+    if desc.endswith("RFlat"):
+        return [
+            (f"nprobe={p},k_factor={f}", refined(index, q, p, f))
+            for p in nprobes
+            for f in k_factors
+        ]
+    return [(f"nprobe={p}", lambda p=p: index.search(q, K, nprobe=p)[1]) for p in nprobes]
+
+
+def refined(index, q, nprobe: int, k_factor: int) -> Search:
+    """A vq re-ranking search at one sweep point."""
+    return lambda: index.search(q, K, nprobe=nprobe, k_factor=k_factor)[1]
+
+
+def faiss_points(desc: str, x, train, q, nprobes, k_factors, efs) -> list[tuple[str, Search]]:
+    """faiss's index of ``desc`` (its own training) and its sweep."""
+    import faiss
+
+    index = faiss.index_factory(x.shape[1], desc)
+    index.train(train)
+    index.add(x)
+
+    def run(**params) -> Search:
+        space = faiss.ParameterSpace()
+        label = ",".join(f"{k}={v}" for k, v in params.items())
+
+        def search():
+            space.set_index_parameters(index, label)
+            return index.search(q, K)[1]
+
+        return search
+
+    if desc.startswith("HNSW"):
+        return [(f"efSearch={e}", run(efSearch=e)) for e in efs]
+    if desc.endswith("RFlat"):
+        return [
+            (f"nprobe={p},k_factor={f}", run(nprobe=p, k_factor_rf=f))
+            for p in nprobes
+            for f in k_factors
+        ]
+    return [(f"nprobe={p}", run(nprobe=p)) for p in nprobes]
+
+
+def hnswlib_points(x, q, threads: int, efs) -> list[tuple[str, Search]]:
+    """hnswlib, M=32, ef_construction=200, L2, swept over ef."""
+    import hnswlib
+
+    index = hnswlib.Index(space="l2", dim=x.shape[1])
+    index.init_index(max_elements=len(x), M=32, ef_construction=200, random_seed=0)
+    index.set_num_threads(threads)
+    index.add_items(x, np.arange(len(x)))
+
+    def run(ef: int) -> Search:
+        def search():
+            index.set_ef(max(ef, K))
+            return index.knn_query(q, k=K)[0]
+
+        return search
+
+    return [(f"ef={e}", run(e)) for e in efs]
+
+
+def scann_points(x, train_n: int, q, threads: int) -> list[tuple[str, Search]]:
+    """ScaNN: tree + asymmetric hashing + exact reorder, swept over leaves and reorder."""
+    import scann
+
+    leaves = int(2 ** round(math.log2(2 * math.sqrt(len(x)))))
+    searcher = (
+        scann.scann_ops_pybind.builder(x, K, "squared_l2")
+        .tree(num_leaves=leaves, num_leaves_to_search=16, training_sample_size=min(train_n, len(x)))
+        .score_ah(2, anisotropic_quantization_threshold=0.2)
+        .reorder(100)
+        .build()
+    )
+    searcher.set_num_threads(threads)
+
+    def run(nl: int, reorder: int) -> Search:
+        def search():
+            return searcher.search_batched_parallel(
+                q, leaves_to_search=nl, pre_reorder_num_neighbors=reorder
+            )[0]
+
+        return search
+
+    return [
+        (f"leaves={nl},reorder={r}", run(nl, r))
+        for nl in (4, 8, 16, 32, 64, 128)
+        for r in (20, 50, 100)
+    ]
+
+
+def frontier(rows: list[dict], system: str, level: float) -> dict | None:
+    """The fastest of ``system``'s points at recall@10 >= level, or None."""
+    ok = [r for r in rows if r["system"] == system and r["recall@10"] >= level]
+    return max(ok, key=lambda r: r["QPS"]) if ok else None
+
+
+def build_all(args, x, train, q) -> dict[tuple[str, str], list[tuple[str, Search]]]:
+    """Every system's built indexes and sweeps, keyed by (system, index)."""
+    nlist, M = args.nlist, x.shape[1] // 2
+    fast = f"IVF{nlist},PQ{M}x4fs,RFlat"
+    plan: list[tuple[str, str, Callable]] = []
+    for desc in [fast, f"IVF{nlist},Flat", *args.vq]:
+        plan.append(("vq", desc, lambda d=desc: vq_points(d, x, train, q, *args.sweeps)))
+    for desc in [fast, f"IVF{nlist},Flat", "HNSW32"]:
+        plan.append(("faiss", desc, lambda d=desc: faiss_points(d, x, train, q, *args.sweeps)))
+    plan.append(("hnswlib", "M=32", lambda: hnswlib_points(x, q, args.threads, args.sweeps[2])))
+    plan.append(("scann", "tree+AH", lambda: scann_points(x, len(train), q, args.threads)))
+    built = {}
+    for system, desc, make in plan:
+        if system not in args.systems:
+            continue
+        try:
+            start = time.perf_counter()
+            built[system, desc] = make()
+            print(f"built {system} {desc} in {time.perf_counter() - start:.1f} s", flush=True)
+        except ImportError as err:
+            print(f"skipped {system} {desc}: {err}")
+    return built
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    add_data_arguments(p)
+    p.set_defaults(data="text", n=300_000)
+    p.add_argument("--vq", nargs="*", default=[], help="more vq descriptions (e.g. HNSW32)")
+    p.add_argument("--systems", nargs="+", default=["vq", "faiss", "hnswlib", "scann"])
+    p.add_argument("--nprobe", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256])
+    p.add_argument("--k-factor", type=int, nargs="+", default=[2, 4, 8, 16])
+    p.add_argument("--ef", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512])
+    p.add_argument("--threads", type=int, default=2, help="threads for every system")
+    p.add_argument("--rounds", type=int, default=3, help="alternating timing rounds (best kept)")
+    p.add_argument("--min-seconds", type=float, default=0.1, help="least time per timing sample")
+    p.add_argument("--name", default="frontier", help="results/<name>.csv and .png")
+    args = p.parse_args(argv)
+
+    from vq.datasets import ground_truth, recall_at
+
+    set_threads(args.threads)
+    label, x, q = load_data(args)
+    n, dim = x.shape
+    args.nlist = args.nlist or int(2 ** round(math.log2(4 * math.sqrt(n))))
+    args.sweeps = (args.nprobe, args.k_factor, args.ef)
+    train = x[: min(n, args.ntrain)]
+    truth = ground_truth(x, q, K)[1]
+    built = build_all(args, x, train, q)
+    points = {(s, d, lab): fn for (s, d), pts in built.items() for lab, fn in pts}
+    recall = {key: recall_at(fn(), truth, K) for key, fn in points.items()}
+    seconds = alternate(
+        {key: fn for key, fn in points.items() if recall[key] >= LEVELS[0] - 0.05},
+        rounds=args.rounds,
+        min_seconds=args.min_seconds,
+    )
+    rows = [
+        {"system": s, "index": d, "param": lab, "recall@10": recall[s, d, lab], "QPS": len(q) / t}
+        for (s, d, lab), t in seconds.items()
+    ]
+    title = f"## Points: {label}, n={n}, d={dim}, {len(q)} queries, k={K}"
+    report(args.name, title, args.threads, rows, list(rows[0]))
+    systems = sorted({r["system"] for r in rows})
+    table = []
+    for level in LEVELS:
+        best = {s: frontier(rows, s, level) for s in systems}
+        peers = [b["QPS"] for s, b in best.items() if s != "vq" and b]
+        row = {"recall@10 >=": level}
+        for s in systems:
+            b = best[s]
+            row[s] = f"{b['QPS']:,.0f} ({b['index']} {b['param']})" if b else "-"
+        vq_best = best.get("vq")
+        ratio = f"{vq_best['QPS'] / max(peers):.2f}" if vq_best and peers else None
+        row["vq / best peer"] = ratio or ("only vq" if vq_best else "-")
+        table.append(row)
+    title = f"## Frontier: best QPS at each recall@10, {label}, n={n}, {args.threads} threads"
+    report(f"{args.name}-frontier", title, args.threads, table, list(table[0]))
+    with figure(args.name, size=(8, 5)) as ax:
+        for i, s in enumerate(systems):
+            pts = sorted((r["recall@10"], r["QPS"]) for r in rows if r["system"] == s)
+            hull, best_q = [], 0.0  # the upper-right envelope: best QPS at each recall or above
+            for rec, qps in reversed(pts):
+                if qps > best_q:
+                    hull.append((rec, qps))
+                    best_q = qps
+            ax.plot(*zip(*sorted(hull), strict=True), "o-", color=f"C{i}", label=s, markersize=4)
+        ax.set_xlabel("recall@10")
+        ax.set_ylabel("queries per second")
+        ax.set_yscale("log")
+        ax.set_title(f"{label}, n={n}, {args.threads} threads")
+        ax.legend()
+    return rows
+
+
+if __name__ == "__main__":
+    main()
