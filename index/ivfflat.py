@@ -8,9 +8,9 @@ import numpy as np
 import torch
 
 from vq import kernels
-from vq.index.base import shape_problem
 from vq.index.faiss_build import faiss_metric, import_faiss
 from vq.index.ivf import IVFIndex, IVFSearch
+from vq.index.searching import shape_problem
 from vq.index.static import kept, top_rows
 
 
@@ -55,12 +55,13 @@ class IVFFlat(IVFIndex):
         x, offsets = self.vectors.contiguous().numpy(), self.offsets.numpy()
         return kernels.ivf_flat_lean, (x, offsets)
 
-    def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked=True) -> None:
+    def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked, allowed) -> None:
         kernels.ivf_flat_scan(
             q.contiguous().numpy(),
             self.vectors.numpy(),
-            lists.numpy(),
+            lists.contiguous().numpy(),
             self.offsets.numpy(),
+            allowed,
             self.metric == "ip",
             out_dist.numpy(),
             out_rows.numpy(),
@@ -78,13 +79,16 @@ class IVFFlatSearch(IVFSearch):
         super().__init__(index, k, nprobe, capacity, copy)
         self.register_buffer("vectors", kept(index.vectors.float(), copy))
 
-    def search(self, queries: torch.Tensor, k: int, nprobe: int | None = None):
+    def search(self, queries: torch.Tensor, k: int, nprobe=None, allowed=None, limit=None):
+        """``limit``: int64 [B], the lists each query probes (<= nprobe; default all)."""
         _, lists = self.probe(queries, self.lists_probed(nprobe))
         rows = self.gather_lists(self.list_rows, lists)  # [B, C]
         cand = self.vectors.index_select(0, rows.clamp_min(0).reshape(-1)).reshape(*rows.shape, -1)
         q = queries[:, None, :]
         scores = -(cand * q).sum(-1) if self.metric == "ip" else ((cand - q) ** 2).sum(-1)
         scores = scores + self.gather_lists(self.slot_bias, lists)
+        bias = self.candidate_bias(lists, allowed, limit)
+        scores = scores if bias is None else scores + bias
         return self.results(*top_rows(scores, k, rows), k)
 
     def chunk_rows(self, k: int, nprobe: int | None = None) -> int:
