@@ -30,6 +30,7 @@ from vq._tree_cache import cached, drop
 from vq.index.fileformat import save_target, write_index_file
 from vq.index.lean import search_small
 from vq.index.locking import ReadWriteLock
+from vq.index.ranges import range_search
 from vq.index.searching import (
     check_options,
     derived,
@@ -141,8 +142,7 @@ class Index(nn.Module):
         return tuple(sorted(option_names(type(self))))
 
     def probes_lists(self) -> bool:
-        """Whether searches probe inverted lists (``search(..., return_probed=True)``)."""
-        return False
+        return False  # whether searches probe lists (search(..., return_probed=True))
 
     def to_faiss(self):
         """The equivalent faiss index (``pip install 'vq[faiss]'``): the same trained
@@ -231,10 +231,8 @@ class Index(nn.Module):
             queries: float [nq, dim], numpy or torch (any device; float64/float16/bfloat16 are
                 converted to float32, ``search_batch_size`` queries at a time).
             k: neighbours per query (default ``self.k``).
-            allowed: restrict the results to these ids (filtered search): an id array, a
-                boolean mask over the id space or a :class:`vq.IdFilter` (see
-                :mod:`vq.index.filters`); the scans skip the other rows. An IVF index probes
-                further lists until k allowed vectors are among the probed ones.
+            allowed: only these ids (filtered search: an id array, a boolean mask over the id
+                space or a :class:`vq.IdFilter`; see :mod:`vq.index.filters`).
             return_probed: IVF indexes: also return how many lists each query probed.
             params: per-call search options of the index type (``nprobe``, ``max_codes``:
                 IVF; ``k_factor``: re-ranking; see ``search_options()``).
@@ -261,6 +259,15 @@ class Index(nn.Module):
         out = like_input(dist, queries), like_input(ids, queries)
         return (*out, like_input(filtered["probed"], queries)) if return_probed else out
 
+    def range_search(self, queries: Any, radius: float, *, allowed: Any = None, **params):
+        """Every stored vector within ``radius`` of each query (faiss ``range_search``): ``(lims,
+        D, I)``, see :mod:`vq.index.ranges`; ``allowed`` and ``params`` as ``search``'s."""
+        return range_search(self, queries, radius, allowed, params)
+
+    def _range_hits(self, q: torch.Tensor, radius: float, allowed, **params) -> list:
+        """The hits: ``(queries, rows, values)`` per kernel call (Flat, IVFFlat, wrappers)."""
+        raise NotImplementedError(f"{type(self).__name__} has no range_search yet")
+
     def forward(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``search(queries, self.k)`` for torch queries."""
         return self.search(queries, self.k)
@@ -279,8 +286,7 @@ class Index(nn.Module):
             return
         self.ids = torch.cat([self.stored_ids(), ids.to(self.ids.device)])
 
-    def _renumber(self, mapping: torch.Tensor) -> None:
-        """Replace every stored id i by ``mapping[i]`` (used by re-ranking wrappers)."""
+    def _renumber(self, mapping: torch.Tensor) -> None:  # id i → mapping[i] (see Refine)
         self.ids = mapping[self.stored_ids()]
 
     # -- adding and removing ------------------------------------------------------------------

@@ -10,6 +10,7 @@ from vq._cpu import empty, fast_path
 from vq.index.base import Index
 from vq.index.faiss_build import faiss_metric, import_faiss, with_id_map
 from vq.index.filters import IdFilter, kernel_mask, torch_mask
+from vq.index.ranges import RANGE_SLOTS, counted
 from vq.index.searching import NO_IDS, shape_problem
 from vq.index.static import Searcher, kept, search_in_chunks, top_rows
 from vq.kernels import threads
@@ -118,6 +119,29 @@ class FlatIndex(Index):
             return out_dist, out_ids
 
         return search
+
+    def _range_hits(self, q: torch.Tensor, radius: float, allowed: IdFilter | None) -> list:
+        """BLAS blocks, as ``_search_numba``, whose hits a kernel keeps."""
+        ip, x, mask = self.metric == "ip", self.vectors, kernel_mask(self, allowed)
+        norms = _NO_NORMS if ip else self._norms()
+        q_norms = (q * q).sum(1).numpy()
+        parts, xb = [], 1 << 14
+        qb = max(1, RANGE_SLOTS // xb)
+        for s in range(0, q.shape[0], qb):
+            qs = q[s : s + qb]
+            t = np.full(qs.shape[0], -radius, np.float32) if ip else radius - q_norms[s : s + qb]
+            for j in range(0, x.shape[0], xb):
+                scores = torch.mm(qs, x[j : j + xb].T).numpy()
+                rows, vals = np.empty(scores.shape, np.int64), np.empty(scores.shape, np.float32)
+                counts = np.empty(scores.shape[0], np.int64)
+                kernels.flat_range_block(scores, norms[j : j + xb], j, t.astype(np.float32),
+                                         mask[j : j + xb], ip, rows, vals, counts)  # fmt: skip
+                starts = np.arange(scores.shape[0]) * scores.shape[1]
+                hits = counted(counts, starts, rows.reshape(-1), vals.reshape(-1), s)
+                if not ip:  # ‖q‖² back, as faiss adds it
+                    hits = (hits[0], hits[1], np.maximum(hits[2] + q_norms[hits[0]], 0))
+                parts.append(hits)
+        return parts
 
     def _search_numba(self, q: torch.Tensor, k: int, allowed: np.ndarray):
         """BLAS inner products of a block of queries with a block of vectors (small enough to

@@ -120,6 +120,9 @@ class PreTransform(Wrapper):
     def _search_ids(self, q: torch.Tensor, k: int, **params):
         return self.index._search_ids(self.apply(q), k, **params)  # (its torch path too)
 
+    def _range_hits(self, q: torch.Tensor, radius: float, allowed, **params) -> list:
+        return self.index._range_hits(self.apply(q), radius, allowed, **params)
+
     def _torch_searcher(self) -> PreTransformSearch:
         """The torch path: the rotation, then the wrapped index's static search, over the
         index's own tensors."""

@@ -169,7 +169,7 @@ def test_ivf_kernel_equals_reference(isa):
         scan(
             queries[q : q + 1], codebooks.transpose(0, 2, 1).copy(), (codebooks**2).sum(-1),
             np.zeros((nlist, M), np.float32), list_tables, IP_TABLE, np.float32(-1.0),
-            base[q : q + 1], probes[q : q + 1], list_blocks, offsets, packed, *one,
+            base[q : q + 1], probes[q : q + 1], list_blocks, offsets, packed, NONE, *one,
             scale[:1].copy(), offset[:1].copy(), True,
         )  # fmt: skip
         np.testing.assert_array_equal(one[0][0], dist[q])
@@ -179,7 +179,7 @@ def test_ivf_kernel_equals_reference(isa):
     scan(
         queries, codebooks.transpose(0, 2, 1).copy(), (codebooks**2).sum(-1),
         np.zeros((nlist, M), np.float32), list_tables, IP_TABLE, np.float32(-1.0), base,
-        probes, list_blocks, offsets, packed, *loose, scale.copy(), offset.copy(), False,
+        probes, list_blocks, offsets, packed, NONE, *loose, scale.copy(), offset.copy(), False,
     )  # fmt: skip
     order = np.lexsort((loose[1], loose[0]), axis=1)
     np.testing.assert_array_equal(np.take_along_axis(loose[0], order, 1), dist)
