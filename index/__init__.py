@@ -24,6 +24,7 @@ The modules, bottom to top (each imports only from those below it):
 from vq.index.base import Index
 from vq.index.factory import index_factory
 from vq.index.faiss_interop import from_faiss, to_faiss
+from vq.index.filters import IdFilter
 from vq.index.flat import FlatIndex
 from vq.index.io import load_index
 from vq.index.ivf import IVFIndex
@@ -36,6 +37,7 @@ from vq.index.transform import PreTransform
 __all__ = [
     "IVFPQ",
     "FlatIndex",
+    "IdFilter",
     "IVFFlat",
     "IVFIndex",
     "Index",

@@ -30,13 +30,16 @@ from vq._tree_cache import cached, drop
 from vq.index.fileformat import save_target, write_index_file
 from vq.index.lean import search_small
 from vq.index.locking import ReadWriteLock
+from vq.index.ranges import range_search
 from vq.index.searching import (
     check_options,
     derived,
+    filtered_params,
     option_names,
-    query_rows,
     results_by_id,
+    search_steps,
 )
+from vq.index.storage import check_new_ids
 
 METRICS = ("l2", "ip")
 
@@ -138,6 +141,9 @@ class Index(nn.Module):
         """Names of the per-call options ``search`` takes (e.g. ``("nprobe",)``)."""
         return tuple(sorted(option_names(type(self))))
 
+    def probes_lists(self) -> bool:
+        return False  # whether searches probe lists (search(..., return_probed=True))
+
     def to_faiss(self):
         """The equivalent faiss index (``pip install 'vq[faiss]'``): the same trained
         parameters, stored data, ids and search options (see :mod:`vq.index.faiss_interop`).
@@ -189,7 +195,7 @@ class Index(nn.Module):
         t = as_vectors(x, self.dim, "x")
         with self._writing():
             ids = torch.arange(self.ntotal, self.ntotal + t.shape[0], device=self.device)
-            self._check_new_ids(ids, "add: the sequential ids")
+            check_new_ids(self, ids, "add: the sequential ids")
             self._add(t, ids)
 
     def add_with_ids(self, x: Any, ids: Any) -> None:
@@ -200,7 +206,7 @@ class Index(nn.Module):
         i = as_ids(ids, t.shape[0], "ids")
         with self._writing():
             i = i.to(self.device)
-            self._check_new_ids(i, "ids")
+            check_new_ids(self, i, "ids")
             self._add(t, i)
 
     def remove_ids(self, ids: Any) -> int:
@@ -210,41 +216,57 @@ class Index(nn.Module):
         with self._writing():
             return self._remove(i.to(self.device))
 
-    def search(self, queries: Any, k: int | None = None, **params) -> tuple[Any, Any]:
+    def search(
+        self,
+        queries: Any,
+        k: int | None = None,
+        *,
+        allowed: Any = None,
+        return_probed: bool = False,
+        **params,
+    ) -> tuple:
         """The ``k`` nearest stored vectors of each query.
 
         Args:
             queries: float [nq, dim], numpy or torch (any device; float64/float16/bfloat16 are
                 converted to float32, ``search_batch_size`` queries at a time).
             k: neighbours per query (default ``self.k``).
-            params: per-call search options of the index type (``nprobe`` for IVF indexes,
-                ``k_factor`` for re-ranking; see ``search_options()``), overriding its
-                attributes for this call.
+            allowed: only these ids (filtered search: an id array, a boolean mask over the id
+                space or a :class:`vq.IdFilter`; see :mod:`vq.index.filters`).
+            return_probed: IVF indexes: also return how many lists each query probed.
+            params: per-call search options of the index type (``nprobe``, ``max_codes``:
+                IVF; ``k_factor``: re-ranking; see ``search_options()``).
 
         Returns:
             ``(D, I)``: float32 [nq, k] distances (squared L2 ascending, or inner products
             descending) and int64 [nq, k] ids; missing results are id -1 with distance +inf
             (-inf for "ip"). numpy for numpy queries, tensors on the queries' device otherwise.
+            With ``return_probed``, ``(D, I, probed)``, probed int64 [nq].
         """
-        found = search_small(self, queries, k, params)  # a few queries on CPU: see vq.index.lean
+        plain = allowed is None and not return_probed
+        found = search_small(self, queries, k, params) if plain else None  # see vq.index.lean
         if found is not None:
             return found
         k = check_positive(self.k if k is None else k, "k")
         self._require_trained("search")
         check_options(self, params)
         q = check_vectors(queries, self.dim, "queries")
-        nq, step = q.shape[0], self.search_batch_size
-        small = serial_if_small(self._search_work(min(nq, step), k, **params))
+        filtered = filtered_params(self, params, allowed, return_probed, q.shape[0])
+        work = self._search_work(min(q.shape[0], self.search_batch_size), k, **params)
+        small = serial_if_small(work)
         with self._lock.read(), torch.no_grad(), small:
-            if nq <= step:
-                dist, ids = self._search_ids(query_rows(q, self.device), k, **params)
-            else:  # bounded memory: per-chunk tables and buffers, results written in place
-                dist = torch.empty(nq, k, device=self.device)
-                ids = torch.empty(nq, k, dtype=torch.int64, device=self.device)
-                for s in range(0, nq, step):
-                    chunk = query_rows(q[s : s + step], self.device)
-                    dist[s : s + step], ids[s : s + step] = self._search_ids(chunk, k, **params)
-        return like_input(dist, queries), like_input(ids, queries)
+            dist, ids = search_steps(self, q, k, filtered)
+        out = like_input(dist, queries), like_input(ids, queries)
+        return (*out, like_input(filtered["probed"], queries)) if return_probed else out
+
+    def range_search(self, queries: Any, radius: float, *, allowed: Any = None, **params):
+        """Every stored vector within ``radius`` of each query (faiss ``range_search``): ``(lims,
+        D, I)``, see :mod:`vq.index.ranges`; ``allowed`` and ``params`` as ``search``'s."""
+        return range_search(self, queries, radius, allowed, params)
+
+    def _range_hits(self, q: torch.Tensor, radius: float, allowed, **params) -> list:
+        """The hits: ``(queries, rows, values)`` per kernel call (Flat, IVFFlat, wrappers)."""
+        raise NotImplementedError(f"{type(self).__name__} has no range_search yet")
 
     def forward(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``search(queries, self.k)`` for torch queries."""
@@ -264,23 +286,7 @@ class Index(nn.Module):
             return
         self.ids = torch.cat([self.stored_ids(), ids.to(self.ids.device)])
 
-    def _check_new_ids(self, ids: torch.Tensor, what: str) -> None:
-        """Refuse ids (non-negative, distinct) that are already stored."""
-        if not self.ntotal or not ids.numel():
-            return
-        if self._sequential_ids():  # the stored ids are 0 … ntotal - 1: no search needed
-            taken = ids < self.ntotal
-        else:
-            taken = torch.isin(ids, self.stored_ids())
-        if bool(taken.any()):
-            first = int(ids[torch.argmax(taken.to(torch.uint8))])
-            raise ValueError(
-                f"{what}: {int(taken.sum())} of them are already in the index (first: {first}); "
-                "remove_ids them first, or add with new ids"
-            )
-
-    def _renumber(self, mapping: torch.Tensor) -> None:
-        """Replace every stored id i by ``mapping[i]`` (used by re-ranking wrappers)."""
+    def _renumber(self, mapping: torch.Tensor) -> None:  # id i → mapping[i] (see Refine)
         self.ids = mapping[self.stored_ids()]
 
     # -- adding and removing ------------------------------------------------------------------
@@ -391,10 +397,3 @@ class Index(nn.Module):
                 if incoming is not None and incoming.shape != buf.shape:
                     self._buffers[name] = buf.new_empty(incoming.shape)
             super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
-
-def shape_problem(name: str, t: torch.Tensor, expected: tuple[int, ...]) -> str | None:
-    """``consistency_problem``'s words for a buffer ``t`` whose shape is not ``expected``."""
-    if tuple(t.shape) != expected:
-        return f"{name} of shape {tuple(t.shape)}, expected {expected}"
-    return None

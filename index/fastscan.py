@@ -65,11 +65,10 @@ def _to_float(dist: np.ndarray, scale: np.ndarray, offset: np.ndarray) -> torch.
     return torch.from_numpy(dist / scale[:, None] + offset[:, None])  # inf stays inf
 
 
-def pq_search(
-    queries: np.ndarray, codebooks: tuple, inner_product: bool, packed: PackedCodes, n: int, k: int
-):
+def pq_search(queries, codebooks: tuple, inner_product: bool, packed: PackedCodes, n, k, allowed):
     """Fast-scan of a flat code array: queries float32 [nq, dim], codebooks (transposed [M,
-    dsub, 16], squared norms [M, 16]) → distances float32 [nq, k] (squared L2, or negated
+    dsub, 16], squared norms [M, 16]), ``allowed`` uint8 [n] (0: skipped) or empty →
+    distances float32 [nq, k] (squared L2, or negated
     inner products; smaller is nearer) and rows int64 [nq, k]."""
     nq = queries.shape[0]
     codebooks_t, norms = codebooks
@@ -83,7 +82,7 @@ def pq_search(
     dist = np.empty((padded, k), dtype=np.float32)
     rows = _cpu.empty((padded, k), torch.int64)
     scanner = fastscan.pq_fastscan_scanner(M // 2, Q, fastscan.best_isa(), dsub)
-    scanner(luts.reshape(-1, 32), packed.packed, n, dist, rows.numpy())
+    scanner(luts.reshape(-1, 32), packed.packed, n, allowed, dist, rows.numpy())
     return _to_float(dist[:nq], scale, offset), rows[:nq]
 
 

@@ -7,10 +7,12 @@ import torch
 
 from vq import _cpu, kernels
 from vq._cpu import empty, fast_path
-from vq.index.base import Index, shape_problem
+from vq.index.base import Index
 from vq.index.faiss_build import faiss_metric, import_faiss, with_id_map
-from vq.index.searching import NO_IDS
-from vq.index.static import Searcher, kept, search_in_chunks
+from vq.index.filters import IdFilter, kernel_mask, torch_mask
+from vq.index.ranges import RANGE_SLOTS, counted
+from vq.index.searching import NO_IDS, shape_problem
+from vq.index.static import Searcher, kept, search_in_chunks, top_rows
 from vq.kernels import threads
 
 _NO_NORMS = np.zeros(0, np.float32)
@@ -65,10 +67,10 @@ class FlatIndex(Index):
         :class:`FlatSearch`; what :mod:`vq.export` writes out)."""
         return FlatSearch(self, k)
 
-    def _search_ids(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _search_ids(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
         if self.ntotal == 0 or fast_path(q):
-            return super()._search_ids(q, k)
-        return search_in_chunks(self._torch_searcher(), q, k)
+            return super()._search_ids(q, k, allowed=allowed)
+        return search_in_chunks(self._torch_searcher(), q, k, allowed=torch_mask(self, allowed))
 
     def _torch_searcher(self) -> FlatSearch:
         """The torch path: the static search over the index's own vectors, kept until they
@@ -76,8 +78,9 @@ class FlatIndex(Index):
         sources = (self.vectors, self.ids)
         return self._derived("searcher", sources, lambda: FlatSearch(self, copy=False))
 
-    def _search_rows(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._search_numba(q, k)  # (CPU tensors in eager mode: see _search_ids)
+    def _search_rows(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
+        # (CPU tensors in eager mode: see _search_ids)
+        return self._search_numba(q, k, kernel_mask(self, allowed))
 
     def _norms(self) -> np.ndarray:
         """float32 [ntotal]: the stored vectors' squared norms, kept until they change (each
@@ -117,11 +120,35 @@ class FlatIndex(Index):
 
         return search
 
-    def _search_numba(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _range_hits(self, q: torch.Tensor, radius: float, allowed: IdFilter | None) -> list:
+        """BLAS blocks, as ``_search_numba``, whose hits a kernel keeps."""
+        ip, x, mask = self.metric == "ip", self.vectors, kernel_mask(self, allowed)
+        norms = _NO_NORMS if ip else self._norms()
+        q_norms = (q * q).sum(1).numpy()
+        parts, xb = [], 1 << 14
+        qb = max(1, RANGE_SLOTS // xb)
+        for s in range(0, q.shape[0], qb):
+            qs = q[s : s + qb]
+            t = np.full(qs.shape[0], -radius, np.float32) if ip else radius - q_norms[s : s + qb]
+            for j in range(0, x.shape[0], xb):
+                scores = torch.mm(qs, x[j : j + xb].T).numpy()
+                rows, vals = np.empty(scores.shape, np.int64), np.empty(scores.shape, np.float32)
+                counts = np.empty(scores.shape[0], np.int64)
+                kernels.flat_range_block(scores, norms[j : j + xb], j, t.astype(np.float32),
+                                         mask[j : j + xb], ip, rows, vals, counts)  # fmt: skip
+                starts = np.arange(scores.shape[0]) * scores.shape[1]
+                hits = counted(counts, starts, rows.reshape(-1), vals.reshape(-1), s)
+                if not ip:  # ‖q‖² back, as faiss adds it
+                    hits = (hits[0], hits[1], np.maximum(hits[2] + q_norms[hits[0]], 0))
+                parts.append(hits)
+        return parts
+
+    def _search_numba(self, q: torch.Tensor, k: int, allowed: np.ndarray):
         """BLAS inner products of a block of queries with a block of vectors (small enough to
         stay in cache), each block offered to per-query top-k heaps by a numba kernel, as
         faiss's IndexFlat does: about as fast as faiss, 2x the torch.topk path. Returns
-        ``_search_rows``'s values (smaller is nearer) and rows."""
+        ``_search_rows``'s values (smaller is nearer) and rows; ``allowed`` uint8 [ntotal]
+        (0: skipped) or empty."""
         x = self.vectors
         nq, n = q.shape[0], x.shape[0]
         inner_product = self.metric == "ip"
@@ -140,6 +167,7 @@ class FlatIndex(Index):
                     scores.numpy(),
                     x_norms[j : j + x_block],
                     j,
+                    allowed[j : j + x_block],
                     inner_product,
                     heap_d[s : s + q_block],
                     heap_i[s : s + q_block],
@@ -170,15 +198,17 @@ class FlatSearch(Searcher):
         self.register_buffer("vectors", kept(x, copy))
         self.register_buffer("norms", (x * x).sum(dim=1))
 
-    def search(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        kk = min(k, self.ntotal)
+    def search(self, queries: torch.Tensor, k: int, allowed: torch.Tensor | None = None):
+        """``allowed``: bool [ntotal], False for stored rows a filtered search skips."""
         if self.metric == "ip":
-            val, rows = torch.topk(-(queries @ self.vectors.T), kk, dim=1, largest=False)
-            return self.results(val, rows, k)
-        # ranked by ||x||² - 2⟨q, x⟩; ||q||² is added to the k kept
-        scores = torch.addmm(self.norms, queries, self.vectors.T, alpha=-2.0)
-        val, rows = torch.topk(scores, kk, dim=1, largest=False, sorted=True)
-        val = (val + (queries * queries).sum(dim=1, keepdim=True)).clamp_min(0.0)
+            scores = -(queries @ self.vectors.T)
+        else:  # ranked by ||x||² - 2⟨q, x⟩; ||q||² is added to the k kept
+            scores = torch.addmm(self.norms, queries, self.vectors.T, alpha=-2.0)
+        if allowed is not None:
+            scores = scores + self.row_bias(allowed)
+        val, rows = top_rows(scores, k)
+        if self.metric == "l2":
+            val = (val + (queries * queries).sum(dim=1, keepdim=True)).clamp_min(0.0)
         return self.results(val, rows, k)
 
     def chunk_rows(self, k: int) -> int:

@@ -25,8 +25,10 @@ from vq._checks import check_int, check_positive, check_training_size
 from vq.clustering import kmeans
 from vq.index.base import Index
 from vq.index.faiss_build import faiss_metric, fill_inverted_lists, import_faiss, keep_alive
+from vq.index.filters import allowed_per_list, kernel_mask, probe_further, torch_mask
+from vq.index.ivfsearch import IVFSearch, padded_rows, probe  # noqa: F401 (re-exported)
 from vq.index.searching import NO_IDS
-from vq.index.static import INF, Searcher, kept, search_in_chunks
+from vq.index.static import search_in_chunks
 from vq.quantizers import VectorQuantizer
 
 _NO_NORMS = np.zeros(0, np.float32)
@@ -221,34 +223,84 @@ class IVFIndex(Index):
         searcher.nprobe = min(self.nprobe, self.nlist)
         return searcher
 
-    def _search_ids(self, q: torch.Tensor, k: int, nprobe: int | None = None):
+    def probes_lists(self) -> bool:
+        return True
+
+    def _search_ids(self, q, k, nprobe=None, max_codes=None, allowed=None, probed=None):
+        """``Index._search_ids`` with the IVF options: ``nprobe`` lists at least; under a
+        filter (``allowed``) further lists, nearest first, until k allowed vectors are among
+        the probed ones, all lists are, or the next list would pass ``max_codes`` stored
+        vectors in all (None: no cap); ``probed`` int64 [nq] receives how many lists each
+        query probed."""
         if self.ntotal == 0 or _cpu.fast_path(q):
-            return super()._search_ids(q, k, nprobe=nprobe)
-        return search_in_chunks(self._torch_searcher(), q, k, nprobe=nprobe)
+            options = {"max_codes": max_codes, "allowed": allowed, "probed": probed}
+            return super()._search_ids(q, k, nprobe=nprobe, **options)
+        nprobe = self._nprobe(nprobe)
+        mask = torch_mask(self, allowed)
+        limit = None
+        if mask is not None:  # how many lists each query needs: then the widest, cut per query
+            coarse, lists = self._torch_searcher().probe(q, nprobe)
+            _, lists, need = self._probes(q, min(k, self.ntotal), coarse, lists, allowed,
+                                          max_codes, torch_ranking=True)  # fmt: skip
+            nprobe, limit = lists.shape[1], torch.from_numpy(need).to(q.device)
+        if probed is not None:
+            probed.copy_(torch.full_like(probed, nprobe) if limit is None else limit.cpu())
+        searcher = self._torch_searcher()
+        return search_in_chunks(searcher, q, k, nprobe=nprobe, allowed=mask, limit=limit)
 
-    def _search_rows(self, q: torch.Tensor, k: int, nprobe: int | None = None):
-        return self._probe_and_scan(q, k, nprobe, ranked=True)
+    def _search_rows(self, q, k, nprobe=None, max_codes=None, allowed=None, probed=None):
+        return self._probe_and_scan(q, k, nprobe, True, max_codes, allowed, probed)
 
-    def _candidate_ids(self, q: torch.Tensor, k: int, nprobe: int | None = None):
+    def _candidate_ids(self, q, k, nprobe=None, max_codes=None, allowed=None, probed=None):
+        options = {"max_codes": max_codes, "allowed": allowed, "probed": probed}
         if self.ntotal == 0 or not _cpu.fast_path(q):
-            return self._search_ids(q, k, nprobe)[1]
-        dist, rows = self._probe_and_scan(q, min(k, self.ntotal), nprobe, ranked=False)
+            return self._search_ids(q, k, nprobe, **options)
+        dist, rows = self._probe_and_scan(q, min(k, self.ntotal), nprobe, False, **options)
         return self._finish(dist, rows, k)[1]
 
-    def _probe_and_scan(self, q: torch.Tensor, k: int, nprobe: int | None, ranked: bool):
+    def _nprobe(self, nprobe) -> int:
+        return min(check_positive(self.nprobe if nprobe is None else nprobe, "nprobe"), self.nlist)
+
+    def _probes(self, q, k, coarse, lists, allowed, max_codes, torch_ranking=False):
+        """``probe_further`` (see :mod:`vq.index.filters`) for queries ``q``: coarse scores
+        and lists (numpy; -1 past a query's last probe), and lists per query."""
+        if max_codes is not None:
+            max_codes = check_positive(max_codes, "max_codes")
+        counts = allowed_per_list(allowed.row_mask(self), self.offsets.cpu().numpy())
+
+        def rank_all(rows):
+            if not torch_ranking:
+                c, lst = self._probe_numba(q[torch.from_numpy(rows)], self.nlist)
+                return c.numpy(), lst.numpy()
+            picked = q[torch.from_numpy(rows).to(q.device)]
+            c, lst = self._torch_searcher().probe(picked, self.nlist)
+            return c.cpu().numpy(), lst.cpu().numpy()
+
+        sizes = self.list_sizes().cpu().numpy()
+        c, lst = coarse.cpu().numpy(), lists.cpu().numpy()
+        return probe_further(c, lst, counts, sizes, k, max_codes, rank_all)
+
+    def _probe_and_scan(self, q, k, nprobe, ranked, max_codes=None, allowed=None, probed=None):
         """Values (smaller is nearer: squared L2, or negated inner products) and rows [nq, k]
         of the k nearest, ascending, or in any order where that is cheaper if not ``ranked``
         (CPU tensors in eager mode: see ``_search_ids``)."""
-        nprobe = check_positive(self.nprobe if nprobe is None else nprobe, "nprobe")
-        nprobe = min(nprobe, self.nlist)
+        nprobe = self._nprobe(nprobe)
         coarse, lists = self._probe_numba(q, nprobe)
+        if allowed is not None:
+            c, lst, need = self._probes(q, k, coarse, lists, allowed, max_codes)
+            coarse, lists = torch.from_numpy(c), torch.from_numpy(lst)
+            if probed is not None:
+                probed.copy_(torch.from_numpy(need))
+        elif probed is not None:
+            probed.fill_(nprobe)
         dist = _cpu.empty((q.shape[0], k))
         rows = _cpu.empty((q.shape[0], k), torch.int64)
-        self._scan_numba(q, coarse, lists, dist, rows, ranked)
+        self._scan_numba(q, coarse, lists, dist, rows, ranked, kernel_mask(self, allowed))
         return dist, rows
 
-    def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked=True) -> None:
-        """The numba scan: the k nearest rows, ascending (in any order if not ``ranked``)."""
+    def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked, allowed) -> None:
+        """The numba scan: the k nearest rows, ascending (in any order if not ``ranked``),
+        of those ``allowed`` (uint8 [ntotal], 0: skipped; or empty) lets through."""
         raise NotImplementedError
 
     def _lean_search(self):
@@ -306,75 +358,3 @@ class IVFIndex(Index):
         ``_lean_search``); it returns False, having done nothing, for a query that is not
         finite."""
         raise NotImplementedError
-
-
-# -- the static-shape search --------------------------------------------------------------------
-def probe(queries, centroids, centroid_norms, nprobe: int, metric: str):
-    """The ``nprobe`` (<= nlist) nearest lists of each query, as one static-shape graph:
-    queries float32 [B, dim], centroids float32 [nlist, dim] and their squared norms [nlist],
-    metric "l2" or "ip" (lists are probed by the index's metric, as faiss does) → coarse scores
-    float32 [B, nprobe], ascending (squared L2 clamped at 0, or negated inner products), and
-    lists int64 [B, nprobe]."""
-    if metric == "ip":
-        return torch.topk(-(queries @ centroids.T), nprobe, dim=1, largest=False, sorted=True)
-    scores = torch.addmm(centroid_norms, queries, centroids.T, alpha=-2.0)
-    q2 = (queries * queries).sum(dim=1, keepdim=True)
-    if nprobe == 1:  # ranked before adding ||q||², as the nearest-centroid assignment
-        val, lists = torch.topk(scores, 1, dim=1, largest=False, sorted=True)
-        return (val + q2).clamp_min(0.0), lists
-    val, lists = torch.topk(scores + q2, nprobe, dim=1, largest=False, sorted=True)
-    return val.clamp_min(0.0), lists
-
-
-def padded_rows(offsets: torch.Tensor, capacity: int) -> torch.Tensor:
-    """int64 [nlist, capacity]: the storage rows of each CSR inverted list, -1 past its end."""
-    slots = torch.arange(capacity, device=offsets.device)
-    return torch.where(slots < offsets.diff()[:, None], offsets[:-1, None] + slots, -1)
-
-
-class IVFSearch(Searcher):
-    """Shared by the IVF searches (see :class:`vq.index.static.Searcher`): coarse probing, and
-    the inverted lists padded to one ``capacity`` (a probe reads that many slots).
-
-    Args:
-        index: the IVF index; k: neighbours ``forward`` returns (default the index's).
-        nprobe: lists ``forward`` probes (default the index's, at most nlist).
-        capacity: slots per list (default and minimum: the longest list).
-        copy: hold a snapshot (True) or the index's own storage (the torch path).
-
-    Buffers:
-        centroids: float32 [nlist, dim]; centroid_norms: float32 [nlist];
-        list_rows: int64 [nlist, capacity], the storage row of each slot (-1 for padding);
-        slot_bias: float32 [nlist, capacity], added to every slot's score: +inf for padding.
-    """
-
-    def __init__(self, index: IVFIndex, k, nprobe, capacity, copy: bool):
-        super().__init__(index, k, copy)
-        longest = max(1, int(index.list_sizes().max()))
-        capacity = longest if capacity is None else int(capacity)
-        if capacity < longest:
-            raise ValueError(
-                f"capacity={capacity} is shorter than the longest inverted list ({longest} "
-                f"vectors); pass capacity >= {longest} or leave it to the default"
-            )
-        self.nlist, self.capacity = index.nlist, capacity
-        self.nprobe = min(index.nprobe if nprobe is None else int(nprobe), index.nlist)
-        c = index.quantizer.codebook.detach().float()
-        self.register_buffer("centroids", kept(c, copy))
-        self.register_buffer("centroid_norms", (c * c).sum(dim=1))
-        rows = padded_rows(index.offsets, capacity)
-        self.register_buffer("list_rows", rows)
-        self.register_buffer("slot_bias", torch.where(rows < 0, INF, 0.0))
-
-    def probe(self, queries: torch.Tensor, nprobe: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return probe(queries, self.centroids, self.centroid_norms, nprobe, self.metric)
-
-    def lists_probed(self, nprobe: int | None) -> int:
-        """``nprobe`` checked and capped at nlist (default: the one fixed at construction)."""
-        return self.nprobe if nprobe is None else min(check_positive(nprobe, "nprobe"), self.nlist)
-
-    @staticmethod
-    def gather_lists(table: torch.Tensor, lists: torch.Tensor) -> torch.Tensor:
-        """Rows [B, nprobe * capacity, …] of a padded ``table`` [nlist, capacity, …]."""
-        picked = table.index_select(0, lists.reshape(-1))
-        return picked.reshape(lists.shape[0], -1, *table.shape[2:])

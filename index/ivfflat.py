@@ -8,9 +8,11 @@ import numpy as np
 import torch
 
 from vq import kernels
-from vq.index.base import shape_problem
 from vq.index.faiss_build import faiss_metric, import_faiss
+from vq.index.filters import kernel_mask
 from vq.index.ivf import IVFIndex, IVFSearch
+from vq.index.ranges import RANGE_SLOTS, counted
+from vq.index.searching import shape_problem
 from vq.index.static import kept, top_rows
 
 
@@ -55,12 +57,36 @@ class IVFFlat(IVFIndex):
         x, offsets = self.vectors.contiguous().numpy(), self.offsets.numpy()
         return kernels.ivf_flat_lean, (x, offsets)
 
-    def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked=True) -> None:
+    def _range_hits(self, q, radius: float, allowed=None, nprobe=None, max_codes=None) -> list:
+        """The probed lists' hits, a block of queries (bounded probed rows) at a time."""
+        ip, mask = self.metric == "ip", kernel_mask(self, allowed)
+        _, lists = self._probe_numba(q, self._nprobe(nprobe))
+        lists = lists.numpy()
+        sizes = self.list_sizes().numpy()
+        per_query = sizes[lists].sum(1)
+        x, offsets = self.vectors.numpy(), self.offsets.numpy()
+        parts, s = [], 0
+        while s < q.shape[0]:
+            e = s + max(1, int(np.searchsorted(np.cumsum(per_query[s:]), RANGE_SLOTS)))
+            starts = np.zeros(e - s, np.int64)
+            np.cumsum(per_query[s : e - 1], out=starts[1:])
+            total = int(per_query[s:e].sum())
+            rows, vals = np.empty(total, np.int64), np.empty(total, np.float32)
+            counts = np.empty(e - s, np.int64)
+            t = np.full(e - s, -radius if ip else radius, np.float32)
+            kernels.ivf_flat_range_search(q[s:e].contiguous().numpy(), x, lists[s:e], offsets,
+                                          starts, t, mask, ip, rows, vals, counts)  # fmt: skip
+            parts.append(counted(counts, starts, rows, vals, s))
+            s = e
+        return parts
+
+    def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked, allowed) -> None:
         kernels.ivf_flat_scan(
             q.contiguous().numpy(),
             self.vectors.numpy(),
-            lists.numpy(),
+            lists.contiguous().numpy(),
             self.offsets.numpy(),
+            allowed,
             self.metric == "ip",
             out_dist.numpy(),
             out_rows.numpy(),
@@ -78,13 +104,16 @@ class IVFFlatSearch(IVFSearch):
         super().__init__(index, k, nprobe, capacity, copy)
         self.register_buffer("vectors", kept(index.vectors.float(), copy))
 
-    def search(self, queries: torch.Tensor, k: int, nprobe: int | None = None):
+    def search(self, queries: torch.Tensor, k: int, nprobe=None, allowed=None, limit=None):
+        """``limit``: int64 [B], the lists each query probes (<= nprobe; default all)."""
         _, lists = self.probe(queries, self.lists_probed(nprobe))
         rows = self.gather_lists(self.list_rows, lists)  # [B, C]
         cand = self.vectors.index_select(0, rows.clamp_min(0).reshape(-1)).reshape(*rows.shape, -1)
         q = queries[:, None, :]
         scores = -(cand * q).sum(-1) if self.metric == "ip" else ((cand - q) ** 2).sum(-1)
         scores = scores + self.gather_lists(self.slot_bias, lists)
+        bias = self.candidate_bias(lists, allowed, limit)
+        scores = scores if bias is None else scores + bias
         return self.results(*top_rows(scores, k, rows), k)
 
     def chunk_rows(self, k: int, nprobe: int | None = None) -> int:

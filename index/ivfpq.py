@@ -195,7 +195,7 @@ class IVFPQ(IVFIndex):
         variant = f"kernel_args/{self.metric}/{self.by_residual}"  # attributes, not tensors
         return self._derived(variant, (c, cb), compute)
 
-    def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked=True) -> None:
+    def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked, allowed) -> None:
         # the kernels build each query's tables themselves (from C-contiguous rows)
         q = q.contiguous()
         args, coarse_base = self._kernel_args()
@@ -211,6 +211,7 @@ class IVFPQ(IVFIndex):
                 packed.list_blocks,
                 self.offsets.numpy(),
                 packed.packed,
+                allowed,
                 out_dist.numpy(),
                 out_rows.numpy(),
                 scale,
@@ -224,6 +225,7 @@ class IVFPQ(IVFIndex):
             *tables,
             codes,
             self.offsets.numpy(),
+            allowed,
             out_dist.numpy(),
             out_rows.numpy(),
         )
@@ -292,7 +294,8 @@ class IVFPQSearch(IVFSearch):
         if self.scale == -2.0:
             self.slot_bias = torch.where(rows < 0, INF, residual_terms(index)[rows.clamp_min(0)])
 
-    def search(self, queries: torch.Tensor, k: int, nprobe: int | None = None):
+    def search(self, queries: torch.Tensor, k: int, nprobe=None, allowed=None, limit=None):
+        """``limit``: int64 [B], the lists each query probes (<= nprobe; default all)."""
         nprobe = self.lists_probed(nprobe)
         coarse, lists = self.probe(queries, nprobe)
         tables = lookup_tables(queries, self.codebooks, self.table)  # [M, B, ksub]
@@ -307,6 +310,8 @@ class IVFPQSearch(IVFSearch):
         for m in range(self.list_codes.shape[0]):
             codes = self.gather_lists(self.list_codes[m], lists).long()  # [B, C]
             scores = scores + torch.gather(tables[m], 1, codes)
+        bias = self.candidate_bias(lists, allowed, limit)
+        scores = scores if bias is None else scores + bias
         return self.results(*top_rows(scores, k, self.gather_lists(self.list_rows, lists)), k)
 
     def chunk_rows(self, k: int, nprobe: int | None = None) -> int:

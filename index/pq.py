@@ -7,7 +7,7 @@ import torch
 
 from vq import _cpu, kernels
 from vq.index import fastscan
-from vq.index.base import Index, shape_problem
+from vq.index.base import Index
 from vq.index.faiss_build import (
     code_bytes,
     copy_codebooks,
@@ -17,8 +17,9 @@ from vq.index.faiss_build import (
     with_id_map,
 )
 from vq.index.fastscan import PackedCodes, check_fast_scan
-from vq.index.searching import NO_IDS
-from vq.index.static import Searcher, kept, search_in_chunks
+from vq.index.filters import IdFilter, kernel_mask, torch_mask
+from vq.index.searching import NO_IDS, shape_problem
+from vq.index.static import Searcher, kept, search_in_chunks, top_rows
 from vq.quantizers import ProductQuantizer
 from vq.quantizers.product import lookup_tables
 
@@ -115,10 +116,10 @@ class PQIndex(Index):
         :class:`PQSearch`; what :mod:`vq.export` writes out)."""
         return PQSearch(self, k, code_dtype)
 
-    def _search_ids(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _search_ids(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
         if self.ntotal == 0 or _cpu.fast_path(q):
-            return super()._search_ids(q, k)
-        return search_in_chunks(self._torch_searcher(), q, k)
+            return super()._search_ids(q, k, allowed=allowed)
+        return search_in_chunks(self._torch_searcher(), q, k, allowed=torch_mask(self, allowed))
 
     def _torch_searcher(self) -> PQSearch:
         """The torch path (fast-scan indexes too, with float tables): the static search over
@@ -126,13 +127,13 @@ class PQIndex(Index):
         sources = (self.codes, self.ids, self.pq.codebooks)
         return self._derived("searcher", sources, lambda: PQSearch(self, copy=False))
 
-    def _search_rows(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _search_rows(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
         # CPU tensors in eager mode (see _search_ids)
-        ip = self.metric == "ip"
+        ip, mask = self.metric == "ip", kernel_mask(self, allowed)
         if self.fast_scan and _cpu.fast_path(q):  # tables built by the kernel
             packed = self._packed.get(self.codes)
             return fastscan.pq_search(
-                q.contiguous().numpy(), self._codebook_arrays(), ip, packed, self.ntotal, k
+                q.contiguous().numpy(), self._codebook_arrays(), ip, packed, self.ntotal, k, mask
             )
         tables = self.pq.tables(q, self.metric)  # [nq, M, ksub]
         if ip:
@@ -141,7 +142,7 @@ class PQIndex(Index):
         rows = _cpu.empty((q.shape[0], k), torch.int64)
         codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)
         flat = tables.reshape(q.shape[0], -1).contiguous().numpy()
-        kernels.adc_scanner(self.pq.M, words)(flat, codes, dist.numpy(), rows.numpy())
+        kernels.adc_scanner(self.pq.M, words)(flat, codes, mask, dist.numpy(), rows.numpy())
         return dist, rows
 
     def _lean_search(self):
@@ -249,13 +250,14 @@ class PQSearch(Searcher):
         self.code_dtype = codes.dtype
         self.register_buffer("codes_t", codes.T.contiguous())
 
-    def search(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def search(self, queries: torch.Tensor, k: int, allowed: torch.Tensor | None = None):
         tables = lookup_tables(queries, self.codebooks, self.metric)  # [M, B, ksub]
         if self.metric == "ip":
             tables = -tables  # smaller is nearer
         scores = adc_scores(tables, self.codes_t)
-        val, rows = torch.topk(scores, min(k, self.ntotal), dim=1, largest=False, sorted=True)
-        return self.results(val, rows, k)
+        if allowed is not None:
+            scores = scores + self.row_bias(allowed)
+        return self.results(*top_rows(scores, k), k)
 
     def chunk_rows(self, k: int) -> int:
         return max(1, (1 << 26) // max(1, self.ntotal))

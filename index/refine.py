@@ -8,9 +8,10 @@ import torch
 from vq import kernels
 from vq._checks import check_positive
 from vq._cpu import empty, fast_path
-from vq.index.base import Index, shape_problem
+from vq.index.base import Index
 from vq.index.faiss_build import import_faiss, keep_alive, with_id_map
-from vq.index.searching import NO_IDS
+from vq.index.filters import IdFilter, torch_mask
+from vq.index.searching import NO_IDS, shape_problem
 from vq.index.static import INF, Searcher, kept, search_in_chunks, top_rows
 from vq.index.wrapper import Wrapper
 
@@ -113,9 +114,17 @@ class Refine(Wrapper):
         k_factor = _check_k_factor(self.k_factor if k_factor is None else k_factor)
         if self.ntotal == 0:
             return super()._search_ids(q, k)
+        allowed = params.get("allowed")
         if not fast_path(q):  # the torch path: the static search over the index's own tensors
+            # (a filter masks the wrapped index's probed lists: no probing further here)
             searcher = RefineSearch(self, self.index._torch_searcher(), copy=False)
+            probed, _ = params.pop("probed", None), params.pop("max_codes", None)
+            if probed is not None:
+                probed.fill_(self.index._nprobe(params.get("nprobe")))
+            params["allowed"] = torch_mask(self, allowed)
             return search_in_chunks(searcher, q, k, k_factor=k_factor, **params)
+        if allowed is not None:  # the wrapped index's ids are this index's rows
+            params["allowed"] = IdFilter(allowed.row_mask(self).view(bool))
         cand = self.index._candidate_ids(q, k * k_factor, **params)  # [nq, k * k_factor]
         kk = min(k, cand.shape[1])
         dist, rows = empty((q.shape[0], kk)), empty((q.shape[0], kk), torch.int64)
@@ -194,9 +203,11 @@ class RefineSearch(Searcher):
         self.k_factor = index.k_factor if k_factor is None else int(k_factor)
         self.register_buffer("vectors", kept(index.vectors.float(), copy))
 
-    def search(self, queries: torch.Tensor, k: int, k_factor: int | None = None, **options):
+    def search(self, queries, k: int, k_factor=None, allowed=None, **options):
         wanted = k * (self.k_factor if k_factor is None else k_factor)
-        _, candidates = self.inner.search(queries, wanted, **options)
+        if allowed is not None:  # over this index's rows: the inner search's ids
+            allowed = allowed if self.inner.sequential else allowed[self.inner.id_table]
+        _, candidates = self.inner.search(queries, wanted, allowed=allowed, **options)
         return self.results(*rerank(queries, self.vectors, candidates, k, self.metric), k)
 
     def chunk_rows(self, k: int, k_factor: int | None = None, **options) -> int:

@@ -16,10 +16,13 @@ import numpy as np
 import torch
 
 from vq import _cpu, kernels
+from vq.index.filters import IdFilter
 from vq.index.static import to_results
 
 #: ``rows_to_ids``'s id table where the ids are the rows themselves
 NO_IDS = np.zeros(0, dtype=np.int64)
+#: keywords of ``_search_rows``/``_search_ids`` that ``search`` fills itself (not options)
+INTERNAL = frozenset({"allowed", "probed"})
 _OPTIONS: dict[type, frozenset[str]] = {}
 
 
@@ -31,7 +34,7 @@ def option_names(cls: type) -> frozenset[str]:
         found = set()
         for method in (cls._search_rows, cls._search_ids):
             for p in list(inspect.signature(method).parameters.values())[3:]:  # self, q, k
-                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in INTERNAL:
                     found.add(p.name)
         names = _OPTIONS[cls] = frozenset(found)
     return names
@@ -47,6 +50,41 @@ def check_options(index, params: dict) -> None:
             f"{type(index).__name__}.search() got an unexpected keyword argument "
             f"{unknown[0]!r}; its search options: {takes}"
         )
+
+
+def filtered_params(index, params: dict, allowed, return_probed: bool, nq: int) -> dict:
+    """The keywords of ``index._search_ids`` for a ``search`` call: its options, the filter as
+    an :class:`IdFilter` (``allowed``) and, with ``return_probed``, the int64 [nq] tensor that
+    IVF scans write how many lists each query probed into (``probed``)."""
+    out = dict(params)
+    if allowed is not None:
+        out["allowed"] = IdFilter.of(allowed)
+    if return_probed is not False:
+        if return_probed is not True:
+            raise TypeError(f"return_probed must be True or False, got {return_probed!r}")
+        if not index.probes_lists():
+            raise TypeError(
+                f"{type(index).__name__}.search(): return_probed=True is for IVF indexes "
+                "(only their searches probe lists)"
+            )
+        out["probed"] = torch.zeros(nq, dtype=torch.int64)
+    return out
+
+
+def search_steps(index, q: torch.Tensor, k: int, params: dict):
+    """``index._search_ids`` over checked queries [nq, dim], ``index.search_batch_size`` at a
+    time (bounded memory: per-chunk tables and buffers, results written in place)."""
+    nq, step, device = q.shape[0], index.search_batch_size, index.device
+    if nq <= step:
+        return index._search_ids(query_rows(q, device), k, **params)
+    dist = torch.empty(nq, k, device=device)
+    ids = torch.empty(nq, k, dtype=torch.int64, device=device)
+    probed = params.get("probed")
+    for s in range(0, nq, step):
+        part = params if probed is None else {**params, "probed": probed[s : s + step]}
+        chunk = query_rows(q[s : s + step], device)
+        dist[s : s + step], ids[s : s + step] = index._search_ids(chunk, k, **part)
+    return dist, ids
 
 
 def derived(module, name: str, sources: tuple[torch.Tensor, ...], compute):
@@ -92,3 +130,10 @@ def results_by_id(val, rows, k: int, metric: str, stored: torch.Tensor | None):
         out_ids.numpy(),
     )
     return out_dist, out_ids
+
+
+def shape_problem(name: str, t: torch.Tensor, expected: tuple[int, ...]) -> str | None:
+    """``consistency_problem``'s words for a buffer ``t`` whose shape is not ``expected``."""
+    if tuple(t.shape) != expected:
+        return f"{name} of shape {tuple(t.shape)}, expected {expected}"
+    return None

@@ -21,6 +21,8 @@ import torch
 from torch import nn
 
 INF = float("inf")
+#: search options that do not change the size of a search's temporaries
+_NOT_SIZES = ("allowed", "limit")
 
 
 def kept(t: torch.Tensor, copy: bool) -> torch.Tensor:
@@ -58,13 +60,21 @@ class Searcher(nn.Module):
         return self.search(queries, self.k)
 
     def search(self, queries: torch.Tensor, k: int, **options):
-        """Distances float32 [B, k] and ids int64 [B, k] of queries float32 [B, dim]."""
+        """Distances float32 [B, k] and ids int64 [B, k] of queries float32 [B, dim]. Every
+        search takes ``allowed``: bool [ntotal] (stored rows, in storage order), False for
+        rows a filtered search skips (default None: all)."""
         raise NotImplementedError
 
     def chunk_rows(self, k: int, **options) -> int:
         """Queries per ``search`` call that keep its temporaries to some hundred MiB (the
         torch path's chunks)."""
         raise NotImplementedError
+
+    @staticmethod
+    def row_bias(allowed: torch.Tensor) -> torch.Tensor:
+        """float32 [ntotal]: 0 for the stored rows ``allowed`` (bool [ntotal]) keeps, +inf for
+        those a filtered search skips (added to their scores: they never win)."""
+        return torch.where(allowed, 0.0, INF)
 
     def results(self, val: torch.Tensor, rows: torch.Tensor, k: int):
         """Candidates best first → search results (:func:`to_results` with this search's
@@ -122,7 +132,7 @@ def top_rows(scores: torch.Tensor, k: int, rows: torch.Tensor | None = None):
 def search_in_chunks(searcher: Searcher, queries: torch.Tensor, k: int, **options):
     """``searcher.search(queries, k, **options)`` a chunk of queries at a time (bounded
     temporary memory: see ``Searcher.chunk_rows``)."""
-    rows = searcher.chunk_rows(k, **options)
+    rows = searcher.chunk_rows(k, **{n: v for n, v in options.items() if n not in _NOT_SIZES})
     if queries.shape[0] <= rows:
         return searcher.search(queries, k, **options)
     parts = [

@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vq import _cpu
 from vq.index.base import Index
 from vq.index.faiss_build import import_faiss, keep_alive
-from vq.index.static import Searcher, kept, search_in_chunks
+from vq.index.static import Searcher, kept
 from vq.index.wrapper import Wrapper
 from vq.quantizers import OPQ
 from vq.quantizers.opq import rotate
@@ -119,9 +118,10 @@ class PreTransform(Wrapper):
         return self.index._search_work(nq, k, **params) + nq * self.dim * self.index.dim / 16
 
     def _search_ids(self, q: torch.Tensor, k: int, **params):
-        if self.ntotal == 0 or _cpu.fast_path(q):
-            return self.index._search_ids(self.apply(q), k, **params)
-        return search_in_chunks(self._torch_searcher(), q, k, **params)
+        return self.index._search_ids(self.apply(q), k, **params)  # (its torch path too)
+
+    def _range_hits(self, q: torch.Tensor, radius: float, allowed, **params) -> list:
+        return self.index._range_hits(self.apply(q), radius, allowed, **params)
 
     def _torch_searcher(self) -> PreTransformSearch:
         """The torch path: the rotation, then the wrapped index's static search, over the

@@ -25,3 +25,6 @@ class Wrapper(Index):
 
     def search_options(self) -> tuple[str, ...]:
         return tuple(sorted(set(super().search_options()) | set(self.index.search_options())))
+
+    def probes_lists(self) -> bool:
+        return self.index.probes_lists()

@@ -11,6 +11,8 @@ from vq.kernels.fastscan_ivf import ivf_fastscan_lists
 
 faiss = pytest.importorskip("faiss")
 
+NONE = np.zeros(0, np.uint8)  # no filter
+
 
 @pytest.fixture(scope="module")
 def data():
@@ -73,7 +75,7 @@ def test_flat_kernel_equals_reference(isa, n_queries, M):
     fs.quantize_all(tables, np.zeros((nq, 1), np.float32), luts, bias_q, scale, offset)
     dist, idx = np.empty((nq, k), np.float32), np.empty((nq, k), np.int64)
     scan = fs.pq_fastscan_scanner(M // 2, n_queries, isa)
-    scan(luts.reshape(-1, 32), fs.pack_codes(codes).reshape(-1, 32), n, dist, idx)
+    scan(luts.reshape(-1, 32), fs.pack_codes(codes).reshape(-1, 32), n, NONE, dist, idx)
     for q in range(nq):
         d, r = reference_topk(luts[q, 0], 0, codes, np.arange(n), k)
         np.testing.assert_array_equal(idx[q], r)
@@ -81,7 +83,7 @@ def test_flat_kernel_equals_reference(isa, n_queries, M):
     # one pass of queries only (fewer than threads: the blocks are split between threads)
     few = np.empty((n_queries, k), np.float32), np.empty((n_queries, k), np.int64)
     flat_luts = luts.reshape(-1, 32)[: n_queries * (M // 2)]
-    scan(flat_luts, fs.pack_codes(codes).reshape(-1, 32), n, *few)
+    scan(flat_luts, fs.pack_codes(codes).reshape(-1, 32), n, NONE, *few)
     np.testing.assert_array_equal(few[0], dist[:n_queries])
     np.testing.assert_array_equal(few[1], idx[:n_queries])
 
@@ -139,7 +141,7 @@ def test_ivf_kernel_equals_reference(isa):
     scan(
         queries, codebooks.transpose(0, 2, 1).copy(), (codebooks**2).sum(-1),
         np.zeros((nlist, M), np.float32), list_tables, IP_TABLE, np.float32(-1.0), base,
-        probes, list_blocks, offsets, packed, dist, idx, scale, offset, True,
+        probes, list_blocks, offsets, packed, NONE, dist, idx, scale, offset, True,
     )  # fmt: skip
     # the same tables in numpy, quantized by the same function
     ip = -np.einsum("nmd,mjd->nmj", queries.reshape(nq, M, 2), codebooks)  # [nq, M, 16]
@@ -167,7 +169,7 @@ def test_ivf_kernel_equals_reference(isa):
         scan(
             queries[q : q + 1], codebooks.transpose(0, 2, 1).copy(), (codebooks**2).sum(-1),
             np.zeros((nlist, M), np.float32), list_tables, IP_TABLE, np.float32(-1.0),
-            base[q : q + 1], probes[q : q + 1], list_blocks, offsets, packed, *one,
+            base[q : q + 1], probes[q : q + 1], list_blocks, offsets, packed, NONE, *one,
             scale[:1].copy(), offset[:1].copy(), True,
         )  # fmt: skip
         np.testing.assert_array_equal(one[0][0], dist[q])
@@ -177,7 +179,7 @@ def test_ivf_kernel_equals_reference(isa):
     scan(
         queries, codebooks.transpose(0, 2, 1).copy(), (codebooks**2).sum(-1),
         np.zeros((nlist, M), np.float32), list_tables, IP_TABLE, np.float32(-1.0), base,
-        probes, list_blocks, offsets, packed, *loose, scale.copy(), offset.copy(), False,
+        probes, list_blocks, offsets, packed, NONE, *loose, scale.copy(), offset.copy(), False,
     )  # fmt: skip
     order = np.lexsort((loose[1], loose[0]), axis=1)
     np.testing.assert_array_equal(np.take_along_axis(loose[0], order, 1), dist)

@@ -3,6 +3,8 @@ import pytest
 
 from vq import kernels
 
+NONE = np.zeros(0, np.uint8)  # no filter
+
 
 @pytest.mark.parametrize(
     "n_tables, ksub, n, k",
@@ -17,7 +19,7 @@ def test_adc_scan_matches_brute_force(n_tables, ksub, n, k):
     idx = np.empty((21, k), np.int64)
     view, words = kernels.code_view(codes, ksub)
     assert words == (ksub == 256 and n_tables % 4 == 0)  # both readers are exercised
-    kernels.adc_scanner(n_tables, words)(tables.reshape(21, -1), view, dist, idx)
+    kernels.adc_scanner(n_tables, words)(tables.reshape(21, -1), view, NONE, dist, idx)
     full = tables[:, np.arange(n_tables)[None, :], codes].sum(-1) if n else np.zeros((21, 0))
     for q in range(21):
         order = np.lexsort((np.arange(n), full[q]))[:k]

@@ -12,6 +12,7 @@ from vq.clustering import KMeansResult, kmeans, lbg
 from vq.index import (
     IVFPQ,
     FlatIndex,
+    IdFilter,
     IVFFlat,
     PQIndex,
     PreTransform,
@@ -39,6 +40,7 @@ __all__ = [
     "IVFPQ",
     "OPQ",
     "FlatIndex",
+    "IdFilter",
     "Gradient",
     "IVFFlat",
     "PQIndex",

@@ -53,6 +53,7 @@ from vq.kernels.exact import (
     refine_scan,
     rows_to_ids,
 )
+from vq.kernels.ranges import flat_range_block, ivf_flat_range_search
 from vq.kernels.select import smallest_k_rows
 from vq.kernels.small import (
     all_finite,
@@ -83,8 +84,10 @@ __all__ = [
     "flat_finish",
     "flat_lean",
     "flat_parts",
+    "flat_range_block",
     "flat_rows",
     "ivf_flat_range",
+    "ivf_flat_range_search",
     "ivfpq_scanner",
     "ivfpq_lean",
     "probe_lists",

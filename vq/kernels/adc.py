@@ -33,7 +33,6 @@ def words_layout(codes, ksub: int) -> bool:
     )
 
 
-
 @njit(inline="always")
 def _code_distance(t, codes, i, n_tables, words):
     """The sum over m of ``t[m * ksub + code_m]`` for row i of ``codes``, with a flat table
@@ -64,7 +63,6 @@ def _code_distance(t, codes, i, n_tables, words):
     return d
 
 
-
 def code_view(codes: np.ndarray, ksub: int) -> tuple[np.ndarray, bool]:
     """What the scans read: ``(codes.view(uint32), True)`` when :func:`words_layout` allows
     it, else ``(codes, False)``."""
@@ -73,16 +71,16 @@ def code_view(codes: np.ndarray, ksub: int) -> tuple[np.ndarray, bool]:
     return codes, False
 
 
-
 @functools.cache  # a dictionary hit per call, not specialise()'s checks
 def adc_scanner(n_tables: int, words: bool = False):
     """ADC scan fused with top-k selection, specialised for ``n_tables`` look-up tables (M).
 
-    The returned kernel ``adc_scan(tables, codes, out_dist, out_idx)`` takes:
+    The returned kernel ``adc_scan(tables, codes, allowed, out_dist, out_idx)`` takes:
         tables: float32 [nq, M * ksub], per-query look-up tables (smaller is better), the
             table of sub-quantizer m at ``m * ksub``.
         codes: uint8/int16/int32 [n, M], the database codes, or with ``words=True`` their
             uint32 view from :func:`code_view`.
+        allowed: uint8 [n], 0 for rows a filtered search skips, or [0]: no filter.
         out_dist: float32 [nq, k] receives the k smallest ``Σ_m tables[q, m, codes[i, m]]`` in
             ascending order (+inf where fewer than k vectors exist).
         out_idx: int64 [nq, k] receives their row numbers in ``codes`` (-1 for padding).
@@ -93,7 +91,6 @@ def adc_scanner(n_tables: int, words: bool = False):
     """
     module = specialise("vq.kernels.pq_scan_template", N_TABLES=int(n_tables), WORDS=bool(words))
     return module.adc_scan
-
 
 
 @functools.cache
@@ -108,7 +105,6 @@ def pq_lean(n_tables: int, words: bool = False):
     int64 [nq, k] (-1 padding). Returns False (and does nothing) if a query is not finite."""
     module = specialise("vq.kernels.pq_scan_template", N_TABLES=int(n_tables), WORDS=bool(words))
     return module.lean_search
-
 
 
 @njit(inline="always", fastmath=True)
@@ -127,7 +123,6 @@ def _inner_product_table(x, codebooks_t, out, n_tables, dsub, alpha):
             out[m * ksub + j] = alpha * acc
 
 
-
 @njit(inline="always", fastmath=True)
 def _l2_table(x, codebooks_t, norms, out, n_tables, dsub):
     """``out[m * ksub + j] = ||x_m - c_mj||²`` (expanded, clamped at 0); norms [M, ksub]."""
@@ -141,10 +136,8 @@ def _l2_table(x, codebooks_t, norms, out, n_tables, dsub):
             out[m * ksub + j] = max(xn + out[m * ksub + j] + norms[m, j], np.float32(0.0))
 
 
-
 #: the look-up tables an IVF-PQ scan builds (see ``ivfpq_scanner``)
 IP_TABLE, L2_TABLE, RESIDUAL_L2_TABLE = 0, 1, 2
-
 
 
 @functools.cache  # a dictionary hit per call, not specialise()'s checks
@@ -153,8 +146,8 @@ def ivfpq_scanner(n_tables: int, words: bool, dsub: int):
     sub-vectors of ``dsub`` dimensions.
 
     The returned kernel ``ivfpq_scan(queries, codebooks_t, norms, centroids, list_tables,
-    kind, alpha, base, probes, codes, offsets, out_dist, out_idx)`` builds each query's tables
-    itself (cheaper than materialising [nq, M, ksub] in memory) and takes:
+    kind, alpha, base, probes, codes, offsets, allowed, out_dist, out_idx)`` builds each
+    query's tables itself (cheaper than materialising [nq, M, ksub] in memory) and takes:
         queries: float32 [nq, d].
         codebooks_t: float32 [M, dsub, ksub], the PQ codebooks transposed; norms: float32
             [M, ksub], their squared norms.
@@ -169,13 +162,13 @@ def ivfpq_scanner(n_tables: int, words: bool, dsub: int):
         probes: int64 [nq, nprobe], the lists to scan (-1: skip).
         codes: [n, M] in list order (the uint32 view with ``words``, see :func:`code_view`);
             offsets: int64 [nlist + 1].
+        allowed: uint8 [n], 0 for rows a filtered search skips, or [0]: no filter.
         out_dist: float32 [nq, k], the k smallest distances ascending (+inf padding);
         out_idx: int64 [nq, k], their rows in ``codes`` (-1 padding).
 
     Threads split the queries.
     """
     return _ivfpq_module(n_tables, words, dsub).ivfpq_scan
-
 
 
 @functools.cache
@@ -194,8 +187,6 @@ def ivfpq_lean(n_tables: int, words: bool, dsub: int):
     return _ivfpq_module(n_tables, words, dsub).lean_search
 
 
-
 def _ivfpq_module(n_tables: int, words: bool, dsub: int):
     template = "vq.kernels.ivfpq_scan_template"
     return specialise(template, N_TABLES=int(n_tables), WORDS=bool(words), DSUB=int(dsub))
-

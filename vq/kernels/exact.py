@@ -34,28 +34,31 @@ def _exact_distance(x, vectors, i, inner_product):
     return d
 
 
-def ivf_flat_scan(queries, vectors, probes, offsets, inner_product, out_dist, out_idx):
+def ivf_flat_scan(queries, vectors, probes, offsets, allowed, inner_product, out_dist, out_idx):
     """Exact distances to the vectors of the probed inverted lists, fused with top-k; threads
     split the queries.
 
     Args:
         queries: float32 [nq, d]; vectors: float32 [n, d], stored list after list.
         probes: int64 [nq, nprobe], the lists to scan (-1: skip); offsets: int64 [nlist + 1].
+        allowed: uint8 [n], 0 for rows a filtered search skips, or [0]: no filter.
         inner_product: False for squared L2 distances, True for negated inner products (so
             that smaller is better in both cases).
         out_dist: float32 [nq, k] ascending (+inf padding); out_idx: int64 [nq, k] rows in
             ``vectors`` (-1 padding).
     """
-    parallel_for(ivf_flat_range, probes.shape[0], queries, vectors, probes, offsets,
+    parallel_for(ivf_flat_range, probes.shape[0], queries, vectors, probes, offsets, allowed,
                  bool(inner_product), out_dist, out_idx)  # fmt: skip
 
 
 @kernel(nogil=True, fastmath=True)
-def ivf_flat_range(q0, q1, queries, vectors, probes, offsets, inner_product, out_dist, out_idx):
+def ivf_flat_range(q0, q1, queries, vectors, probes, offsets, allowed, inner_product, out_dist,
+                   out_idx):  # fmt: skip
     """:func:`ivf_flat_scan` for queries ``q0..q1`` (int64) on the calling thread."""
     queries, out_dist, out_idx = borrow(queries), borrow(out_dist), borrow(out_idx)
     nprobe = probes.shape[1]
     k = out_dist.shape[1]
+    filtered = allowed.shape[0] > 0
     heap_d = np.empty(k, dtype=np.float32)
     heap_i = np.empty(k, dtype=np.int64)
     for q in range(q0, q1):
@@ -67,6 +70,8 @@ def ivf_flat_range(q0, q1, queries, vectors, probes, offsets, inner_product, out
                 continue
             threshold = heap_d[0]
             for i in range(offsets[lst], offsets[lst + 1]):
+                if filtered and allowed[i] == 0:
+                    continue
                 d = _exact_distance(x, vectors, i, inner_product)
                 if d < threshold:
                     heap_replace_top(heap_d, heap_i, d, i)
@@ -161,7 +166,7 @@ def finish_lean(queries, dist, rows, ids, inner_product, ref_vectors, ref_ids, o
     refine_lean(queries, ref_vectors, rows, ref_ids, inner_product, out_dist, out_ids)
 
 
-def heap_push_block(scores, x_norms, first, inner_product, heap_d, heap_i):
+def heap_push_block(scores, x_norms, first, allowed, inner_product, heap_d, heap_i):
     """Offer a block of columns to per-query top-k max-heaps (the Flat index's selection
     step, fused with the distance arithmetic, applied block after block of the database so
     that the scores stay in cache); threads split the queries.
@@ -171,20 +176,22 @@ def heap_push_block(scores, x_norms, first, inner_product, heap_d, heap_i):
             ``first .. first + b``.
         x_norms: float32 [b] their squared norms ‖x‖² (read for L2 only).
         first: row number of the block's first vector.
+        allowed: uint8 [b], 0 for the block's vectors a filtered search skips, or [0]: none.
         inner_product: False: rank by ‖x‖² − 2⟨q, x⟩ (the squared L2 distance minus the
             query's constant ‖q‖², which the caller adds); True: rank by −⟨q, x⟩.
         heap_d: float32 [nq, k], heap_i: int64 [nq, k]: max-heaps, +inf/-1 when empty;
             finish them with :func:`heaps_sorted`.
     """
-    parallel_for(heap_push_range, scores.shape[0], scores, x_norms, int(first),
+    parallel_for(heap_push_range, scores.shape[0], scores, x_norms, int(first), allowed,
                  bool(inner_product), heap_d, heap_i)  # fmt: skip
 
 
 @kernel(nogil=True, fastmath=True)
-def heap_push_range(q0, q1, scores, x_norms, first, inner_product, heap_d, heap_i):
+def heap_push_range(q0, q1, scores, x_norms, first, allowed, inner_product, heap_d, heap_i):
     """:func:`heap_push_block` for queries ``q0..q1`` on the calling thread."""
     scores, heap_d, heap_i = borrow(scores), borrow(heap_d), borrow(heap_i)
     b = scores.shape[1]
+    filtered = allowed.shape[0] > 0
     for q in range(q0, q1):
         hd = heap_d[q]
         hi = heap_i[q]
@@ -201,7 +208,7 @@ def heap_push_range(q0, q1, scores, x_norms, first, inner_product, heap_d, heap_
                 continue
             for i in range(s, e):
                 d = -row[i] if inner_product else x_norms[i] - np.float32(2.0) * row[i]
-                if d < threshold:
+                if d < threshold and (not filtered or allowed[i] != 0):
                     heap_replace_top(hd, hi, d, first + i)
                     threshold = hd[0]
 

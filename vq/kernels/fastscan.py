@@ -259,16 +259,18 @@ def _flat_module(n_pairs: int, n_queries: int, isa: str, dsub: int):
 
 
 @njit(inline="always")
-def _offer(heap_d, heap_i, q, dist, mask, first_row, end_row):
+def _offer(heap_d, heap_i, q, dist, mask, first_row, end_row, allowed):
     """Offer the vectors of a block whose bit is set in ``mask`` to row q of the top-k heaps
     ``heap_d``/``heap_i`` [Q, k]; returns the new uint16 threshold. ``dist`` uint16 [Q, 32]
-    (row q read); vector v is row ``first_row + v`` (kept only below ``end_row``) with
-    distance ``dist[q, v]``. Rows are indexed in place: a view costs two atomics."""
+    (row q read); vector v is row ``first_row + v`` (kept only below ``end_row``, and where
+    ``allowed`` uint8 [n] is not 0 unless it is empty) with distance ``dist[q, v]``. Rows are
+    indexed in place: a view costs two atomics."""
+    filtered = allowed.shape[0] > 0
     while mask != 0:
         v = trailing_zeros(mask)
         mask &= mask - np.uint32(1)
         row = first_row + v
-        if row < end_row:
+        if row < end_row and (not filtered or allowed[row] != 0):
             d = np.float32(dist[q, v])
             if d < heap_d[q, 0]:
                 heap_replace_top_row(heap_d, heap_i, q, d, row)
@@ -283,8 +285,9 @@ def pq_fastscan_scanner(n_pairs: int, n_queries: int, isa: str, dsub: int = 1):
     (:mod:`vq.kernels.fastscan_flat_template`, whose tables are for sub-vectors of ``dsub``
     dimensions: the scan itself does not depend on it).
 
-    ``scan(luts, packed, n, out_dist, out_idx)``: luts uint8 [nq * n_pairs, 32] (nq a multiple
-    of ``n_queries``), packed uint8 [nblocks * n_pairs, 32], n the number of vectors;
+    ``scan(luts, packed, n, allowed, out_dist, out_idx)``: luts uint8 [nq * n_pairs, 32] (nq a
+    multiple of ``n_queries``), packed uint8 [nblocks * n_pairs, 32], n the number of vectors;
+    allowed uint8 [n], 0 for rows a filtered search skips, or [0]: no filter;
     out_dist float32 [nq, k] quantized distances ascending (+inf padding), out_idx int64
     [nq, k] rows (-1 padding).
     """

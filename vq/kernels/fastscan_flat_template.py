@@ -32,9 +32,10 @@ block = block_kernel(ISA, N_PAIRS, Q)
 SIMD = block is not None
 
 
-def scan(luts, packed, n, out_dist, out_idx):
+def scan(luts, packed, n, allowed, out_dist, out_idx):
     """luts uint8 [nq * N_PAIRS, 32] (nq a multiple of N_QUERIES), packed uint8
-    [nblocks * N_PAIRS, 32], n the number of vectors; out_dist float32 [nq, k] quantized
+    [nblocks * N_PAIRS, 32], n the number of vectors; allowed uint8 [n] (0: skipped) or [0];
+    out_dist float32 [nq, k] quantized
     distances ascending (+inf padding), out_idx int64 [nq, k] rows (-1 padding).
 
     Threads split the groups of N_QUERIES queries; with fewer groups than threads, each
@@ -45,16 +46,17 @@ def scan(luts, packed, n, out_dist, out_idx):
     threads = get_num_threads()
     parts = 1 if groups >= threads else max(1, min(threads // max(groups, 1), nblocks))
     if parts == 1:
-        parallel_for(scan_tasks, groups, luts, packed, n, 1, out_dist[None], out_idx[None])
+        parallel_for(scan_tasks, groups, luts, packed, n, allowed, 1, out_dist[None],
+                     out_idx[None])  # fmt: skip
         return
     part_d = np.empty((parts, nq, k), dtype=np.float32)
     part_i = np.empty((parts, nq, k), dtype=np.int64)
-    parallel_for(scan_tasks, groups * parts, luts, packed, n, parts, part_d, part_i)
+    parallel_for(scan_tasks, groups * parts, luts, packed, n, allowed, parts, part_d, part_i)
     merge_parts(part_d, part_i, out_dist, out_idx)
 
 
 @kernel(nogil=True)
-def scan_tasks(t0, t1, luts, packed, n, parts, out_dist, out_idx):
+def scan_tasks(t0, t1, luts, packed, n, allowed, parts, out_dist, out_idx):
     """Tasks t0..t1 of a scan cut into ``parts`` parts per group: task t is part t % parts
     of group t // parts, written into ``out_dist[part]``/``out_idx[part]`` [parts, nq, k]."""
     out_dist, out_idx = borrow(out_dist), borrow(out_idx)  # (views: see simd.borrow)
@@ -62,11 +64,11 @@ def scan_tasks(t0, t1, luts, packed, n, parts, out_dist, out_idx):
     for t in range(t0, t1):
         g, part = t // parts, t % parts
         b0, b1 = part * nblocks // parts, (part + 1) * nblocks // parts
-        _scan_blocks(luts, packed, n, g, b0, b1, out_dist[part], out_idx[part])
+        _scan_blocks(luts, packed, n, allowed, g, b0, b1, out_dist[part], out_idx[part])
 
 
 @njit(nogil=True)
-def _scan_blocks(luts, packed, n, g, b0, b1, out_dist, out_idx):
+def _scan_blocks(luts, packed, n, allowed, g, b0, b1, out_dist, out_idx):
     """Blocks b0..b1 against query group g: its queries' top-k into ``out_dist``/``out_idx``
     [nq, k] (their rows g * Q ...)."""
     k = out_dist.shape[1]
@@ -86,7 +88,7 @@ def _scan_blocks(luts, packed, n, g, b0, b1, out_dist, out_idx):
         for q in range(Q):
             if mask[q] != 0:
                 m = np.uint32(mask[q])
-                thr[q] = _offer(heap_d, heap_i, q, dist, m, b * BLOCK, n)
+                thr[q] = _offer(heap_d, heap_i, q, dist, m, b * BLOCK, n, allowed)
     for q in range(Q):
         heap_sorted(heap_d[q], heap_i[q], out_dist[g * Q + q], out_idx[g * Q + q])
 
@@ -159,8 +161,10 @@ def lean_search(queries, codebooks_t, norms, packed, n, ids, inner_product, out_
                 scale_offset[0], scale_offset[1])  # fmt: skip
     flat_luts = luts.reshape((nq * N_PAIRS, 32))
     nblocks = packed.shape[0] // N_PAIRS
+    none = np.zeros(0, dtype=np.uint8)
     for g in range(nq // Q):
-        _scan_blocks(flat_luts, packed, n, np.int64(g), np.int64(0), nblocks, out_dist, out_ids)
+        _scan_blocks(flat_luts, packed, n, none, np.int64(g), np.int64(0), nblocks, out_dist,
+                     out_ids)  # fmt: skip
     for q in range(nq):  # quantized distances back to floats (+inf stays +inf)
         for e in range(out_dist.shape[1]):
             out_dist[q, e] = out_dist[q, e] / scale_offset[0, q] + scale_offset[1, q]

@@ -87,11 +87,12 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
     """The IVF fast-scan kernel for M = 2 ``n_pairs`` sub-quantizers of ``dsub`` dimensions.
 
     The returned ``scan(queries, codebooks_t, norms, centroids, list_tables, kind, alpha,
-    base, probes, list_blocks, offsets, packed, out_dist, out_idx, out_scale, out_offset,
-    ranked)``
+    base, probes, list_blocks, offsets, packed, allowed, out_dist, out_idx, out_scale,
+    out_offset, ranked)``
     takes the arguments of :func:`vq.kernels.ivfpq_scanner` (16-entry tables; ``kind`` one of
     its IP_TABLE / L2_TABLE / RESIDUAL_L2_TABLE; the tables are built per probe only when the
-    list changes them) plus the packed lists of :func:`vq.kernels.fastscan.pack_lists`. It
+    list changes them; ``allowed`` uint8 [n] or [0]) plus the packed lists of
+    :func:`vq.kernels.fastscan.pack_lists`. It
     finds the k smallest quantized distances d, ties by lower row, and writes their rows (-1
     padding) into ``out_idx`` [nq, k], ``d / scale + offset`` (ascending, +inf padding) into
     ``out_dist`` [nq, k], and each query's ``scale`` and ``offset`` into ``out_scale`` and

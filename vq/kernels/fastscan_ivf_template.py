@@ -32,13 +32,14 @@ SIMD = ISA != "portable"
 
 @kernel(nogil=True)
 def scan_slice(q0, q1, p0, p1, parts, luts, T, shifts, probes, list_blocks, offsets,
-               packed, heaps, counts):  # fmt: skip
+               packed, allowed, heaps, counts):  # fmt: skip
     """A thread's share: the probes p0, p0 + parts, ... (< p1) of queries q0..q1, sorted
     by list, each list read once per group of Q of its queries."""
     luts, shifts, probes, packed = borrow(luts), borrow(shifts), borrow(probes), borrow(packed)
     heaps, counts = borrow(heaps), borrow(counts)
     nprobe = probes.shape[1]
     nlist = list_blocks.shape[0] - 1
+    filtered = allowed.shape[0] > 0
     start = np.zeros(nlist + 1, dtype=np.int64)  # counting sort of the pairs by list
     for q in range(q0, q1):
         for p in range(p0, p1, parts):
@@ -100,18 +101,19 @@ def scan_slice(q0, q1, p0, p1, parts, luts, T, shifts, probes, list_blocks, offs
                         v = trailing_zeros(m)
                         m &= m - np.uint32(1)
                         row = row0 + v
-                        if row < end:
+                        if row < end and (not filtered or allowed[row] != 0):
                             key = row_key(shift[t] + np.int64(dist[t, v]), row)
                             if key < heaps[qt, 0]:
                                 _push(heaps, counts, qt, key)
 
 
 @njit(nogil=True)
-def scan_one(q, luts, T, shifts, probes, list_blocks, offsets, packed, heaps, counts):
+def scan_one(q, luts, T, shifts, probes, list_blocks, offsets, packed, allowed, heaps, counts):
     """Query q alone, its probes in their order (the nearest list first: its k-th best
     settles soonest): what a slice of one query needs, without ``scan_slice``'s sort of the
     probes by list (which lets a group of queries share each list's reads)."""
     nprobe = probes.shape[1]
+    filtered = allowed.shape[0] > 0
     lut_rows = np.zeros(Q, dtype=np.int64)
     thr = np.zeros(Q, dtype=np.int32)  # slots past the first stay 0: nothing passes
     dist = np.empty((Q, BLOCK), dtype=np.uint16)
@@ -140,7 +142,7 @@ def scan_one(q, luts, T, shifts, probes, list_blocks, offsets, packed, heaps, co
                 v = trailing_zeros(m)
                 m &= m - np.uint32(1)
                 row = row0 + v
-                if row < end:
+                if row < end and (not filtered or allowed[row] != 0):
                     key = row_key(shift + np.int64(dist[0, v]), row)
                     if key < heaps[q, 0]:
                         _push(heaps, counts, q, key)
@@ -193,7 +195,7 @@ def tables_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, ki
 
 
 def scan(queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base, probes,
-         list_blocks, offsets, packed, out_dist, out_idx, out_scale, out_offset,
+         list_blocks, offsets, packed, allowed, out_dist, out_idx, out_scale, out_offset,
          ranked):  # fmt: skip
     """See :func:`vq.kernels.fastscan_ivf.ivf_fastscan_lists`. Threads take slices of the
     queries; a batch smaller than the thread count has its tables built first, then each
@@ -213,7 +215,7 @@ def scan(queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
     if parts == 1:  # each thread a slice of the queries, from tables to results
         parallel_for(serve_slice, nq, queries, codebooks_t, norms, centroids, list_tables,
             kind, alpha, base, probes, T, luts, flat_luts, shifts, list_blocks, offsets, packed,
-            heaps[0], counts[0], out_dist, out_idx, out_scale, out_offset, ranked,
+            allowed, heaps[0], counts[0], out_dist, out_idx, out_scale, out_offset, ranked,
         )  # fmt: skip
         return
     tables_range(0, nq, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
@@ -222,7 +224,7 @@ def scan(queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
     def scan_parts(part0: int, part1: int) -> None:
         for part in range(part0, part1):
             scan_slice(0, nq, part, nprobe, parts, flat_luts, T, shifts, probes, list_blocks,
-                       offsets, packed, heaps[part], counts[part])  # fmt: skip
+                       offsets, packed, allowed, heaps[part], counts[part])  # fmt: skip
 
     parallel_for(scan_parts, parts)
     merge_parts(heaps, out_scale, out_offset, out_dist, out_idx)  # distinct rows per part
@@ -253,7 +255,8 @@ def lean_search(queries, centroids_t, c_norms, nprobe, codebooks_t, norms, centr
     dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
     serve_slice(np.int64(0), np.int64(nq), queries, codebooks_t, norms, centroids, list_tables,
         kind, alpha, base, probes, T, luts, flat_luts, shifts, list_blocks, offsets, packed,
-        heaps, counts, dist, rows, scale_offset[0], scale_offset[1], ranked,
+        np.zeros(0, dtype=np.uint8), heaps, counts, dist, rows, scale_offset[0], scale_offset[1],
+        ranked,
     )  # fmt: skip
     finish_lean(queries, dist, rows, ids, inner_product, ref_vectors, ref_ids, out_dist, out_ids)
     return True
@@ -261,8 +264,8 @@ def lean_search(queries, centroids_t, c_norms, nprobe, codebooks_t, norms, centr
 
 @kernel(nogil=True)
 def serve_slice(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
-                probes, T, luts, flat_luts, shifts, list_blocks, offsets, packed, heaps, counts,
-                out_dist, out_idx, out_scale, out_offset, ranked):  # fmt: skip
+                probes, T, luts, flat_luts, shifts, list_blocks, offsets, packed, allowed, heaps,
+                counts, out_dist, out_idx, out_scale, out_offset, ranked):  # fmt: skip
     """Queries q0..q1, from their tables to their results."""
     heaps, counts = borrow(heaps), borrow(counts)  # (views per query: see simd.borrow)
     out_dist, out_idx = borrow(out_dist), borrow(out_idx)
@@ -271,12 +274,13 @@ def serve_slice(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kin
     tables_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
                  probes, T, luts, shifts, out_scale, out_offset)  # fmt: skip
     if q1 - q0 == 1:
-        scan_one(q0, flat_luts, T, shifts, probes, list_blocks, offsets, packed, heaps, counts)
+        scan_one(q0, flat_luts, T, shifts, probes, list_blocks, offsets, packed, allowed, heaps,
+                 counts)  # fmt: skip
     else:  # every query's nearest list first: its k-th best settles sooner
         one = np.int64(1)
         for p0, p1 in ((np.int64(0), min(one, nprobe)), (one, nprobe)):
             scan_slice(q0, q1, p0, p1, one, flat_luts, T, shifts, probes, list_blocks, offsets,
-                       packed, heaps, counts)  # fmt: skip
+                       packed, allowed, heaps, counts)  # fmt: skip
     for q in range(q0, q1):
         scale, offset = out_scale[q], out_offset[q]
         if ranked:

@@ -66,6 +66,7 @@ def float_key(bits, index):
 
 # -- float heaps ----------------------------------------------------------------------------
 
+
 @njit(inline="always")
 def _sift_down_pair(dist, idx, size, d, i):
     """Put (d, i) at the root of the max-heap ``dist[:size]``/``idx[:size]`` and sift it down."""

@@ -28,16 +28,16 @@ WORDS = False
 
 
 def ivfpq_scan(queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base, probes,
-               codes, offsets, out_dist, out_idx):  # fmt: skip
+               codes, offsets, allowed, out_dist, out_idx):  # fmt: skip
     """Threads split the queries (the work buffers are allocated once per thread)."""
     parallel_for(ivfpq_range, probes.shape[0], queries, codebooks_t, norms, centroids,
-                 list_tables, kind, alpha, base, probes, codes, offsets, out_dist,
+                 list_tables, kind, alpha, base, probes, codes, offsets, allowed, out_dist,
                  out_idx)  # fmt: skip
 
 
 @kernel(nogil=True)
 def ivfpq_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
-                probes, codes, offsets, out_dist, out_idx):  # fmt: skip
+                probes, codes, offsets, allowed, out_dist, out_idx):  # fmt: skip
     """Queries q0..q1 on the calling thread: each one's tables, then its probed lists."""
     queries, list_tables = borrow(queries), borrow(list_tables)  # (views: simd.borrow)
     out_dist, out_idx = borrow(out_dist), borrow(out_idx)
@@ -45,6 +45,7 @@ def ivfpq_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kin
     k = out_dist.shape[1]
     size = list_tables.shape[1] if list_tables.shape[0] else norms.size
     summed = list_tables.shape[0] > 0
+    filtered = allowed.shape[0] > 0
     heap_d = np.empty(k, dtype=np.float32)
     heap_i = np.empty(k, dtype=np.int64)
     table = np.empty(size, dtype=np.float32)
@@ -75,6 +76,8 @@ def ivfpq_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kin
             b = base[q, p]
             threshold = heap_d[0]
             for i in range(offsets[lst], offsets[lst + 1]):
+                if filtered and allowed[i] == 0:
+                    continue
                 d = b + _code_distance(t, codes, i, N_TABLES, WORDS)
                 if d < threshold:
                     heap_replace_top(heap_d, heap_i, d, i)
@@ -97,6 +100,7 @@ def lean_search(queries, centroids_t, c_norms, nprobe, codebooks_t, norms, centr
     base = coarse if coarse_base else np.zeros((nq, nprobe), dtype=np.float32)
     dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
     ivfpq_range(np.int64(0), np.int64(nq), queries, codebooks_t, norms, centroids, list_tables,
-                kind, alpha, base, probes, codes, offsets, dist, rows)  # fmt: skip
+                kind, alpha, base, probes, codes, offsets, np.zeros(0, dtype=np.uint8), dist,
+                rows)  # fmt: skip
     finish_lean(queries, dist, rows, ids, inner_product, ref_vectors, ref_ids, out_dist, out_ids)
     return True

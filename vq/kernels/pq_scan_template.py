@@ -25,17 +25,18 @@ WORDS = False
 # -- end of specialised constants --
 
 
-def adc_scan(tables, codes, out_dist, out_idx):
+def adc_scan(tables, codes, allowed, out_dist, out_idx):
     """Threads split the queries, in blocks of 8."""
-    parallel_for(adc_range, tables.shape[0], tables, codes, out_dist, out_idx,
+    parallel_for(adc_range, tables.shape[0], tables, codes, allowed, out_dist, out_idx,
                  grain=_ADC_QUERY_BLOCK)  # fmt: skip
 
 
 @kernel(nogil=True)
-def adc_range(q_start, q_end, tables, codes, out_dist, out_idx):
+def adc_range(q_start, q_end, tables, codes, allowed, out_dist, out_idx):
     """Queries q_start..q_end, 8 at a time against every code, a block of codes at a time."""
     tables, out_dist, out_idx = borrow(tables), borrow(out_dist), borrow(out_idx)
     n, k = codes.shape[0], out_dist.shape[1]
+    filtered = allowed.shape[0] > 0
     heap_d = np.empty((_ADC_QUERY_BLOCK, k), dtype=np.float32)
     heap_i = np.empty((_ADC_QUERY_BLOCK, k), dtype=np.int64)
     for q0 in range(q_start, q_end, _ADC_QUERY_BLOCK):
@@ -52,6 +53,8 @@ def adc_range(q_start, q_end, tables, codes, out_dist, out_idx):
                 hi = heap_i[q - q0]
                 threshold = hd[0]
                 for i in range(c0, c1):
+                    if filtered and allowed[i] == 0:
+                        continue
                     d = _code_distance(t, codes, i, N_TABLES, WORDS)
                     if d < threshold:
                         heap_replace_top(hd, hi, d, i)
@@ -77,7 +80,7 @@ def lean_search(queries, codebooks_t, norms, codes, ids, inner_product, out_dist
         else:
             _l2_table(queries[q], codebooks_t, norms, tables[q], N_TABLES, dsub)
     dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
-    adc_range(np.int64(0), np.int64(nq), tables, codes, dist, rows)
+    adc_range(np.int64(0), np.int64(nq), tables, codes, np.zeros(0, dtype=np.uint8), dist, rows)
     fill = np.float32(-np.inf) if inner_product else np.float32(np.inf)
     rows_to_ids(dist, rows, ids, inner_product, fill, out_dist, out_ids)
     return True

@@ -213,7 +213,7 @@ def ivf_flat_lean(queries, centroids_t, c_norms, nprobe, vectors, offsets, ids, 
     nq, k = queries.shape[0], k_candidates
     coarse, probes = probe_few(queries, centroids_t, c_norms, nprobe, inner_product)
     dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
-    ivf_flat_range(np.int64(0), np.int64(nq), queries, vectors, probes, offsets, inner_product,
-                   dist, rows)  # fmt: skip
+    ivf_flat_range(np.int64(0), np.int64(nq), queries, vectors, probes, offsets,
+                   np.zeros(0, dtype=np.uint8), inner_product, dist, rows)  # fmt: skip
     finish_lean(queries, dist, rows, ids, inner_product, ref_vectors, ref_ids, out_dist, out_ids)
     return True

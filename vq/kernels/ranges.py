@@ -1,0 +1,86 @@
+"""Range search: every stored row nearer than a threshold, rather than the k nearest (faiss
+``range_search``). The number of results is not known in advance, so each kernel writes a
+query's hits into a region of its own of the output — as many slots as the query has
+candidates in the call — and their count; the caller chunks the work so that the regions stay
+bounded, and concatenates the counted parts.
+
+Values are ranked as the top-k scans rank them (smaller is nearer: squared L2, or negated
+inner products); a row is a hit when its value is strictly below the query's threshold. Threads
+split the queries.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vq.kernels.cache import kernel
+from vq.kernels.exact import _exact_distance
+from vq.kernels.simd import borrow
+from vq.kernels.threads import parallel_for
+
+
+def flat_range_block(scores, x_norms, first, thresholds, allowed, inner_product, out_rows,
+                     out_dist, counts):  # fmt: skip
+    """The hits of a block of a Flat search: scores float32 [nq, b] (⟨q, x⟩ of vectors
+    ``first .. first + b``), x_norms float32 [b] (l2), thresholds float32 [nq] on ``‖x‖² −
+    2⟨q, x⟩`` (l2: the radius minus ‖q‖²) or on ``−⟨q, x⟩`` (ip), allowed uint8 [b] or [0]
+    → out_rows int64 [nq, b], out_dist float32 [nq, b] (the ranked values) and counts int64
+    [nq]: query q's hits are the first counts[q] entries of its row."""
+    parallel_for(flat_range_rows, scores.shape[0], scores, x_norms, int(first), thresholds,
+                 allowed, bool(inner_product), out_rows, out_dist, counts)  # fmt: skip
+
+
+@kernel(nogil=True, fastmath=True)
+def flat_range_rows(q0, q1, scores, x_norms, first, thresholds, allowed, inner_product,
+                    out_rows, out_dist, counts):  # fmt: skip
+    """:func:`flat_range_block` for queries ``q0..q1`` on the calling thread."""
+    scores, out_rows, out_dist = borrow(scores), borrow(out_rows), borrow(out_dist)
+    filtered = allowed.shape[0] > 0
+    for q in range(q0, q1):
+        t = thresholds[q]
+        c = 0
+        for i in range(scores.shape[1]):
+            s = scores[q, i]
+            d = -s if inner_product else x_norms[i] - np.float32(2.0) * s
+            if d < t and (not filtered or allowed[i] != 0):
+                out_rows[q, c] = first + i
+                out_dist[q, c] = d
+                c += 1
+        counts[q] = c
+
+
+def ivf_flat_range_search(queries, vectors, probes, offsets, starts, thresholds, allowed,
+                          inner_product, out_rows, out_dist, counts):  # fmt: skip
+    """The hits of an IVF-Flat search: exact values of the rows of the probed lists
+    (``probes`` int64 [nq, nprobe], -1: skip; CSR ``offsets``) below ``thresholds`` float32
+    [nq] (squared L2, or negated inner products), of those ``allowed`` uint8 [n] (or [0])
+    lets through → query q's region of out_rows int64 / out_dist float32 [total] starts at
+    ``starts[q]`` (int64 [nq], room for every row it probes); counts int64 [nq]."""
+    parallel_for(ivf_flat_range_rows, probes.shape[0], queries, vectors, probes, offsets, starts,
+                 thresholds, allowed, bool(inner_product), out_rows, out_dist,
+                 counts)  # fmt: skip
+
+
+@kernel(nogil=True, fastmath=True)
+def ivf_flat_range_rows(q0, q1, queries, vectors, probes, offsets, starts, thresholds, allowed,
+                        inner_product, out_rows, out_dist, counts):  # fmt: skip
+    """:func:`ivf_flat_range_search` for queries ``q0..q1`` on the calling thread."""
+    queries = borrow(queries)
+    filtered = allowed.shape[0] > 0
+    for q in range(q0, q1):
+        x = queries[q]
+        t = thresholds[q]
+        c = starts[q]
+        for p in range(probes.shape[1]):
+            lst = probes[q, p]
+            if lst < 0:
+                continue
+            for i in range(offsets[lst], offsets[lst + 1]):
+                if filtered and allowed[i] == 0:
+                    continue
+                d = _exact_distance(x, vectors, i, inner_product)
+                if d < t:
+                    out_rows[c] = i
+                    out_dist[c] = d
+                    c += 1
+        counts[q] = c - starts[q]
