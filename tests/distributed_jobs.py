@@ -62,7 +62,8 @@ def training_jobs(x) -> dict[str, np.ndarray]:
 
 
 def layer_training(rank: int, compiled: bool = False) -> dict[str, np.ndarray]:
-    """The buffers of an EMA VectorQuantizer (its step compiled, if asked) and ResidualVQ after
+    """The buffers of an EMA VectorQuantizer (its step compiled, if asked), ResidualVQ and
+    GroupedResidualVQ after
     three training steps — k-means initialisation, EMA updates, dead-code restarts — on the data
     of process ``rank`` (other data on each process, the same initial state)."""
     gen = torch.Generator().manual_seed(100 + rank)
@@ -73,6 +74,7 @@ def layer_training(rank: int, compiled: bool = False) -> dict[str, np.ndarray]:
         layers = {
             "vq": vq.VectorQuantizer(8, 16, learning=ema),
             "rvq": vq.ResidualVQ(8, 2, 16, learning=ema),
+            "grvq": vq.GroupedResidualVQ(8, 2, 2, 8, learning=ema, quantizer_dropout=0.5),
         }
         for name, layer in layers.items():
             step = layer
@@ -85,6 +87,15 @@ def layer_training(rank: int, compiled: bool = False) -> dict[str, np.ndarray]:
     return out
 
 
+def lfq_entropy(rank: int) -> dict[str, np.ndarray]:
+    """A ResidualLFQ training step on the data of process ``rank``: its input and codebook
+    entropies (per stage), whose batch distribution is over every process's vectors."""
+    gen = torch.Generator().manual_seed(200 + rank)
+    x = torch.randn(2, 48 + 16 * rank, 8, generator=gen) * 0.1
+    out = vq.ResidualLFQ(8, 2, num_bits=8, inv_temperature=10.0)(x)
+    return {"x": x.numpy(), "entropy": out.codebook_entropy.detach().numpy()}
+
+
 # -- the torchrun worker ------------------------------------------------------------------------
 def train(out: Path) -> None:
     """Training on shards, sharded search, errors raised on every process, layer training over
@@ -93,8 +104,10 @@ def train(out: Path) -> None:
     x, q = dataset(), queries()
     results = training_jobs(x[:SPLIT] if rank == 0 else x[SPLIT:])
     results.update({f"synced {k}": v for k, v in layer_training(rank).items()})
+    results.update({f"synced lfq {k}": v for k, v in lfq_entropy(rank).items()})
     with use_group(None):
         results.update({f"local {k}": v for k, v in layer_training(rank).items()})
+        results.update({f"local lfq {k}": v for k, v in lfq_entropy(rank).items()})
         compiled = layer_training(rank, compiled=True)
         results.update({f"compiled {k}": v for k, v in compiled.items() if k.startswith("vq.")})
     results["kmeans, rank 0 empty"] = vq.kmeans(x[:0] if rank == 0 else x, 70, niter=5).centroids

@@ -18,7 +18,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from distributed_jobs import DIM, IVF, N, database, dataset, layer_training, queries, training_jobs
+from distributed_jobs import (
+    DIM,
+    IVF,
+    N,
+    database,
+    dataset,
+    layer_training,
+    lfq_entropy,
+    queries,
+    training_jobs,
+)
 
 import vq
 from vq.distributed import ShardedIndex, merge_topk
@@ -142,6 +152,19 @@ def test_layer_training_syncs_over_the_default_group_and_not_under_use_group_non
     for key in ("vq.codebook", "vq.learner.embed_sum", "rvq.codebooks"):
         assert not np.allclose(r0[f"local {key}"], r1[f"local {key}"], atol=1e-3), key
         assert not np.allclose(r0[f"synced {key}"], alone[0][key], atol=1e-3), key
+
+
+def test_lfq_codebook_entropy_is_over_every_process_batch(two_process_run):
+    """LFQ's batch code distribution is all-reduced in training: both processes see the entropy
+    of the concatenated batches; inside use_group(None), that of their own."""
+    _, ranks, _ = two_process_run
+    rows = np.concatenate([r["synced lfq x"].reshape(-1, 8) for r in ranks])
+    layer = vq.ResidualLFQ(8, 2, num_bits=8, inv_temperature=10.0)
+    everyone = layer(torch.from_numpy(rows)).codebook_entropy.detach().numpy()
+    for rank, r in enumerate(ranks):
+        np.testing.assert_allclose(r["synced lfq entropy"], everyone, rtol=1e-5)
+        np.testing.assert_allclose(r["local lfq entropy"], lfq_entropy(rank)["entropy"], rtol=1e-6)
+    assert not np.allclose(ranks[0]["local lfq entropy"], everyone, rtol=1e-3)
 
 
 def test_sharded_search_equals_one_index_holding_every_vector(two_process_run):

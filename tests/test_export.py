@@ -325,6 +325,11 @@ LAYERS = {
     "mask": lambda: vq.VectorQuantizer(DIM, 32, learning="ema"),
     "fsq": lambda: vq.FSQ([8, 5, 5, 5]),
     "fsq-projections": lambda: vq.FSQ([4, 4, 3], dim=DIM),
+    "lfq": lambda: vq.LFQ(DIM, 2**10),
+    "lfq-projections": lambda: vq.LFQ(DIM, num_bits=6),
+    "residual-fsq": lambda: vq.ResidualFSQ([8, 5, 5, 5], 3, dim=DIM, quantizer_dropout=0.5),
+    "residual-lfq": lambda: vq.ResidualLFQ(DIM, 3, num_bits=5, quantizer_dropout=0.5),
+    "grouped-rvq": lambda: vq.GroupedResidualVQ(DIM, 2, 3, 16, learning="ema", beam_size=2),
 }
 
 

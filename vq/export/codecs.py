@@ -3,11 +3,11 @@ each quantizer class, the functions its ``encode`` / ``decode`` run off the numb
 snapshot of the quantizer, with the specs and metadata of an exported model.
 
 Every layer option exports with it: ``codebook_dim`` (``project_in`` / ``project_out``),
-``cosine`` (l2-normalisation), residual stages with greedy or beam-search encoding, FSQ's grid
-and projections, codebooks learned by EMA or by gradient. Options that act on training only
-(``commitment_weight``, ``rotation_trick``, ``quantizer_dropout``, masks) leave the graph as
-eval mode has it; ``channel_first`` layers export ``encode`` / ``decode``, which take
-``[..., dim]``.
+``cosine`` (l2-normalisation), residual stages with greedy or beam-search encoding (grouped
+too), FSQ's grid and projections, LFQ's sign bits, residual FSQ/LFQ stages, codebooks learned
+by EMA or by gradient. Options that act on training only (``commitment_weight``,
+``rotation_trick``, ``quantizer_dropout``, masks, LFQ's entropy loss) leave the graph as eval
+mode has it; ``channel_first`` layers export ``encode`` / ``decode``, which take ``[..., dim]``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ def codec_module(
     if not hasattr(quantizer, method):
         raise TypeError(
             f"no {what} graph for {type(quantizer).__name__}: it has no {method}; export a "
-            "vq.VectorQuantizer, ProductQuantizer, OPQ, ResidualVQ or FSQ"
+            "vq.VectorQuantizer, ProductQuantizer, OPQ, ResidualVQ, GroupedResidualVQ, FSQ, "
+            "ResidualFSQ, LFQ or ResidualLFQ"
         )
     dtype = quantizer.code_dtype if code_dtype is None else code_dtype
     vectors = TensorSpec("vectors", torch.float32, (quantizer.dim,))

@@ -34,7 +34,9 @@ def export_module(
 
     Args:
         obj: a trained :class:`vq.VectorQuantizer`, :class:`vq.ResidualVQ` (greedy or beam),
-            :class:`vq.ProductQuantizer`, :class:`vq.OPQ` or :class:`vq.FSQ`, with any layer
+            :class:`vq.GroupedResidualVQ`, :class:`vq.ProductQuantizer`, :class:`vq.OPQ`,
+            :class:`vq.FSQ`, :class:`vq.ResidualFSQ`, :class:`vq.LFQ` or
+            :class:`vq.ResidualLFQ`, with any layer
             option (see :mod:`vq.export.codecs`); or a trained, non-empty
             :class:`vq.FlatIndex`, :class:`vq.PQIndex`, :class:`vq.IVFFlat`, :class:`vq.IVFPQ`,
             or :class:`vq.PreTransform` / :class:`vq.Refine` around them (faiss indexes

@@ -4,11 +4,14 @@ learn when they train as layers (:class:`EMA`, :class:`Gradient`)."""
 
 from vq.quantizers.base import Quantizer
 from vq.quantizers.fsq import FSQ
+from vq.quantizers.grouped import GroupedResidualVQ
 from vq.quantizers.layer import QuantizerOutput
 from vq.quantizers.learning import EMA, Gradient, Learning
+from vq.quantizers.lfq import LFQ
 from vq.quantizers.opq import OPQ
 from vq.quantizers.product import ProductQuantizer
 from vq.quantizers.residual import ResidualVQ
+from vq.quantizers.residual_scalar import ResidualFSQ, ResidualLFQ
 from vq.quantizers.vector import VectorQuantizer
 
 __all__ = [
@@ -16,10 +19,14 @@ __all__ = [
     "FSQ",
     "OPQ",
     "Gradient",
+    "GroupedResidualVQ",
+    "LFQ",
     "Learning",
     "ProductQuantizer",
     "Quantizer",
     "QuantizerOutput",
+    "ResidualFSQ",
+    "ResidualLFQ",
     "ResidualVQ",
     "VectorQuantizer",
 ]

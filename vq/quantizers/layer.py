@@ -57,8 +57,12 @@ class QuantizerOutput(NamedTuple):
         perplexity: ``exp`` of the entropy of this batch's code distribution: scalar for a
             single codebook, Tensor[G] per codebook (PQ groups, RVQ stages).
         usage: fraction of the codes used at least once in this batch, same shape.
-        num_stages: ResidualVQ only: int64 Tensor[B], the stages each sample used (fewer than
-            ``num_quantizers`` under quantizer dropout); None otherwise.
+        num_stages: residual layers only: int64 Tensor[B], the stages each sample used (fewer
+            than ``num_quantizers`` under quantizer dropout); None otherwise.
+        per_sample_entropy: LFQ layers in training mode: the mean entropy of each vector's
+            code distribution (scalar; Tensor[Q] per stage for ResidualLFQ); None otherwise.
+        codebook_entropy: LFQ layers in training mode: the entropy of the batch's mean code
+            distribution, same shape.
     """
 
     quantized: torch.Tensor
@@ -69,6 +73,8 @@ class QuantizerOutput(NamedTuple):
     perplexity: torch.Tensor | None = None
     usage: torch.Tensor | None = None
     num_stages: torch.Tensor | None = None
+    per_sample_entropy: torch.Tensor | None = None
+    codebook_entropy: torch.Tensor | None = None
 
 
 class Step(NamedTuple):
@@ -79,7 +85,9 @@ class Step(NamedTuple):
     commitment: torch.Tensor  # scalar
     codebook_loss: torch.Tensor  # scalar (0 unless the codebooks learn by gradient)
     counts: torch.Tensor  # float32 [G, K], code counts of the batch per codebook
-    num_stages: torch.Tensor | None = None  # int64 [B] (ResidualVQ)
+    num_stages: torch.Tensor | None = None  # int64 [B] (residual layers)
+    aux_loss: torch.Tensor | None = None  # scalar added to ``loss`` as it is (LFQ's entropy)
+    entropies: tuple[torch.Tensor, torch.Tensor] | None = None  # per sample, codebook (LFQ)
 
 
 class TrainingLayer:
@@ -160,10 +168,19 @@ class TrainingLayer:
         return self._encode(z)
 
     # -- the forward pipeline ---------------------------------------------------------------
+    def learns(self) -> bool:
+        """Whether the layer has codebooks that learn in ``forward`` (``learning`` given)."""
+        return self.learner is not None
+
+    def codebook_loss_weight(self) -> float:
+        """The weight of ``codebook_loss`` in ``loss``: 0 unless codebooks learn by gradient."""
+        learner = self.learner
+        return learner.learning.codebook_weight if learner and learner.by_gradient else 0.0
+
     def updates_state(self) -> bool:
         """Whether ``forward`` learns now: a learning layer in training mode with gradients
         enabled. Otherwise ``forward`` changes nothing (and never communicates)."""
-        return self.learner is not None and self.training and torch.is_grad_enabled()
+        return self.learns() and self.training and torch.is_grad_enabled()
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> QuantizerOutput:
         """Quantize ``x`` for training: reconstruction with a gradient path, codes, losses and
@@ -181,7 +198,7 @@ class TrainingLayer:
         """
         update = self.updates_state()
         if not update:
-            fixed = self.learner is None
+            fixed = not self.learns()
             self._require_trained("forward", _UNTRAINED_FIXED if fixed else _UNTRAINED_LEARNING)
         rows, weight, lead = self._rows(x, mask)
         z = rows if self.project_in is None else self.project_in(rows)
@@ -191,8 +208,10 @@ class TrainingLayer:
                 z32 = self._normalize(z32)
             step = self._quantize(z32, weight, lead, update)
             loss = self.commitment_weight * step.commitment
-            if self.learner is not None and self.learner.by_gradient:
-                loss = loss + self.learner.learning.codebook_weight * step.codebook_loss
+            if self.codebook_loss_weight():
+                loss = loss + self.codebook_loss_weight() * step.codebook_loss
+            if step.aux_loss is not None:
+                loss = loss + step.aux_loss
             perplexity, usage = usage_statistics(step.counts)
         quantized = step.quantized.to(z.dtype)
         if self.project_out is not None:
@@ -206,6 +225,7 @@ class TrainingLayer:
             quantized = quantized.movedim(-1, 1)
         if not self.code_shape:
             perplexity, usage = perplexity[0], usage[0]
+        entropies = (None, None) if step.entropies is None else step.entropies
         return QuantizerOutput(
             quantized,
             step.codes.to(self.code_dtype).reshape(tuple(lead) + self.code_shape),
@@ -215,6 +235,7 @@ class TrainingLayer:
             perplexity,
             usage,
             step.num_stages,
+            *entropies,
         )
 
     def _rows(

@@ -16,13 +16,10 @@ References:
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import torch
 
 from vq import _cpu, kernels
-from vq._checks import as_codes, in_chunks, like_input
+from vq._checks import in_chunks
 from vq.clustering import kmeans
 from vq.clustering.seeding import generator
 from vq.distances import chunk_rows, nearest
@@ -38,10 +35,11 @@ from vq.quantizers.functional import (
 )
 from vq.quantizers.layer import Step
 from vq.quantizers.learning import Learning
+from vq.quantizers.stages import Stages, check_stage_options
 from vq.quantizers.vector import nearest_codeword
 
 
-class ResidualVQ(Quantizer):
+class ResidualVQ(Stages, Quantizer):
     """``num_quantizers`` stages of ``codebook_size`` codewords each, trained on residuals.
 
     Args:
@@ -97,17 +95,9 @@ class ResidualVQ(Quantizer):
         codebook_dim: int | None = None,
         channel_first: bool = False,
     ):
-        if num_quantizers < 1:
-            raise ValueError(f"num_quantizers must be >= 1, got {num_quantizers}")
+        check_stage_options(num_quantizers, quantizer_dropout, dropout_min_stages)
         if beam_size < 1:
             raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-        if not 0.0 <= quantizer_dropout <= 1.0:
-            raise ValueError(f"quantizer_dropout must lie in [0, 1], got {quantizer_dropout}")
-        if not 1 <= dropout_min_stages <= num_quantizers:
-            raise ValueError(
-                f"dropout_min_stages must lie in [1, num_quantizers={num_quantizers}], "
-                f"got {dropout_min_stages}"
-            )
         super().__init__(
             dim,
             codebook_size,
@@ -203,53 +193,18 @@ class ResidualVQ(Quantizer):
             return out
         return residual_decode(codes, cb)
 
-    def decode(self, codes: Any, num_stages: int | None = None) -> Any:
-        """Reconstructions of integer ``codes`` [..., Q] → float [..., dim].
-
-        Args:
-            codes: integer codes [..., Q] (numpy or torch), or [..., num_stages].
-            num_stages: decode from the first ``num_stages`` stages only (the coarser
-                bitrates a model trained with quantizer dropout serves); None uses all Q.
-        """
-        if num_stages is None:
-            return super().decode(codes)
-        q = self.num_quantizers
-        if not 1 <= num_stages <= q:
-            raise ValueError(f"num_stages must lie in [1, {q}], got {num_stages}")
-        self._require_trained("decode")
-        c = as_codes(codes, None, self.codebook_size)
-        if c.dim() == 0 or c.shape[-1] not in (q, num_stages):
-            raise ValueError(
-                f"codes: expected codes [..., {q}] or [..., {num_stages}] for num_stages="
-                f"{num_stages}, got shape {tuple(c.shape)}"
-            )
-        rows = c[..., :num_stages].reshape(-1, num_stages).to(self.device)
-        with torch.no_grad():
-            x_hat = self._output_space(residual_decode(rows, self.codebooks.detach()[:num_stages]))
-        return like_input(x_hat.reshape(*c.shape[:-1], self.dim), codes)
+    def _decode_prefix(self, codes: torch.Tensor) -> torch.Tensor:
+        return residual_decode(codes, self.codebooks.detach().float()[: codes.shape[-1]])
 
     # -- the layer --------------------------------------------------------------------------
     def _codebook_groups(self) -> torch.Tensor:
         return self.codebooks
 
-    def _stage_mask(
-        self, lead: tuple[int, ...], device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Quantizer dropout: stages per sample, int64 [B] (B = the first axis of the batch),
-        and which stages each row keeps, float [n, Q] (None when every row keeps all)."""
-        q = self.num_quantizers
-        batch = lead[0] if lead else 1
-        per_sample = math.prod(lead[1:]) if lead else 1
-        stages = torch.full((batch,), q, dtype=torch.long, device=device)
-        if not (self.training and self.quantizer_dropout > 0):
-            return stages, None
-        drop = torch.rand(batch, device=device) < self.quantizer_dropout
-        fewer = torch.randint(self.dropout_min_stages, q + 1, (batch,), device=device)
-        stages = torch.where(drop, fewer, stages)
-        keep = (torch.arange(q, device=device) < stages[:, None]).float()  # [B, Q]
-        return stages, keep[:, None, :].expand(batch, per_sample, q).reshape(-1, q)
-
     def _quantize(self, z, weight, lead, update) -> Step:
+        stages, keep = self._stage_mask(lead, z.device)
+        return self._quantize_stages(z, weight, stages, keep, update)
+
+    def _quantize_stages(self, z, weight, stages, keep, update) -> Step:
         """Stage by stage: stage m quantizes r_m = z - (stages 0..m-1) and, when learning,
         initialises on and learns from r_m. The commitment loss is the mean over stages of
         ``||z - sg(P_m)||²`` (P_m: the reconstruction through stage m), as in EnCodec; its
@@ -257,7 +212,6 @@ class ResidualVQ(Quantizer):
         n, d = z.shape
         learner, size = self.learner, self.codebook_size
         synced = update and sync.active()
-        stages, keep = self._stage_mask(lead, z.device)
         codebooks = self._codebook_groups()
         zd = z.detach()
         if not update:
@@ -308,13 +262,7 @@ class ResidualVQ(Quantizer):
 
     def tables(self, queries: torch.Tensor, metric: Metric) -> torch.Tensor:
         """float32 queries [nq, dim] → tables [nq, Q, K] (l2: see the class docstring)."""
-        cb = self._output_codebooks()  # [Q, K, d]
-        dots = torch.einsum("nd,qkd->nqk", queries, cb)
-        if metric == "ip":
-            return dots
-        tables = (cb * cb).sum(-1)[None] - 2.0 * dots
-        tables[:, 0] += (queries * queries).sum(-1, keepdim=True)
-        return tables
+        return additive_tables(queries, self._output_codebooks(), metric)
 
     def norms(self, codes) -> torch.Tensor:
         """``||x̂||²`` of the reconstructions of ``codes`` [..., Q] → float32 [...]."""
@@ -327,6 +275,18 @@ class ResidualVQ(Quantizer):
         norms = (self._output_codebooks() ** 2).sum(-1).reshape(-1)
         offsets = torch.arange(self.num_quantizers, device=c.device) * self.codebook_size
         return norms[c + offsets].sum(-1)
+
+
+def additive_tables(queries: torch.Tensor, codebooks: torch.Tensor, metric: Metric) -> torch.Tensor:
+    """ADC tables of additive codes (one codeword per stage, summed): float32 queries [nq, d],
+    codebooks [Q, K, d] → [nq, Q, K]; for "ip" they sum to ⟨q, x̂⟩, for "l2" to ``||q||² -
+    2⟨q, x̂⟩ + Σ_m ||c_m||²`` (see :class:`ResidualVQ`)."""
+    dots = torch.einsum("nd,qkd->nqk", queries, codebooks)
+    if metric == "ip":
+        return dots
+    tables = (codebooks * codebooks).sum(-1)[None] - 2.0 * dots
+    tables[:, 0] += (queries * queries).sum(-1, keepdim=True)
+    return tables
 
 
 # -- the static-shape graphs: encode's and decode's torch path ----------------------------------

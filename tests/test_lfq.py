@@ -1,0 +1,152 @@
+"""LFQ, ResidualLFQ and ResidualFSQ against hand computations: codes of known inputs, the entropy
+terms against a direct computation over the whole codebook, stage scaling, prefix decoding,
+and vector-quantize-pytorch as an optional oracle (skipped when it is not installed)."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import vq
+from vq.quantizers.lfq import bit_table
+
+
+def direct_entropies(z, scale, inv_temperature, weight=None):
+    """The entropy terms from the [n, 2^bits] softmax over every corner (what LFQ avoids)."""
+    bits = z.shape[1]
+    corners = (2 * bit_table(bits) - 1) * scale  # [K, bits], most significant bit first
+    p = torch.softmax(-inv_temperature * torch.cdist(z.double(), corners.double()) ** 2, -1)
+    w = torch.ones(len(z), dtype=torch.double) if weight is None else weight.double()
+    per_sample = (-(p * torch.log(p.clamp_min(1e-300))).sum(-1) * w).sum() / w.sum()
+    mean = (p * w[:, None]).sum(0) / w.sum()
+    return per_sample, -(mean * torch.log(mean.clamp_min(1e-300))).sum()
+
+
+def test_lfq_codes_are_the_sign_bits_most_significant_first():
+    lfq = vq.LFQ(num_bits=3)
+    x = torch.tensor([[1.0, -1.0, -1.0], [-0.5, 2.0, 0.1], [-1.0, -1.0, -1.0], [3.0, 0.2, 1e-6]])
+    assert lfq.encode(x).tolist() == [4, 3, 0, 7]
+    assert lfq.decode(torch.tensor([5])).tolist() == [[1.0, -1.0, 1.0]]
+    assert lfq.codebook_size == 8 and lfq.code_dtype == torch.uint8
+
+
+@pytest.mark.parametrize("bits, tau, scale", [(1, 1.0, 1.0), (4, 2.0, 0.5), (7, 0.3, 1.0)])
+def test_lfq_entropy_terms_equal_a_direct_computation(bits, tau, scale):
+    torch.manual_seed(bits)
+    lfq = vq.LFQ(num_bits=bits, inv_temperature=tau, scale=scale, diversity_gamma=0.7)
+    z = torch.randn(300, bits) * 0.5
+    weight = (torch.rand(300) > 0.3).float()
+    out = lfq(z.reshape(3, 100, bits), mask=weight.bool().reshape(3, 100))
+    per_sample, codebook = direct_entropies(z, scale, tau, weight)
+    torch.testing.assert_close(out.per_sample_entropy.double(), per_sample, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.codebook_entropy.double(), codebook, rtol=1e-5, atol=1e-6)
+    commitment = (((z - torch.sign(z) * scale) ** 2).sum(-1) * weight).sum() / (weight.sum() * bits)
+    expected = 0.25 * commitment + 0.1 * (per_sample - 0.7 * codebook)
+    torch.testing.assert_close(out.loss.double(), expected.double(), rtol=1e-5, atol=1e-6)
+    assert 0 <= codebook <= bits * math.log(2) + 1e-6
+
+
+def test_lfq_entropy_gradient_equals_the_direct_one():
+    torch.manual_seed(0)
+    z = (torch.randn(64, 5) * 0.3).requires_grad_()
+    lfq = vq.LFQ(num_bits=5, inv_temperature=3.0, commitment_weight=0.0)
+    lfq(z).loss.backward()
+    ref = z.detach().clone().requires_grad_()
+    per_sample, codebook = direct_entropies(ref, 1.0, 3.0)
+    (0.1 * (per_sample - codebook)).backward()
+    torch.testing.assert_close(z.grad, ref.grad.float(), rtol=1e-4, atol=1e-6)
+
+
+def test_lfq_large_codebook_entropy_never_builds_the_n_by_k_table():
+    lfq = vq.LFQ(num_bits=20)  # 2^20 codes: an [8192, 2^20] table would be 32 GiB
+    out = lfq(torch.randn(8192, 20))
+    assert 0 < out.codebook_entropy <= 20 * math.log(2)
+    assert out.codes.dtype == torch.int32 and out.codes.max() < 2**20
+
+
+def test_residual_fsq_codes_by_hand():
+    rfsq = vq.ResidualFSQ([5], 2)
+    u = torch.tensor([[0.3], [-0.9], [0.0]])  # inputs after the soft clamp
+    z = torch.atanh(u / 1.25) * 1.25
+    # stage 0 grid {-1, -.5, 0, .5, 1}; stage 1: the same grid times 1/5
+    # 0.3 → 0.5 (digit 3), residual -0.2 → -0.2 (digit 0 of {-.2, -.1, 0, .1, .2})
+    # -0.9 → -1 (0), residual 0.1 → 0.1 (3); 0 → 0 (2), 0 (2)
+    codes = rfsq.encode(z)
+    assert codes.tolist() == [[3, 0], [0, 3], [2, 2]]
+    torch.testing.assert_close(rfsq.decode(codes), u, atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        rfsq.decode(codes[:, :1], num_stages=1), torch.tensor([[0.5], [-1.0], [0.0]])
+    )
+
+
+def test_residual_stages_shrink_the_error_by_the_stage_scale():
+    rfsq = vq.ResidualFSQ([5, 4, 2], 4)
+    x = torch.randn(20000, 3) * 2
+    u, codes = rfsq._bound(x), rfsq.encode(x)
+    cell = torch.tensor([1 / 4, 1 / 3, 1.0])  # half a cell of stage 0: 1 / (L - 1)
+    for m in range(1, 5):
+        error = (u - rfsq.decode(codes, num_stages=m)).abs().amax(0)
+        bound = cell * torch.tensor([5.0, 4.0, 2.0]) ** -(m - 1)
+        assert (error <= bound + 1e-5).all() and (error > 0.9 * bound).all()
+    rlfq = vq.ResidualLFQ(num_bits=3, num_quantizers=4)
+    x = torch.rand(20000, 3) * 4 - 2  # a binary expansion: the error halves per stage
+    codes = rlfq.encode(x)
+    for m in range(1, 5):
+        error = (x - rlfq.decode(codes, num_stages=m)).abs().max()
+        assert 0.99 * 2.0 ** (1 - m) <= error <= 2.0 ** (1 - m)
+
+
+def test_residual_lfq_stages_each_carry_their_entropy():
+    torch.manual_seed(0)
+    rlfq = vq.ResidualLFQ(num_bits=4, num_quantizers=2, inv_temperature=2.0)
+    z = torch.randn(200, 4)
+    out = rlfq(z)
+    r1 = z - torch.sign(z)
+    for m, r in enumerate((z, r1)):
+        per_sample, codebook = direct_entropies(r, 2.0**-m, 2.0)
+        torch.testing.assert_close(
+            out.per_sample_entropy[m].double(), per_sample, rtol=1e-5, atol=1e-6
+        )
+        torch.testing.assert_close(out.codebook_entropy[m].double(), codebook, rtol=1e-5, atol=1e-6)
+
+
+# -- vector-quantize-pytorch as an oracle (optional) -------------------------------------------
+def test_lfq_equals_vector_quantize_pytorch():
+    vqp = pytest.importorskip("vector_quantize_pytorch")
+    torch.manual_seed(0)
+    x = torch.randn(2, 50, 6) * 0.05  # soft assignments, where the entropies are not ~0
+    anchor = vqp.LFQ(dim=6, codebook_size=64, entropy_loss_weight=0.1, commitment_loss_weight=0.0)
+    (q, idx, aux), parts = anchor(x, return_loss_breakdown=True)
+    out = vq.LFQ(6, 64, commitment_weight=0.0)(x)
+    assert torch.equal(out.codes.long(), idx.long())
+    torch.testing.assert_close(out.quantized, q)
+    torch.testing.assert_close(
+        out.per_sample_entropy, parts.per_sample_entropy, rtol=1e-3, atol=1e-5
+    )
+    torch.testing.assert_close(out.codebook_entropy, parts.batch_entropy, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out.loss, aux, rtol=1e-3, atol=1e-5)
+
+
+def test_residual_lfq_codes_equal_vector_quantize_pytorch():
+    vqp = pytest.importorskip("vector_quantize_pytorch")
+    torch.manual_seed(0)
+    x = torch.randn(2, 64, 5)
+    anchor = vqp.ResidualLFQ(dim=5, num_quantizers=3, codebook_size=32).eval()
+    q, idx, _ = anchor(x)
+    ours = vq.ResidualLFQ(5, 3, 32).eval()
+    out = ours(x)
+    assert torch.equal(out.codes.long(), idx.long())
+    torch.testing.assert_close(out.quantized, q)
+
+
+def test_residual_fsq_first_stage_hits_every_grid_point_exactly():
+    rfsq = vq.ResidualFSQ([3, 4], 2)
+    clamp = torch.tensor([1.5, 4 / 3])  # L / (L - 1)
+    grid = torch.tensor(list(itertools.product((-1.0, 0.0, 1.0), (-1.0, -1 / 3, 1 / 3, 1.0))))
+    codes = rfsq.encode(torch.atanh(grid / clamp) * clamp)
+    digits = torch.stack([codes[:, 0] % 3, codes[:, 0] // 3], 1)
+    torch.testing.assert_close(
+        digits.float(), torch.tensor(list(itertools.product(range(3), range(4)))).float()
+    )
+    torch.testing.assert_close(rfsq.decode(codes[:, :1], num_stages=1), grid, atol=1e-5, rtol=0)
