@@ -200,7 +200,7 @@ CASES = [
          r"FlatIndex.search\(\) got an unexpected keyword argument 'nprobe'; its search options: "
          "none"),
     case("search-option-typo", lambda e: e.ivf.search(e.q, 3, nprob=4),
-         TypeError, r"unexpected keyword argument 'nprob'; its search options: nprobe"),
+         TypeError, r"unexpected keyword argument 'nprob'; its search options: max_codes, nprobe"),
     case("search-nprobe0", lambda e: e.ivf.search(e.q, 3, nprobe=0),
          ValueError, r"nprobe must be a positive integer, got 0"),
     case("search-k-factor0", lambda e: e.refine.search(e.q, 3, k_factor=0),
