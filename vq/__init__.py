@@ -30,6 +30,7 @@ from vq.quantizers import (
     Quantizer,
     QuantizerOutput,
     ResidualVQ,
+    ScalarQuantizer,
     VectorQuantizer,
 )
 
@@ -50,6 +51,7 @@ __all__ = [
     "Quantizer",
     "QuantizerOutput",
     "ResidualVQ",
+    "ScalarQuantizer",
     "VectorQuantizer",
     "get_num_threads",
     "index_factory",

@@ -9,6 +9,7 @@ from vq.quantizers.learning import EMA, Gradient, Learning
 from vq.quantizers.opq import OPQ
 from vq.quantizers.product import ProductQuantizer
 from vq.quantizers.residual import ResidualVQ
+from vq.quantizers.scalar import ScalarQuantizer
 from vq.quantizers.vector import VectorQuantizer
 
 __all__ = [
@@ -21,5 +22,6 @@ __all__ = [
     "Quantizer",
     "QuantizerOutput",
     "ResidualVQ",
+    "ScalarQuantizer",
     "VectorQuantizer",
 ]
