@@ -8,14 +8,17 @@ from vq.index.base import Index
 from vq.index.flat import FlatIndex
 from vq.index.ivfflat import IVFFlat
 from vq.index.ivfpq import IVFPQ
+from vq.index.ivfsq import IVFSQ
 from vq.index.pq import PQIndex
 from vq.index.refine import Refine
+from vq.index.sq import SQIndex
 from vq.index.transform import PreTransform
 from vq.quantizers import OPQ
 
 SUPPORTED = (
-    "Flat | PQ<M>[x<nbits>] | PQ<M>x4fs | IVF<nlist>,Flat | "
-    "IVF<nlist>,PQ<M>[x<nbits>|x4fs|x4fsr], optionally preceded by OPQ<M>[_<dim_out>], "
+    "Flat | PQ<M>[x<nbits>] | PQ<M>x4fs | SQ8|SQ6|SQ4|SQfp16|SQbf16 | IVF<nlist>,Flat | "
+    "IVF<nlist>,PQ<M>[x<nbits>|x4fs|x4fsr] | IVF<nlist>,SQ<8|6|4|fp16|bf16>, "
+    "optionally preceded by OPQ<M>[_<dim_out>], "
     "and followed by RFlat or Refine(Flat) — e.g. 'PQ16', 'PQ16x8', 'IVF1024,Flat', "
     "'IVF1024,PQ16', 'IVF1024,PQ32x4fs', 'IVF1024,PQ32x4fsr', 'OPQ16,IVF1024,PQ16', "
     "'OPQ16_64,IVF1024,PQ16,RFlat'"
@@ -26,6 +29,11 @@ _OPQ = re.compile(r"OPQ(\d+)(?:_(\d+))?")
 # encodes the vectors themselves unless "x4fsr" asks for residuals (faiss's defaults)
 _PQ = re.compile(r"PQ(\d+)(?:x(\d+)(fsr?)?)?(?:np)?")
 _IVF = re.compile(r"IVF(\d+)")
+_SQ = re.compile(r"SQ(8|6|4|fp16|bf16)")
+
+
+def _sq_bits(match: re.Match) -> int | str:
+    return match[1] if match[1].startswith(("fp", "bf")) else int(match[1])
 
 
 def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
@@ -60,6 +68,8 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
 
     if parts == ["Flat"]:
         index: Index = FlatIndex(inner_dim, metric)
+    elif len(parts) == 1 and (m := _SQ.fullmatch(parts[0])):
+        index = SQIndex(inner_dim, _sq_bits(m), metric)
     elif len(parts) == 1 and (m := _PQ.fullmatch(parts[0])) and m[3] != "fsr":
         index = PQIndex(inner_dim, int(m[1]), int(m[2] or 8), metric, fast_scan=bool(m[3]))
     elif len(parts) == 2 and (ivf := _IVF.fullmatch(parts[0])):
@@ -70,6 +80,8 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
             M, nbits, fs = int(m[1]), int(m[2] or 8), bool(m[3])
             residual = m[3] != "fs"  # IndexIVFPQFastScan encodes residuals only with "x4fsr"
             index = IVFPQ(inner_dim, nlist, M, nbits, residual, metric=metric, fast_scan=fs)
+        elif m := _SQ.fullmatch(parts[1]):
+            index = IVFSQ(inner_dim, nlist, _sq_bits(m), metric=metric)
         else:
             raise fail(f"unknown encoding {parts[1]!r} after {parts[0]!r}")
     else:
@@ -79,7 +91,7 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
     return Refine(index) if refine else index
 
 
-_CLASSES = {cls.__name__: cls for cls in (FlatIndex, PQIndex, IVFFlat, IVFPQ)}
+_CLASSES = {cls.__name__: cls for cls in (FlatIndex, PQIndex, IVFFlat, IVFPQ, SQIndex, IVFSQ)}
 
 
 def from_config(config: dict) -> Index:

@@ -11,11 +11,13 @@ from vq._version import __version__ as __version__
 from vq.clustering import KMeansResult, kmeans, lbg
 from vq.index import (
     IVFPQ,
+    IVFSQ,
     FlatIndex,
     IVFFlat,
     PQIndex,
     PreTransform,
     Refine,
+    SQIndex,
     index_factory,
     load_index,
 )
@@ -38,6 +40,7 @@ __all__ = [
     "EMA",
     "FSQ",
     "IVFPQ",
+    "IVFSQ",
     "OPQ",
     "FlatIndex",
     "Gradient",
@@ -45,6 +48,7 @@ __all__ = [
     "PQIndex",
     "PreTransform",
     "Refine",
+    "SQIndex",
     "KMeansResult",
     "Learning",
     "ProductQuantizer",
