@@ -95,11 +95,16 @@ def _sum8(codes, row, qa, scale, inner_product):
 def _sum4(codes, row, qa, scale, inner_product):
     d = qa.shape[0]
     acc = np.float32(0.0)
-    for b in range(d >> 1):
-        byte = codes[row, b]
-        j = 2 * b
-        acc += _term(qa[j], scale[j], np.float32(byte & 15), inner_product)
-        acc += _term(qa[j + 1], scale[j + 1], np.float32(byte >> 4), inner_product)
+    if inner_product:
+        for b in range(d >> 1):
+            byte = codes[row, b]
+            acc += qa[2 * b] * np.float32(byte & 15) + qa[2 * b + 1] * np.float32(byte >> 4)
+    else:
+        for b in range(d >> 1):
+            byte = codes[row, b]
+            lo = qa[2 * b] - scale[2 * b] * np.float32(byte & 15)
+            hi = qa[2 * b + 1] - scale[2 * b + 1] * np.float32(byte >> 4)
+            acc += lo * lo + hi * hi
     if d & 1:
         j = d - 1
         acc += _term(qa[j], scale[j], np.float32(codes[row, j >> 1] & 15), inner_product)
@@ -111,15 +116,23 @@ def _sum6(codes, row, qa, scale, inner_product):
     d = qa.shape[0]
     size = codes.shape[1]
     acc = np.float32(0.0)
-    for g in range((d + 3) >> 2):
+    full = d >> 2  # groups of four dimensions in three whole bytes
+    for g in range(full):
         b = 3 * g
-        word = np.int64(codes[row, b])
-        if b + 1 < size:
-            word |= np.int64(codes[row, b + 1]) << 8
-        if b + 2 < size:
-            word |= np.int64(codes[row, b + 2]) << 16
-        for i in range(min(4, d - 4 * g)):
-            j = 4 * g + i
+        word = np.int32(codes[row, b]) | (np.int32(codes[row, b + 1]) << 8)
+        word |= np.int32(codes[row, b + 2]) << 16
+        j = 4 * g
+        acc += _term(qa[j], scale[j], np.float32(word & 63), inner_product)
+        acc += _term(qa[j + 1], scale[j + 1], np.float32((word >> 6) & 63), inner_product)
+        acc += _term(qa[j + 2], scale[j + 2], np.float32((word >> 12) & 63), inner_product)
+        acc += _term(qa[j + 3], scale[j + 3], np.float32((word >> 18) & 63), inner_product)
+    if d & 3:  # the last, partial group
+        b = 3 * full
+        word = np.int32(0)
+        for i in range(min(3, size - b)):
+            word |= np.int32(codes[row, b + i]) << (8 * i)
+        for i in range(d & 3):
+            j = 4 * full + i
             acc += _term(qa[j], scale[j], np.float32((word >> (6 * i)) & 63), inner_product)
     return acc
 
@@ -148,15 +161,57 @@ def sq_distance(codes, row, qa, const, scale, table, kind, inner_product):
     return -(const + acc) if inner_product else acc
 
 
+#: rows whose distances a scan computes in one pass before offering them to the heap (a tight
+#: loop per kind that vectorises, apart from the heap's branches: 4x faster at 8 bits)
+BLOCK = 32
+
+
 @njit(inline="always")
-def _push_rows(codes, r0, r1, qa, const, scale, table, kind, inner_product, heap_d, heap_i):
-    """Offer rows ``r0..r1`` to the max-heap ``heap_d``/``heap_i``."""
+def _block_distances(codes, r0, r1, qa, scale, table, kind, inner_product, out):
+    """``out[i - r0]``: the kind's sum (before the constant and the sign) for rows r0..r1."""
+    if kind == SQ8:
+        for i in range(r0, r1):
+            out[i - r0] = _sum8(codes, i, qa, scale, inner_product)
+    elif kind == SQ4:
+        for i in range(r0, r1):
+            out[i - r0] = _sum4(codes, i, qa, scale, inner_product)
+    elif kind == SQ6:
+        for i in range(r0, r1):
+            out[i - r0] = _sum6(codes, i, qa, scale, inner_product)
+    else:
+        for i in range(r0, r1):
+            out[i - r0] = _sum_float(codes, i, qa, scale, table, inner_product)
+
+
+@njit(inline="always")
+def _push_rows(codes, r0, r1, qa, const, scale, table, kind, inner_product, heap_d, heap_i, buf):
+    """Offer rows ``r0..r1`` to the max-heap ``heap_d``/``heap_i``, :data:`BLOCK` at a time
+    (``buf`` float32 [BLOCK]). The kind is dispatched here, outside the row loop, each branch
+    passing a constant (a loop holding every kind's code ran 3x slower at 8 bits)."""
+    if kind == SQ8:
+        _push_kind(codes, r0, r1, qa, const, scale, table, SQ8, inner_product, heap_d, heap_i, buf)
+    elif kind == SQ4:
+        _push_kind(codes, r0, r1, qa, const, scale, table, SQ4, inner_product, heap_d, heap_i, buf)
+    elif kind == SQ6:
+        _push_kind(codes, r0, r1, qa, const, scale, table, SQ6, inner_product, heap_d, heap_i, buf)
+    else:
+        _push_kind(codes, r0, r1, qa, const, scale, table, SQ_FLOAT, inner_product, heap_d,
+                   heap_i, buf)  # fmt: skip
+
+
+@njit(inline="always")
+def _push_kind(codes, r0, r1, qa, const, scale, table, kind, inner_product, heap_d, heap_i, buf):
+    """:func:`_push_rows` for one kind."""
     threshold = heap_d[0]
-    for i in range(r0, r1):
-        dist = sq_distance(codes, i, qa, const, scale, table, kind, inner_product)
-        if dist < threshold:
-            heap_replace_top(heap_d, heap_i, dist, i)
-            threshold = heap_d[0]
+    for s in range(r0, r1, BLOCK):
+        e = min(s + BLOCK, r1)
+        _block_distances(codes, s, e, qa, scale, table, kind, inner_product, buf)
+        for i in range(s, e):
+            acc = buf[i - s]
+            dist = -(const + acc) if inner_product else acc
+            if dist < threshold:
+                heap_replace_top(heap_d, heap_i, dist, i)
+                threshold = heap_d[0]
 
 
 def sq_flat_scan(queries, codes, offset, scale, table, kind, inner_product, out_dist, out_idx):
@@ -185,11 +240,12 @@ def sq_flat_range(q0, q1, queries, codes, offset, scale, table, kind, inner_prod
     heap_d = np.empty(k, dtype=np.float32)
     heap_i = np.empty(k, dtype=np.int64)
     qa = np.empty(queries.shape[1], dtype=np.float32)
+    buf = np.empty(BLOCK, dtype=np.float32)
     for q in range(q0, q1):
         heap_reset(heap_d, heap_i)
         const = sq_prepare(queries[q], _NO_CENTROID, offset, scale, inner_product, qa)
         _push_rows(codes, 0, codes.shape[0], qa, const, scale, table, kind, inner_product,
-                   heap_d, heap_i)  # fmt: skip
+                   heap_d, heap_i, buf)  # fmt: skip
         heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
 
 
@@ -221,6 +277,7 @@ def sq_ivf_range(q0, q1, queries, probes, offsets, codes, centroids, by_residual
     heap_d = np.empty(k, dtype=np.float32)
     heap_i = np.empty(k, dtype=np.int64)
     qa = np.empty(queries.shape[1], dtype=np.float32)
+    buf = np.empty(BLOCK, dtype=np.float32)
     for q in range(q0, q1):
         heap_reset(heap_d, heap_i)
         x = queries[q]
@@ -234,7 +291,7 @@ def sq_ivf_range(q0, q1, queries, probes, offsets, codes, centroids, by_residual
             if by_residual:
                 const = sq_prepare(x, centroids[lst], offset, scale, inner_product, qa)
             _push_rows(codes, offsets[lst], offsets[lst + 1], qa, const, scale, table, kind,
-                       inner_product, heap_d, heap_i)  # fmt: skip
+                       inner_product, heap_d, heap_i, buf)  # fmt: skip
         heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
 
 
