@@ -7,9 +7,10 @@ Reference: J. Sivic, A. Zisserman, "Video Google", ICCV 2003; H. Jégou, M. Douz
 Storage is CSR: the rows of list l are ``offsets[l]:offsets[l + 1]`` of every stored buffer
 (``ids``, and ``vectors`` or ``codes``), so a scan reads one contiguous range per probe.
 
-This module holds what the IVF kinds share (:class:`IVFIndex`, the static-shape probe and
-:class:`IVFSearch`); the kinds sit beside it: :class:`vq.index.IVFFlat` in ivfflat.py,
-:class:`vq.index.IVFPQ` in ivfpq.py.
+This module holds what the IVF kinds share (:class:`IVFIndex`); the static-shape probe and
+:class:`IVFSearch` are in ivfsearch.py, spilling's pieces in spill.py; the kinds sit beside it:
+:class:`vq.index.IVFFlat` in ivfflat.py, :class:`vq.index.IVFPQ` in ivfpq.py,
+:class:`vq.index.IVFSQ` in ivfsq.py.
 """
 
 from __future__ import annotations
@@ -25,16 +26,19 @@ from vq._checks import check_int, check_positive, check_training_size
 from vq.clustering import kmeans
 from vq.index.base import Index
 from vq.index.faiss_build import faiss_metric, fill_inverted_lists, import_faiss, keep_alive
-from vq.index.searching import NO_IDS
-from vq.index.static import INF, Searcher, kept, search_in_chunks
+from vq.index.ivfsearch import IVFSearch, padded_rows, probe
+from vq.index.searching import NO_IDS, results_by_id
+from vq.index.spill import SPILL_COPIES, soar_assign
+from vq.index.static import INF, search_in_chunks
 from vq.quantizers import VectorQuantizer
 
 _NO_NORMS = np.zeros(0, np.float32)
 
 
 class IVFIndex(Index):
-    """Shared by :class:`IVFFlat` and :class:`IVFPQ`: the coarse quantizer, the CSR inverted
-    lists and the probe step. Subclasses name their per-vector buffers in ``_row_buffers``.
+    """Shared by :class:`IVFFlat`, :class:`IVFPQ` and :class:`IVFSQ`: the coarse quantizer, the
+    CSR inverted lists, spilling and the probe step. Subclasses name their per-row buffers in
+    ``_row_buffers`` and fill them in ``_encode_in_lists``.
 
     Args:
         dim: vector dimension.
@@ -45,10 +49,17 @@ class IVFIndex(Index):
         coarse_niter: k-means iterations of the coarse quantizer (faiss's IVF default, 10).
         seed: seeds the coarse k-means.
         verbose: progress bars for train and add.
+        spill: store each vector in its nearest list and in a second one chosen by SOAR
+            (:mod:`vq.index.spill`; factory ``"IVF1024(soar),Flat"``): more recall at equal
+            nprobe, twice the rows to store and scan. Searches return each id once;
+            ``ntotal`` counts vectors, not copies. No faiss counterpart. Needs nlist >= 2.
+        soar_lambda: λ of the SOAR spill assignment (>= 0; 0 spills to the second-nearest
+            list).
 
     Submodules and buffers:
         quantizer: :class:`vq.VectorQuantizer` with ``codebook`` float32 [nlist, dim];
-        offsets: int64 [nlist + 1]; ids: int64 [ntotal], in list order.
+        offsets: int64 [nlist + 1]; ids: int64 [n_rows], in list order (n_rows = ntotal, or
+        2 ntotal when spilled: a copy's id is its vector's).
     """
 
     _row_buffers: tuple[str, ...] = ()
@@ -64,9 +75,16 @@ class IVFIndex(Index):
         coarse_niter: int = 10,
         seed: int = 1234,
         verbose: bool = False,
+        spill: bool = False,
+        soar_lambda: float = 1.0,
     ):
         super().__init__(dim, metric, k, verbose)
         self.nlist = check_int(nlist, "nlist", 1)
+        self.spill, self.soar_lambda = bool(spill), float(soar_lambda)
+        if self.spill and self.nlist < 2:
+            raise ValueError("spill=True needs nlist >= 2 (a second list to spill to)")
+        if not 0.0 <= self.soar_lambda < INF:
+            raise ValueError(f"soar_lambda must be a finite number >= 0, got {soar_lambda!r}")
         self.nprobe = check_positive(nprobe, "nprobe")
         self.coarse_niter, self.seed = coarse_niter, seed
         self.quantizer = VectorQuantizer(dim, nlist, niter=coarse_niter, seed=seed)
@@ -83,7 +101,43 @@ class IVFIndex(Index):
             "nprobe": self.nprobe,
             "coarse_niter": self.coarse_niter,
             "seed": self.seed,
+            **({"spill": True, "soar_lambda": self.soar_lambda} if self.spill else {}),
         }
+
+    # -- rows and copies: a spilled vector is stored twice, under one id ------------------------
+    @property
+    def copies(self) -> int:
+        """Rows stored per vector: 2 when spilled, else 1."""
+        return SPILL_COPIES if self.spill else 1
+
+    @property
+    def ntotal(self) -> int:
+        """Vectors stored (not copies)."""
+        return self.n_rows // self.copies
+
+    @property
+    def n_rows(self) -> int:
+        """Rows stored: ``ntotal * copies``."""
+        return int(self.ids.shape[0])
+
+    def stored_ids(self) -> torch.Tensor:
+        """int64 [n_rows]: the id of every stored row, in storage order (copies included)."""
+        return self.ids
+
+    def _sequential_ids(self) -> bool:
+        return False  # ids in list order, always held
+
+    def _finish(self, val: torch.Tensor, rows: torch.Tensor, k: int):
+        return results_by_id(val, rows, k, self.metric, self.ids)
+
+    def _remove(self, ids: torch.Tensor) -> int:
+        keep = ~torch.isin(self.ids, ids)
+        removed = int(self.ids.shape[0]) - int(keep.sum())
+        if removed:
+            rows = torch.nonzero(keep).flatten()
+            self._keep(rows)
+            self.ids = self.ids[rows]
+        return removed // self.copies
 
     def list_sizes(self) -> torch.Tensor:
         """int64 [nlist]: vectors stored in each inverted list."""
@@ -93,8 +147,10 @@ class IVFIndex(Index):
         return (*super().growing_buffers(), *self._row_buffers)
 
     def consistency_problem(self) -> str | None:
-        problem = super().consistency_problem() or self._rows_problem()
-        o, n = self.offsets, self.ntotal
+        n = int(self.ids.shape[0])
+        problem = f"{n} rows, not a multiple of {self.copies}" if n % self.copies else None
+        problem = problem or self._rows_problem()
+        o = self.offsets
         if problem is None and (
             o.shape != (self.nlist + 1,) or o[0] != 0 or o[-1] != n or bool((o.diff() < 0).any())
         ):
@@ -108,6 +164,11 @@ class IVFIndex(Index):
     def to_faiss(self):
         """The faiss IVF index of this kind (flat coarse quantizer, the same centroids, lists,
         ids and nprobe): the kind's ``_empty_faiss`` filled with its inverted lists."""
+        if self.spill:
+            raise ValueError(
+                "a spilled IVF index has no faiss counterpart (faiss stores each vector once); "
+                "build it with spill=False to convert"
+            )
         quantizer = import_faiss().IndexFlat(self.dim, faiss_metric(self.metric))
         quantizer.add(self.quantizer.codebook.float().cpu().numpy())
         out, data = self._empty_faiss(quantizer)
@@ -120,7 +181,7 @@ class IVFIndex(Index):
 
     def _empty_faiss(self, quantizer) -> tuple:
         """The kind's empty faiss ``IndexIVF`` around the coarse ``quantizer``, and what its
-        lists store per vector: uint8 [ntotal, code_size], in list order."""
+        lists store per row: uint8 [n_rows, code_size], in list order."""
         raise NotImplementedError
 
     # -- training and routing -------------------------------------------------------------
@@ -138,6 +199,22 @@ class IVFIndex(Index):
         )
         self.quantizer.codebook.copy_(result.centroids)
         self.quantizer.mark_trained()
+
+    def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The list of each row and what it stores (the kind's ``_encode_in_lists``): one row
+        per vector, or, spilled, two per vector (its primary list, then its SOAR list)."""
+        lists = self._assign(x)
+        if self.spill:
+            c = self.quantizer.codebook.float()
+            second = soar_assign(x, c, lists, self.soar_lambda)
+            lists = torch.stack([lists, second], dim=1).reshape(-1)
+            x = x.repeat_interleave(SPILL_COPIES, dim=0)
+        return {"lists": lists, **self._encode_in_lists(x, lists)}
+
+    def _encode_in_lists(self, x: torch.Tensor, lists: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What rows of float32 vectors ``x`` [b, dim] store in ``lists`` int64 [b]: the
+        kind's row buffers, b rows each."""
+        raise NotImplementedError
 
     def _assign(self, x: torch.Tensor) -> torch.Tensor:
         """int64 [n]: the list of each vector (nearest centroid, or largest inner product)."""
@@ -176,6 +253,8 @@ class IVFIndex(Index):
     def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
         """Insert the new rows at the end of their lists (CSR merge, O(ntotal))."""
         lists = encoded.pop("lists")
+        ids = ids.repeat_interleave(self.copies)
+        n_rows = int(self.ids.shape[0])
         old_sizes = self.list_sizes()
         new_sizes = torch.bincount(lists, minlength=self.nlist)
         order = torch.argsort(lists, stable=True)
@@ -186,13 +265,13 @@ class IVFIndex(Index):
         # (sorted by list) lands after the old rows of its list: j + old offsets[l + 1]
         arange_lists = torch.arange(self.nlist, device=self.device)
         old_lists = torch.repeat_interleave(arange_lists, old_sizes)
-        old_pos = torch.arange(self.ntotal, device=self.device) + (
+        old_pos = torch.arange(n_rows, device=self.device) + (
             new_offsets[:-1] - self.offsets[:-1]
         ).index_select(0, old_lists)
         new_pos = torch.arange(lists.shape[0], device=self.device) + self.offsets[1:].index_select(
             0, sorted_lists
         )
-        total = self.ntotal + lists.shape[0]
+        total = n_rows + lists.shape[0]
         encoded["ids"] = ids
         for name in (*self._row_buffers, "ids"):
             old, new = getattr(self, name), encoded[name].to(getattr(self, name).dtype)
@@ -242,10 +321,16 @@ class IVFIndex(Index):
         nprobe = check_positive(self.nprobe if nprobe is None else nprobe, "nprobe")
         nprobe = min(nprobe, self.nlist)
         coarse, lists = self._probe_numba(q, nprobe)
-        dist = _cpu.empty((q.shape[0], k))
-        rows = _cpu.empty((q.shape[0], k), torch.int64)
-        self._scan_numba(q, coarse, lists, dist, rows, ranked)
-        return dist, rows
+        kc = min(k * self.copies, int(self.ids.shape[0]))  # spilled: k distinct ids among 2 k
+        dist = _cpu.empty((q.shape[0], kc))
+        rows = _cpu.empty((q.shape[0], kc), torch.int64)
+        self._scan_numba(q, coarse, lists, dist, rows, ranked or self.spill)
+        if not self.spill:
+            return dist, rows
+        out_dist, out_rows = _cpu.empty((q.shape[0], k)), _cpu.empty((q.shape[0], k), torch.int64)
+        kernels.unique_rows(dist.numpy(), rows.numpy(), self.ids.numpy(), out_dist.numpy(),
+                            out_rows.numpy())  # fmt: skip
+        return out_dist, out_rows
 
     def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked=True) -> None:
         """The numba scan: the k nearest rows, ascending (in any order if not ``ranked``)."""
@@ -254,11 +339,12 @@ class IVFIndex(Index):
     def _lean_search(self):
         """The whole search of a few queries as one kernel call on the calling thread (the
         coarse step, the scan of the probed lists, ids: the kind's ``_lean_kernel``); a call
-        whose estimated work is not small returns None (the general, parallel path)."""
-        return self._lean_closure(None)
+        whose estimated work is not small returns None (the general, parallel path). None
+        when spilled (the general path keeps each id once)."""
+        return None if self.spill else self._lean_closure(None)
 
     def _lean_search_refined(self, vectors: np.ndarray, ids: np.ndarray, k_factor: Callable):
-        return self._lean_closure((vectors, ids, k_factor))
+        return None if self.spill else self._lean_closure((vectors, ids, k_factor))
 
     def _lean_closure(self, refine: tuple | None):
         """The lean search, and with ``refine`` = (vectors, ids, k_factor) that of a
@@ -308,73 +394,4 @@ class IVFIndex(Index):
         raise NotImplementedError
 
 
-# -- the static-shape search --------------------------------------------------------------------
-def probe(queries, centroids, centroid_norms, nprobe: int, metric: str):
-    """The ``nprobe`` (<= nlist) nearest lists of each query, as one static-shape graph:
-    queries float32 [B, dim], centroids float32 [nlist, dim] and their squared norms [nlist],
-    metric "l2" or "ip" (lists are probed by the index's metric, as faiss does) → coarse scores
-    float32 [B, nprobe], ascending (squared L2 clamped at 0, or negated inner products), and
-    lists int64 [B, nprobe]."""
-    if metric == "ip":
-        return torch.topk(-(queries @ centroids.T), nprobe, dim=1, largest=False, sorted=True)
-    scores = torch.addmm(centroid_norms, queries, centroids.T, alpha=-2.0)
-    q2 = (queries * queries).sum(dim=1, keepdim=True)
-    if nprobe == 1:  # ranked before adding ||q||², as the nearest-centroid assignment
-        val, lists = torch.topk(scores, 1, dim=1, largest=False, sorted=True)
-        return (val + q2).clamp_min(0.0), lists
-    val, lists = torch.topk(scores + q2, nprobe, dim=1, largest=False, sorted=True)
-    return val.clamp_min(0.0), lists
-
-
-def padded_rows(offsets: torch.Tensor, capacity: int) -> torch.Tensor:
-    """int64 [nlist, capacity]: the storage rows of each CSR inverted list, -1 past its end."""
-    slots = torch.arange(capacity, device=offsets.device)
-    return torch.where(slots < offsets.diff()[:, None], offsets[:-1, None] + slots, -1)
-
-
-class IVFSearch(Searcher):
-    """Shared by the IVF searches (see :class:`vq.index.static.Searcher`): coarse probing, and
-    the inverted lists padded to one ``capacity`` (a probe reads that many slots).
-
-    Args:
-        index: the IVF index; k: neighbours ``forward`` returns (default the index's).
-        nprobe: lists ``forward`` probes (default the index's, at most nlist).
-        capacity: slots per list (default and minimum: the longest list).
-        copy: hold a snapshot (True) or the index's own storage (the torch path).
-
-    Buffers:
-        centroids: float32 [nlist, dim]; centroid_norms: float32 [nlist];
-        list_rows: int64 [nlist, capacity], the storage row of each slot (-1 for padding);
-        slot_bias: float32 [nlist, capacity], added to every slot's score: +inf for padding.
-    """
-
-    def __init__(self, index: IVFIndex, k, nprobe, capacity, copy: bool):
-        super().__init__(index, k, copy)
-        longest = max(1, int(index.list_sizes().max()))
-        capacity = longest if capacity is None else int(capacity)
-        if capacity < longest:
-            raise ValueError(
-                f"capacity={capacity} is shorter than the longest inverted list ({longest} "
-                f"vectors); pass capacity >= {longest} or leave it to the default"
-            )
-        self.nlist, self.capacity = index.nlist, capacity
-        self.nprobe = min(index.nprobe if nprobe is None else int(nprobe), index.nlist)
-        c = index.quantizer.codebook.detach().float()
-        self.register_buffer("centroids", kept(c, copy))
-        self.register_buffer("centroid_norms", (c * c).sum(dim=1))
-        rows = padded_rows(index.offsets, capacity)
-        self.register_buffer("list_rows", rows)
-        self.register_buffer("slot_bias", torch.where(rows < 0, INF, 0.0))
-
-    def probe(self, queries: torch.Tensor, nprobe: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return probe(queries, self.centroids, self.centroid_norms, nprobe, self.metric)
-
-    def lists_probed(self, nprobe: int | None) -> int:
-        """``nprobe`` checked and capped at nlist (default: the one fixed at construction)."""
-        return self.nprobe if nprobe is None else min(check_positive(nprobe, "nprobe"), self.nlist)
-
-    @staticmethod
-    def gather_lists(table: torch.Tensor, lists: torch.Tensor) -> torch.Tensor:
-        """Rows [B, nprobe * capacity, …] of a padded ``table`` [nlist, capacity, …]."""
-        picked = table.index_select(0, lists.reshape(-1))
-        return picked.reshape(lists.shape[0], -1, *table.shape[2:])
+__all__ = ["IVFIndex", "IVFSearch", "padded_rows", "probe"]

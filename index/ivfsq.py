@@ -15,7 +15,7 @@ import torch
 from vq.index.faiss_build import faiss_metric, import_faiss
 from vq.index.ivf import IVFIndex, IVFSearch
 from vq.index.sq import codes_problem, copy_ranges, kernel_arrays, sq_faiss_type
-from vq.index.static import kept, top_rows
+from vq.index.static import kept
 from vq.kernels import sq as sq_kernels
 from vq.quantizers import ScalarQuantizer
 from vq.quantizers.scalar_codes import decode_stored, stored_values
@@ -30,11 +30,13 @@ class IVFSQ(IVFIndex):
         bits: 8, 6, 4, "fp16" or "bf16" (see :class:`vq.ScalarQuantizer`).
         by_residual: encode ``x - c`` (the residual to the list's centroid; faiss's default)
             rather than x. The quantizer's ranges are then trained on residuals.
-        metric, k, nprobe, coarse_niter, seed, verbose: as :class:`vq.index.IVFIndex`.
+        metric, k, nprobe, coarse_niter, seed, verbose, spill, soar_lambda: as
+            :class:`vq.index.IVFIndex` (spilled by residual: each copy encodes its residual to
+            its own list's centroid).
         margin: widen the trained ranges (see :class:`vq.ScalarQuantizer`).
 
     Submodules and buffers (beyond :class:`IVFIndex`'s):
-        sq: the :class:`vq.ScalarQuantizer`; codes: uint8 [ntotal, code_size], in list order.
+        sq: the :class:`vq.ScalarQuantizer`; codes: uint8 [n_rows, code_size], in list order.
     """
 
     _row_buffers = ("codes",)
@@ -53,10 +55,13 @@ class IVFSQ(IVFIndex):
         coarse_niter: int = 10,
         seed: int = 1234,
         verbose: bool = False,
+        spill: bool = False,
+        soar_lambda: float = 1.0,
     ):
         super().__init__(
-            dim, nlist, metric, k, nprobe, coarse_niter=coarse_niter, seed=seed, verbose=verbose
-        )
+            dim, nlist, metric, k, nprobe, coarse_niter=coarse_niter, seed=seed, verbose=verbose,
+            spill=spill, soar_lambda=soar_lambda,
+        )  # fmt: skip
         self.by_residual = bool(by_residual)
         self.sq = ScalarQuantizer(dim, bits, margin=margin)
         self.register_buffer("codes", torch.zeros(0, self.sq.code_size, dtype=torch.uint8))
@@ -76,7 +81,7 @@ class IVFSQ(IVFIndex):
         return self.dim / (8 if self.bits == 8 else 3)
 
     def _rows_problem(self) -> str | None:
-        return codes_problem(self.codes, self.ntotal, self.sq)
+        return codes_problem(self.codes, self.n_rows, self.sq)
 
     def _empty_faiss(self, quantizer) -> tuple:
         faiss, qtype = import_faiss(), sq_faiss_type(self.sq)
@@ -95,10 +100,9 @@ class IVFSQ(IVFIndex):
     def _residuals(self, x: torch.Tensor, lists: torch.Tensor) -> torch.Tensor:
         return x - self.quantizer.codebook.float().index_select(0, lists)
 
-    def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        lists = self._assign(x)
+    def _encode_in_lists(self, x: torch.Tensor, lists: torch.Tensor) -> dict[str, torch.Tensor]:
         target = self._residuals(x, lists) if self.by_residual else x
-        return {"lists": lists, "codes": self.sq.encode_rows(target)}
+        return {"codes": self.sq.encode_rows(target)}
 
     # -- search ---------------------------------------------------------------------------
     def searcher(self, k=None, *, nprobe=None, capacity=None, copy=True) -> IVFSQSearch:
@@ -135,7 +139,7 @@ class IVFSQSearch(IVFSearch):
     slots decoded (:func:`vq.quantizers.scalar_codes.decode_stored`), scored against the query
     (or, by residual, its residual to each probed centroid), plus the slot bias, then a top-k.
 
-    Buffers (beyond :class:`IVFSearch`'s): values [ntotal, dim], in list order (levels as
+    Buffers (beyond :class:`IVFSearch`'s): values [n_rows, dim], in list order (levels as
     uint8, or float16 / bfloat16 values); vmin, vdiff: float32 [dim].
     """
 
@@ -167,7 +171,7 @@ class IVFSQSearch(IVFSearch):
                 q = (queries[:, None, :] - c)[:, :, None, :]
             scores = ((q - x) ** 2).sum(-1)
         scores = scores.reshape(b, -1) + self.gather_lists(self.slot_bias, lists)
-        return self.results(*top_rows(scores, k, rows), k)
+        return self.results(*self.top(scores, k, rows), k)
 
     def chunk_rows(self, k: int, nprobe: int | None = None) -> int:
         return max(1, (1 << 25) // (self.lists_probed(nprobe) * self.capacity * self.dim))

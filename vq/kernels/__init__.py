@@ -53,7 +53,7 @@ from vq.kernels.exact import (
     refine_scan,
     rows_to_ids,
 )
-from vq.kernels.select import smallest_k_rows
+from vq.kernels.select import smallest_k_rows, unique_rows
 from vq.kernels.small import (
     all_finite,
     flat_finish,
@@ -100,5 +100,6 @@ __all__ = [
     "refine_scan",
     "rows_to_ids",
     "smallest_k_rows",
+    "unique_rows",
     "words_layout",
 ]
