@@ -1,7 +1,8 @@
 """ANN indexes built from the quantizers (installed as ``vq.index``).
 
 :class:`FlatIndex` (exact), :class:`PQIndex` (ADC over PQ codes), :class:`IVFFlat` and
-:class:`IVFPQ` (inverted lists), :class:`PreTransform` (OPQ rotation in front of an index),
+:class:`IVFPQ`, :class:`IVFSQ` (inverted lists), :class:`SQIndex` (scalar-quantizer
+codes), :class:`PreTransform` (OPQ rotation in front of an index),
 :class:`Refine` (exact re-ranking); :func:`index_factory` builds them from faiss-style strings,
 ``index.save`` / :func:`load_index` persist them, :func:`from_faiss` / :func:`to_faiss` convert.
 Every index is a ``torch.nn.Module``: quantizers are submodules, stored data are buffers.
@@ -15,7 +16,8 @@ The modules, bottom to top (each imports only from those below it):
   each kind's ``to_faiss`` uses);
 - ``base`` (:class:`Index`) and ``wrapper`` (indexes around another);
 - the kinds, each with its static search, its consistency checks and its ``to_faiss``:
-  ``flat``, ``pq``, ``ivf`` (what the IVF kinds share), ``ivfflat``, ``ivfpq``, ``transform``,
+  ``flat``, ``pq``, ``sq``, ``ivf`` (what the IVF kinds share), ``ivfflat``, ``ivfpq``,
+  ``ivfsq``, ``transform``,
   ``refine``;
 - ``factory`` (:func:`index_factory`, configurations), then ``faiss_interop``
   (:func:`from_faiss`) and ``io`` (:func:`load_index`), which build indexes of every kind.
@@ -30,12 +32,15 @@ from vq.index.io import load_index
 from vq.index.ivf import IVFIndex
 from vq.index.ivfflat import IVFFlat
 from vq.index.ivfpq import IVFPQ
+from vq.index.ivfsq import IVFSQ
 from vq.index.pq import PQIndex
 from vq.index.refine import Refine
+from vq.index.sq import SQIndex
 from vq.index.transform import PreTransform
 
 __all__ = [
     "IVFPQ",
+    "IVFSQ",
     "FlatIndex",
     "IdFilter",
     "IVFFlat",
@@ -44,6 +49,7 @@ __all__ = [
     "PQIndex",
     "PreTransform",
     "Refine",
+    "SQIndex",
     "from_faiss",
     "index_factory",
     "load_index",

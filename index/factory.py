@@ -8,14 +8,17 @@ from vq.index.base import Index
 from vq.index.flat import FlatIndex
 from vq.index.ivfflat import IVFFlat
 from vq.index.ivfpq import IVFPQ
+from vq.index.ivfsq import IVFSQ
 from vq.index.pq import PQIndex
 from vq.index.refine import Refine
+from vq.index.sq import SQIndex
 from vq.index.transform import PreTransform
 from vq.quantizers import OPQ
 
 SUPPORTED = (
-    "Flat | PQ<M>[x<nbits>] | PQ<M>x4fs | IVF<nlist>,Flat | "
-    "IVF<nlist>,PQ<M>[x<nbits>|x4fs|x4fsr], optionally preceded by OPQ<M>[_<dim_out>], "
+    "Flat | PQ<M>[x<nbits>] | PQ<M>x4fs | SQ8|SQ6|SQ4|SQfp16|SQbf16 | IVF<nlist>,Flat | "
+    "IVF<nlist>,PQ<M>[x<nbits>|x4fs|x4fsr] | IVF<nlist>,SQ<8|6|4|fp16|bf16>, "
+    "IVF<nlist>(soar[=<λ>]) for spilled lists, optionally preceded by OPQ<M>[_<dim_out>], "
     "and followed by RFlat or Refine(Flat) — e.g. 'PQ16', 'PQ16x8', 'IVF1024,Flat', "
     "'IVF1024,PQ16', 'IVF1024,PQ32x4fs', 'IVF1024,PQ32x4fsr', 'OPQ16,IVF1024,PQ16', "
     "'OPQ16_64,IVF1024,PQ16,RFlat'"
@@ -25,7 +28,13 @@ _OPQ = re.compile(r"OPQ(\d+)(?:_(\d+))?")
 # "np" (no polysemous training) is a no-op here; "x4fs" is 4-bit fast-scan, which in an IVF
 # encodes the vectors themselves unless "x4fsr" asks for residuals (faiss's defaults)
 _PQ = re.compile(r"PQ(\d+)(?:x(\d+)(fsr?)?)?(?:np)?")
-_IVF = re.compile(r"IVF(\d+)")
+# "IVF1024(soar)" / "IVF1024(soar=0.5)": spilled lists (SOAR, λ 1 unless given)
+_IVF = re.compile(r"IVF(\d+)(?:\((soar)(?:=(\d+(?:\.\d*)?))?\))?")
+_SQ = re.compile(r"SQ(8|6|4|fp16|bf16)")
+
+
+def _sq_bits(match: re.Match) -> int | str:
+    return match[1] if match[1].startswith(("fp", "bf")) else int(match[1])
 
 
 def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
@@ -36,7 +45,9 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
         description: comma-separated parts, e.g. ``"OPQ16_64,IVF1024,PQ16,RFlat"``: an optional
             OPQ rotation (to ``dim_out`` dimensions), then Flat / PQ / IVF + Flat / IVF + PQ,
             then an optional exact re-ranking (``RFlat`` or ``Refine(Flat)``, k_factor 1 as in
-            faiss; set ``index.k_factor``). ``PQ<M>x4fs`` is 4-bit fast-scan; after an IVF it
+            faiss; set ``index.k_factor``). ``IVF<nlist>(soar)`` (or ``(soar=<λ>)``) spills
+            each vector into a second list (SOAR; see :class:`vq.index.IVFIndex`), a vq
+            extension faiss does not read. ``PQ<M>x4fs`` is 4-bit fast-scan; after an IVF it
             encodes the vectors themselves, ``x4fsr`` their residuals (as in faiss).
         metric: "l2" or "ip".
 
@@ -60,16 +71,23 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
 
     if parts == ["Flat"]:
         index: Index = FlatIndex(inner_dim, metric)
+    elif len(parts) == 1 and (m := _SQ.fullmatch(parts[0])):
+        index = SQIndex(inner_dim, _sq_bits(m), metric)
     elif len(parts) == 1 and (m := _PQ.fullmatch(parts[0])) and m[3] != "fsr":
         index = PQIndex(inner_dim, int(m[1]), int(m[2] or 8), metric, fast_scan=bool(m[3]))
     elif len(parts) == 2 and (ivf := _IVF.fullmatch(parts[0])):
         nlist = int(ivf[1])
+        spill = {"spill": True, "soar_lambda": float(ivf[3] or 1.0)} if ivf[2] else {}
         if parts[1] == "Flat":
-            index = IVFFlat(inner_dim, nlist, metric)
+            index = IVFFlat(inner_dim, nlist, metric, **spill)
         elif m := _PQ.fullmatch(parts[1]):
             M, nbits, fs = int(m[1]), int(m[2] or 8), bool(m[3])
             residual = m[3] != "fs"  # IndexIVFPQFastScan encodes residuals only with "x4fsr"
-            index = IVFPQ(inner_dim, nlist, M, nbits, residual, metric=metric, fast_scan=fs)
+            index = IVFPQ(
+                inner_dim, nlist, M, nbits, residual, metric=metric, fast_scan=fs, **spill
+            )
+        elif m := _SQ.fullmatch(parts[1]):
+            index = IVFSQ(inner_dim, nlist, _sq_bits(m), metric=metric, **spill)
         else:
             raise fail(f"unknown encoding {parts[1]!r} after {parts[0]!r}")
     else:
@@ -79,7 +97,7 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
     return Refine(index) if refine else index
 
 
-_CLASSES = {cls.__name__: cls for cls in (FlatIndex, PQIndex, IVFFlat, IVFPQ)}
+_CLASSES = {cls.__name__: cls for cls in (FlatIndex, PQIndex, IVFFlat, IVFPQ, SQIndex, IVFSQ)}
 
 
 def from_config(config: dict) -> Index:

@@ -5,7 +5,8 @@
 
 Same trained parameters and stored codes on both sides give the same search results (ties
 aside). Supported: IndexFlat (L2/IP), IndexPQ, IndexIVFFlat, IndexIVFPQ (flat coarse
-quantizer), IndexPreTransform with one OPQMatrix, IndexRefineFlat, IndexIDMap around Flat/PQ
+quantizer), IndexScalarQuantizer and IndexIVFScalarQuantizer (QT_8bit, QT_6bit, QT_4bit,
+QT_fp16, QT_bf16), IndexPreTransform with one OPQMatrix, IndexRefineFlat, IndexIDMap around Flat/PQ
 (what non-sequential ids need in faiss), and the 4-bit fast-scan IndexPQFastScan and
 IndexIVFPQFastScan (even M).
 
@@ -24,6 +25,7 @@ from vq.faiss_interop import (
     opq_from_faiss,
     pq_from_faiss,
     pq_to_faiss,
+    sq_from_faiss,
     unpack_codes,
 )
 from vq.index.base import Index
@@ -32,8 +34,10 @@ from vq.index.flat import FlatIndex
 from vq.index.ivf import IVFIndex
 from vq.index.ivfflat import IVFFlat
 from vq.index.ivfpq import IVFPQ
+from vq.index.ivfsq import IVFSQ
 from vq.index.pq import PQIndex
 from vq.index.refine import Refine
+from vq.index.sq import SQIndex
 from vq.index.transform import PreTransform
 from vq.kernels import fastscan as packed4
 
@@ -96,7 +100,17 @@ def from_faiss(findex) -> Index:
         out.pq = pq_from_faiss(f.pq)
         raw = faiss.vector_to_array(f.codes).reshape(-1, f.M2 // 2, 32)
         out.codes = torch.from_numpy(packed4.unpack_codes(raw, f.ntotal))
-    elif isinstance(f, faiss.IndexIVFFlat | faiss.IndexIVFPQ | faiss.IndexIVFPQFastScan):
+    elif isinstance(f, faiss.IndexScalarQuantizer):
+        out = SQIndex(f.d, 8, metric)
+        out.sq = sq_from_faiss(f.sq)
+        out.codes = torch.from_numpy(faiss.vector_to_array(f.codes).reshape(-1, f.code_size))
+    elif isinstance(
+        f,
+        faiss.IndexIVFFlat
+        | faiss.IndexIVFPQ
+        | faiss.IndexIVFPQFastScan
+        | faiss.IndexIVFScalarQuantizer,
+    ):
         return _ivf_from_faiss(f, metric)
     else:
         raise ValueError(f"faiss {type(f).__name__} has no vq counterpart")
@@ -136,6 +150,9 @@ def _ivf_from_faiss(f, metric: str) -> IVFIndex:
             fast_scan=fast_scan and _fast_scan_M(f.pq) > 0,
         )
         out.pq = pq_from_faiss(f.pq)
+    elif isinstance(f, faiss.IndexIVFScalarQuantizer):
+        out = IVFSQ(f.d, f.nlist, 8, f.by_residual, metric, nprobe=f.nprobe)
+        out.sq = sq_from_faiss(f.sq)
     else:
         out = IVFFlat(f.d, f.nlist, metric, nprobe=f.nprobe)
     out.quantizer = kmeans_index_from_centroids(quantizer.reconstruct_n(0, f.nlist))
@@ -161,6 +178,9 @@ def _ivf_from_faiss(f, metric: str) -> IVFIndex:
         out.codes = torch.from_numpy(np.concatenate(codes)[:, : f.pq.M])
     elif isinstance(out, IVFPQ):
         out.codes = _codes(np.concatenate(codes) if codes else np.zeros(0, np.uint8), f.pq)
+    elif isinstance(out, IVFSQ):
+        raw = np.concatenate(codes) if codes else np.zeros(0, np.uint8)
+        out.codes = torch.from_numpy(raw.reshape(-1, f.code_size))
     else:
         raw = np.concatenate(codes) if codes else np.zeros(0, np.uint8)
         out.vectors = torch.from_numpy(raw.view(np.float32).reshape(-1, f.d))

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from vq._checks import check_positive
+
 
 class IdFilter:
     """The ids a search may return: sorted distinct ids, or a boolean mask over the id space.
@@ -205,3 +207,25 @@ def probe_further(coarse, lists, counts, sizes, k: int, max_codes, rank_all):
     out_c[short] = c_all[:, :width]
     out_l[short] = np.where(cols < need[:, None], l_all[:, :width], -1)
     return out_c, out_l, probed
+
+
+def probes_for_filter(index, q, k, coarse, lists, allowed, max_codes, torch_ranking=False):
+    """:func:`probe_further` for queries ``q`` of an IVF ``index`` searched under the filter
+    ``allowed``, from its first ``nprobe`` probes (``coarse``, ``lists``): coarse scores and
+    lists (numpy; -1 past a query's last probe), and the lists each query probes. The other
+    lists are ranked by the numba probe, or by the torch searcher's if ``torch_ranking``."""
+    if max_codes is not None:
+        max_codes = check_positive(max_codes, "max_codes")
+    counts = allowed_per_list(allowed.row_mask(index), index.offsets.cpu().numpy())
+
+    def rank_all(rows):
+        if not torch_ranking:
+            c, lst = index._probe_numba(q[torch.from_numpy(rows)], index.nlist)
+            return c.numpy(), lst.numpy()
+        picked = q[torch.from_numpy(rows).to(q.device)]
+        c, lst = index._torch_searcher().probe(picked, index.nlist)
+        return c.cpu().numpy(), lst.cpu().numpy()
+
+    sizes = index.list_sizes().cpu().numpy()
+    c, lst = coarse.cpu().numpy(), lists.cpu().numpy()
+    return probe_further(c, lst, counts, sizes, k, max_codes, rank_all)

@@ -7,9 +7,10 @@ Reference: J. Sivic, A. Zisserman, "Video Google", ICCV 2003; H. Jégou, M. Douz
 Storage is CSR: the rows of list l are ``offsets[l]:offsets[l + 1]`` of every stored buffer
 (``ids``, and ``vectors`` or ``codes``), so a scan reads one contiguous range per probe.
 
-This module holds what the IVF kinds share (:class:`IVFIndex`, the static-shape probe and
-:class:`IVFSearch`); the kinds sit beside it: :class:`vq.index.IVFFlat` in ivfflat.py,
-:class:`vq.index.IVFPQ` in ivfpq.py.
+This module holds what the IVF kinds share (:class:`IVFIndex`); the static-shape probe and
+:class:`IVFSearch` are in ivfsearch.py, spilling's pieces in spill.py; the kinds sit beside it:
+:class:`vq.index.IVFFlat` in ivfflat.py, :class:`vq.index.IVFPQ` in ivfpq.py,
+:class:`vq.index.IVFSQ` in ivfsq.py.
 """
 
 from __future__ import annotations
@@ -25,18 +26,21 @@ from vq._checks import check_int, check_positive, check_training_size
 from vq.clustering import kmeans
 from vq.index.base import Index
 from vq.index.faiss_build import faiss_metric, fill_inverted_lists, import_faiss, keep_alive
-from vq.index.filters import allowed_per_list, kernel_mask, probe_further, torch_mask
-from vq.index.ivfsearch import IVFSearch, padded_rows, probe  # noqa: F401 (re-exported)
-from vq.index.searching import NO_IDS
-from vq.index.static import search_in_chunks
+from vq.index.filters import kernel_mask, probes_for_filter, torch_mask
+from vq.index.ivfsearch import IVFSearch, padded_rows, probe
+from vq.index.lean import ivf_lean_search
+from vq.index.searching import results_by_id
+from vq.index.spill import SPILL_COPIES, soar_assign
+from vq.index.static import INF, search_in_chunks
 from vq.quantizers import VectorQuantizer
 
 _NO_NORMS = np.zeros(0, np.float32)
 
 
 class IVFIndex(Index):
-    """Shared by :class:`IVFFlat` and :class:`IVFPQ`: the coarse quantizer, the CSR inverted
-    lists and the probe step. Subclasses name their per-vector buffers in ``_row_buffers``.
+    """Shared by :class:`IVFFlat`, :class:`IVFPQ` and :class:`IVFSQ`: the coarse quantizer, the
+    CSR inverted lists, spilling and the probe step. Subclasses name their per-row buffers in
+    ``_row_buffers`` and fill them in ``_encode_in_lists``.
 
     Args:
         dim: vector dimension.
@@ -47,10 +51,17 @@ class IVFIndex(Index):
         coarse_niter: k-means iterations of the coarse quantizer (faiss's IVF default, 10).
         seed: seeds the coarse k-means.
         verbose: progress bars for train and add.
+        spill: store each vector in its nearest list and in a second one chosen by SOAR
+            (:mod:`vq.index.spill`; factory ``"IVF1024(soar),Flat"``): more recall at equal
+            nprobe, twice the rows to store and scan. Searches return each id once;
+            ``ntotal`` counts vectors, not copies. No faiss counterpart. Needs nlist >= 2.
+        soar_lambda: λ of the SOAR spill assignment (>= 0; 0 spills to the second-nearest
+            list).
 
     Submodules and buffers:
         quantizer: :class:`vq.VectorQuantizer` with ``codebook`` float32 [nlist, dim];
-        offsets: int64 [nlist + 1]; ids: int64 [ntotal], in list order.
+        offsets: int64 [nlist + 1]; ids: int64 [n_rows], in list order (n_rows = ntotal, or
+        2 ntotal when spilled: a copy's id is its vector's).
     """
 
     _row_buffers: tuple[str, ...] = ()
@@ -66,9 +77,16 @@ class IVFIndex(Index):
         coarse_niter: int = 10,
         seed: int = 1234,
         verbose: bool = False,
+        spill: bool = False,
+        soar_lambda: float = 1.0,
     ):
         super().__init__(dim, metric, k, verbose)
         self.nlist = check_int(nlist, "nlist", 1)
+        self.spill, self.soar_lambda = bool(spill), float(soar_lambda)
+        if self.spill and self.nlist < 2:
+            raise ValueError("spill=True needs nlist >= 2 (a second list to spill to)")
+        if not 0.0 <= self.soar_lambda < INF:
+            raise ValueError(f"soar_lambda must be a finite number >= 0, got {soar_lambda!r}")
         self.nprobe = check_positive(nprobe, "nprobe")
         self.coarse_niter, self.seed = coarse_niter, seed
         self.quantizer = VectorQuantizer(dim, nlist, niter=coarse_niter, seed=seed)
@@ -85,7 +103,43 @@ class IVFIndex(Index):
             "nprobe": self.nprobe,
             "coarse_niter": self.coarse_niter,
             "seed": self.seed,
+            **({"spill": True, "soar_lambda": self.soar_lambda} if self.spill else {}),
         }
+
+    # -- rows and copies: a spilled vector is stored twice, under one id ------------------------
+    @property
+    def copies(self) -> int:
+        """Rows stored per vector: 2 when spilled, else 1."""
+        return SPILL_COPIES if self.spill else 1
+
+    @property
+    def ntotal(self) -> int:
+        """Vectors stored (not copies)."""
+        return self.n_rows // self.copies
+
+    @property
+    def n_rows(self) -> int:
+        """Rows stored: ``ntotal * copies``."""
+        return int(self.ids.shape[0])
+
+    def stored_ids(self) -> torch.Tensor:
+        """int64 [n_rows]: the id of every stored row, in storage order (copies included)."""
+        return self.ids
+
+    def _sequential_ids(self) -> bool:
+        return False  # ids in list order, always held
+
+    def _finish(self, val: torch.Tensor, rows: torch.Tensor, k: int):
+        return results_by_id(val, rows, k, self.metric, self.ids)
+
+    def _remove(self, ids: torch.Tensor) -> int:
+        keep = ~torch.isin(self.ids, ids)
+        removed = int(self.ids.shape[0]) - int(keep.sum())
+        if removed:
+            rows = torch.nonzero(keep).flatten()
+            self._keep(rows)
+            self.ids = self.ids[rows]
+        return removed // self.copies
 
     def list_sizes(self) -> torch.Tensor:
         """int64 [nlist]: vectors stored in each inverted list."""
@@ -95,8 +149,10 @@ class IVFIndex(Index):
         return (*super().growing_buffers(), *self._row_buffers)
 
     def consistency_problem(self) -> str | None:
-        problem = super().consistency_problem() or self._rows_problem()
-        o, n = self.offsets, self.ntotal
+        n = int(self.ids.shape[0])
+        problem = f"{n} rows, not a multiple of {self.copies}" if n % self.copies else None
+        problem = problem or self._rows_problem()
+        o = self.offsets
         if problem is None and (
             o.shape != (self.nlist + 1,) or o[0] != 0 or o[-1] != n or bool((o.diff() < 0).any())
         ):
@@ -110,6 +166,11 @@ class IVFIndex(Index):
     def to_faiss(self):
         """The faiss IVF index of this kind (flat coarse quantizer, the same centroids, lists,
         ids and nprobe): the kind's ``_empty_faiss`` filled with its inverted lists."""
+        if self.spill:
+            raise ValueError(
+                "a spilled IVF index has no faiss counterpart (faiss stores each vector once); "
+                "build it with spill=False to convert"
+            )
         quantizer = import_faiss().IndexFlat(self.dim, faiss_metric(self.metric))
         quantizer.add(self.quantizer.codebook.float().cpu().numpy())
         out, data = self._empty_faiss(quantizer)
@@ -122,7 +183,7 @@ class IVFIndex(Index):
 
     def _empty_faiss(self, quantizer) -> tuple:
         """The kind's empty faiss ``IndexIVF`` around the coarse ``quantizer``, and what its
-        lists store per vector: uint8 [ntotal, code_size], in list order."""
+        lists store per row: uint8 [n_rows, code_size], in list order."""
         raise NotImplementedError
 
     # -- training and routing -------------------------------------------------------------
@@ -140,6 +201,22 @@ class IVFIndex(Index):
         )
         self.quantizer.codebook.copy_(result.centroids)
         self.quantizer.mark_trained()
+
+    def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The list of each row and what it stores (the kind's ``_encode_in_lists``): one row
+        per vector, or, spilled, two per vector (its primary list, then its SOAR list)."""
+        lists = self._assign(x)
+        if self.spill:
+            c = self.quantizer.codebook.float()
+            second = soar_assign(x, c, lists, self.soar_lambda)
+            lists = torch.stack([lists, second], dim=1).reshape(-1)
+            x = x.repeat_interleave(SPILL_COPIES, dim=0)
+        return {"lists": lists, **self._encode_in_lists(x, lists)}
+
+    def _encode_in_lists(self, x: torch.Tensor, lists: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What rows of float32 vectors ``x`` [b, dim] store in ``lists`` int64 [b]: the
+        kind's row buffers, b rows each."""
+        raise NotImplementedError
 
     def _assign(self, x: torch.Tensor) -> torch.Tensor:
         """int64 [n]: the list of each vector (nearest centroid, or largest inner product)."""
@@ -178,6 +255,8 @@ class IVFIndex(Index):
     def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
         """Insert the new rows at the end of their lists (CSR merge, O(ntotal))."""
         lists = encoded.pop("lists")
+        ids = ids.repeat_interleave(self.copies)
+        n_rows = int(self.ids.shape[0])
         old_sizes = self.list_sizes()
         new_sizes = torch.bincount(lists, minlength=self.nlist)
         order = torch.argsort(lists, stable=True)
@@ -188,13 +267,13 @@ class IVFIndex(Index):
         # (sorted by list) lands after the old rows of its list: j + old offsets[l + 1]
         arange_lists = torch.arange(self.nlist, device=self.device)
         old_lists = torch.repeat_interleave(arange_lists, old_sizes)
-        old_pos = torch.arange(self.ntotal, device=self.device) + (
+        old_pos = torch.arange(n_rows, device=self.device) + (
             new_offsets[:-1] - self.offsets[:-1]
         ).index_select(0, old_lists)
         new_pos = torch.arange(lists.shape[0], device=self.device) + self.offsets[1:].index_select(
             0, sorted_lists
         )
-        total = self.ntotal + lists.shape[0]
+        total = n_rows + lists.shape[0]
         encoded["ids"] = ids
         for name in (*self._row_buffers, "ids"):
             old, new = getattr(self, name), encoded[name].to(getattr(self, name).dtype)
@@ -240,8 +319,8 @@ class IVFIndex(Index):
         limit = None
         if mask is not None:  # how many lists each query needs: then the widest, cut per query
             coarse, lists = self._torch_searcher().probe(q, nprobe)
-            _, lists, need = self._probes(q, min(k, self.ntotal), coarse, lists, allowed,
-                                          max_codes, torch_ranking=True)  # fmt: skip
+            _, lists, need = probes_for_filter(self, q, min(k, self.ntotal), coarse, lists,
+                                              allowed, max_codes, torch_ranking=True)  # fmt: skip
             nprobe, limit = lists.shape[1], torch.from_numpy(need).to(q.device)
         if probed is not None:
             probed.copy_(torch.full_like(probed, nprobe) if limit is None else limit.cpu())
@@ -261,25 +340,6 @@ class IVFIndex(Index):
     def _nprobe(self, nprobe) -> int:
         return min(check_positive(self.nprobe if nprobe is None else nprobe, "nprobe"), self.nlist)
 
-    def _probes(self, q, k, coarse, lists, allowed, max_codes, torch_ranking=False):
-        """``probe_further`` (see :mod:`vq.index.filters`) for queries ``q``: coarse scores
-        and lists (numpy; -1 past a query's last probe), and lists per query."""
-        if max_codes is not None:
-            max_codes = check_positive(max_codes, "max_codes")
-        counts = allowed_per_list(allowed.row_mask(self), self.offsets.cpu().numpy())
-
-        def rank_all(rows):
-            if not torch_ranking:
-                c, lst = self._probe_numba(q[torch.from_numpy(rows)], self.nlist)
-                return c.numpy(), lst.numpy()
-            picked = q[torch.from_numpy(rows).to(q.device)]
-            c, lst = self._torch_searcher().probe(picked, self.nlist)
-            return c.cpu().numpy(), lst.cpu().numpy()
-
-        sizes = self.list_sizes().cpu().numpy()
-        c, lst = coarse.cpu().numpy(), lists.cpu().numpy()
-        return probe_further(c, lst, counts, sizes, k, max_codes, rank_all)
-
     def _probe_and_scan(self, q, k, nprobe, ranked, max_codes=None, allowed=None, probed=None):
         """Values (smaller is nearer: squared L2, or negated inner products) and rows [nq, k]
         of the k nearest, ascending, or in any order where that is cheaper if not ``ranked``
@@ -287,16 +347,23 @@ class IVFIndex(Index):
         nprobe = self._nprobe(nprobe)
         coarse, lists = self._probe_numba(q, nprobe)
         if allowed is not None:
-            c, lst, need = self._probes(q, k, coarse, lists, allowed, max_codes)
+            c, lst, need = probes_for_filter(self, q, k, coarse, lists, allowed, max_codes)
             coarse, lists = torch.from_numpy(c), torch.from_numpy(lst)
             if probed is not None:
                 probed.copy_(torch.from_numpy(need))
         elif probed is not None:
             probed.fill_(nprobe)
-        dist = _cpu.empty((q.shape[0], k))
-        rows = _cpu.empty((q.shape[0], k), torch.int64)
-        self._scan_numba(q, coarse, lists, dist, rows, ranked, kernel_mask(self, allowed))
-        return dist, rows
+        kc = min(k * self.copies, int(self.ids.shape[0]))  # spilled: k distinct ids among 2 k
+        dist = _cpu.empty((q.shape[0], kc))
+        rows = _cpu.empty((q.shape[0], kc), torch.int64)
+        mask = kernel_mask(self, allowed)
+        self._scan_numba(q, coarse, lists, dist, rows, ranked or self.spill, mask)
+        if not self.spill:
+            return dist, rows
+        out_dist, out_rows = _cpu.empty((q.shape[0], k)), _cpu.empty((q.shape[0], k), torch.int64)
+        kernels.unique_rows(dist.numpy(), rows.numpy(), self.ids.numpy(), out_dist.numpy(),
+                            out_rows.numpy())  # fmt: skip
+        return out_dist, out_rows
 
     def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked, allowed) -> None:
         """The numba scan: the k nearest rows, ascending (in any order if not ``ranked``),
@@ -306,49 +373,17 @@ class IVFIndex(Index):
     def _lean_search(self):
         """The whole search of a few queries as one kernel call on the calling thread (the
         coarse step, the scan of the probed lists, ids: the kind's ``_lean_kernel``); a call
-        whose estimated work is not small returns None (the general, parallel path)."""
-        return self._lean_closure(None)
+        whose estimated work is not small returns None (the general, parallel path). None
+        when spilled (the general path keeps each id once)."""
+        return None if self.spill else self._lean_closure(None)
 
     def _lean_search_refined(self, vectors: np.ndarray, ids: np.ndarray, k_factor: Callable):
-        return self._lean_closure((vectors, ids, k_factor))
+        return None if self.spill else self._lean_closure((vectors, ids, k_factor))
 
     def _lean_closure(self, refine: tuple | None):
         """The lean search, and with ``refine`` = (vectors, ids, k_factor) that of a
-        re-ranking wrapper, in the same kernel call (see ``Index._lean_search_refined``)."""
-        kernel, args = self._lean_kernel()
-        ip = self.metric == "ip"
-        norms = _NO_NORMS if ip else self._centroid_norms()
-        c = self.quantizer.codebook
-        centroids_t = self._derived("centroids_t", (c,), lambda: c.float().T.contiguous().numpy())
-        ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else NO_IDS
-        ref_x, ref_ids, k_factor = refine or (np.zeros((0, self.dim), np.float32), NO_IDS, None)
-        nlist = self.nlist
-        # _search_work's estimate: fixed + nprobe * per_probe per query
-        per_probe = self.ntotal / nlist * self._vector_ns()
-        fixed = self._search_work(1, 1, nprobe=1) - per_probe
-        serial_work = _cpu.SERIAL_WORK
-
-        def search(q: np.ndarray, k: int, ranked: bool, params: dict):
-            nprobe = params.get("nprobe")
-            nprobe = min(self.nprobe if nprobe is None else check_positive(nprobe, "nprobe"), nlist)
-            nq = q.shape[0]
-            kc = k
-            if k_factor is not None:  # candidates for the re-ranking
-                factor = params.get("k_factor")
-                factor = k_factor() if factor is None else factor
-                if type(factor) is not int or factor < 1:
-                    return None  # the general path says what is wrong
-                kc = k * factor
-            if nq * (fixed + nprobe * per_probe) >= serial_work:
-                return None
-            out_dist = np.empty((nq, k), np.float32)
-            out_ids = np.empty((nq, k), np.int64)
-            if not kernel(q, centroids_t, norms, nprobe, *args, ids, ip, ref_x, ref_ids, kc,
-                          out_dist, out_ids, ranked):  # fmt: skip
-                return None  # a NaN or an infinity: the general path says so
-            return out_dist, out_ids
-
-        return search
+        re-ranking wrapper, in the same kernel call (see :func:`vq.index.lean.ivf_lean_search`)."""
+        return ivf_lean_search(self, refine)
 
     def _lean_kernel(self) -> tuple:
         """The kind's lean kernel and its stored arrays: ``kernel(q, centroids_t, c_norms,
@@ -358,3 +393,6 @@ class IVFIndex(Index):
         ``_lean_search``); it returns False, having done nothing, for a query that is not
         finite."""
         raise NotImplementedError
+
+
+__all__ = ["IVFIndex", "IVFSearch", "padded_rows", "probe"]

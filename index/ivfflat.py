@@ -13,7 +13,7 @@ from vq.index.filters import kernel_mask
 from vq.index.ivf import IVFIndex, IVFSearch
 from vq.index.ranges import RANGE_SLOTS, counted
 from vq.index.searching import shape_problem
-from vq.index.static import kept, top_rows
+from vq.index.static import kept
 
 
 class IVFFlat(IVFIndex):
@@ -21,7 +21,7 @@ class IVFFlat(IVFIndex):
 
     Args: those of :class:`IVFIndex`.
 
-    Buffers (beyond :class:`IVFIndex`'s): vectors: float32 [ntotal, dim], in list order.
+    Buffers (beyond :class:`IVFIndex`'s): vectors: float32 [n_rows, dim], in list order.
     """
 
     _row_buffers = ("vectors",)
@@ -35,11 +35,11 @@ class IVFFlat(IVFIndex):
     def _train(self, x: torch.Tensor) -> None:
         self._train_coarse(x)
 
-    def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"lists": self._assign(x), "vectors": x.float()}
+    def _encode_in_lists(self, x: torch.Tensor, lists: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"vectors": x.float()}
 
     def _rows_problem(self) -> str | None:
-        return shape_problem("vectors", self.vectors, (self.ntotal, self.dim))
+        return shape_problem("vectors", self.vectors, (self.n_rows, self.dim))
 
     def _empty_faiss(self, quantizer) -> tuple:
         faiss = import_faiss()
@@ -97,7 +97,7 @@ class IVFFlatSearch(IVFSearch):
     """:class:`IVFFlat`'s search as a static-shape graph: exact scores against the stored
     vectors in the probed lists' slots, plus the slot bias, then a top-k.
 
-    Buffers (beyond :class:`IVFSearch`'s): vectors: float32 [ntotal, dim], in list order.
+    Buffers (beyond :class:`IVFSearch`'s): vectors: float32 [n_rows, dim], in list order.
     """
 
     def __init__(self, index: IVFFlat, k=None, nprobe=None, capacity=None, copy: bool = True):
@@ -114,7 +114,7 @@ class IVFFlatSearch(IVFSearch):
         scores = scores + self.gather_lists(self.slot_bias, lists)
         bias = self.candidate_bias(lists, allowed, limit)
         scores = scores if bias is None else scores + bias
-        return self.results(*top_rows(scores, k, rows), k)
+        return self.results(*self.top(scores, k, rows), k)
 
     def chunk_rows(self, k: int, nprobe: int | None = None) -> int:
         return max(1, (1 << 25) // (self.lists_probed(nprobe) * self.capacity * self.dim))

@@ -20,7 +20,7 @@ from vq.index.faiss_build import code_bytes, copy_codebooks, faiss_metric, impor
 from vq.index.fastscan import PackedCodes, check_fast_scan
 from vq.index.ivf import IVFIndex, IVFSearch
 from vq.index.pq import codes_problem, stored_codes
-from vq.index.static import INF, kept, top_rows
+from vq.index.static import INF, kept
 from vq.kernels import fastscan as fastscan_kernels
 from vq.kernels.fastscan_ivf import ivf_fastscan_lean, ivf_fastscan_lists
 from vq.quantizers import ProductQuantizer
@@ -36,14 +36,16 @@ class IVFPQ(IVFIndex):
         M: sub-quantizers (bytes per vector with nbits=8).
         nbits: bits per sub-code.
         by_residual: encode ``x - c`` (the residual to the list's centroid) rather than x.
-        metric, k, nprobe, coarse_niter, seed, verbose: as :class:`vq.index.IVFIndex`.
+        metric, k, nprobe, coarse_niter, seed, verbose, spill, soar_lambda: as
+            :class:`vq.index.IVFIndex` (spilled by residual: each copy encodes its residual to
+            its own list's centroid).
         fast_scan: with nbits=4, scan with the 4-bit fast-scan kernel (faiss
             ``IndexIVFPQFastScan``, factory ``"IVF1024,PQ32x4fs"``); distances are approximate.
         **pq_options: passed to :class:`vq.ProductQuantizer` (niter, init,
             max_points_per_centroid).
 
     Submodules and buffers (beyond :class:`IVFIndex`'s):
-        pq: the :class:`vq.ProductQuantizer`; codes: [ntotal, M] (uint8 for nbits <= 8), in
+        pq: the :class:`vq.ProductQuantizer`; codes: [n_rows, M] (uint8 for nbits <= 8), in
         list order; precomputed_table: float32 [nlist, M, 2**nbits] (not saved; rebuilt from
         the codebooks when they change).
     """
@@ -67,11 +69,14 @@ class IVFPQ(IVFIndex):
         seed: int = 1234,
         verbose: bool = False,
         fast_scan: bool = False,
+        spill: bool = False,
+        soar_lambda: float = 1.0,
         **pq_options,
     ):
         super().__init__(
-            dim, nlist, metric, k, nprobe, coarse_niter=coarse_niter, seed=seed, verbose=verbose
-        )
+            dim, nlist, metric, k, nprobe, coarse_niter=coarse_niter, seed=seed, verbose=verbose,
+            spill=spill, soar_lambda=soar_lambda,
+        )  # fmt: skip
         self.fast_scan = check_fast_scan(fast_scan, M, nbits)
         self._packed = PackedCodes()
         self.by_residual = bool(by_residual)
@@ -93,7 +98,7 @@ class IVFPQ(IVFIndex):
         return self.pq.M / (64 if self.fast_scan else 4)
 
     def _rows_problem(self) -> str | None:
-        return codes_problem(self.codes, self.ntotal, self.pq)
+        return codes_problem(self.codes, self.n_rows, self.pq)
 
     def to_faiss(self):
         """faiss ``IndexIVFPQ`` (``IndexIVFPQFastScan`` for fast-scan; precomputed tables
@@ -131,10 +136,9 @@ class IVFPQ(IVFIndex):
     def _residuals(self, x: torch.Tensor, lists: torch.Tensor) -> torch.Tensor:
         return x - self.quantizer.codebook.float().index_select(0, lists)
 
-    def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        lists = self._assign(x)
+    def _encode_in_lists(self, x: torch.Tensor, lists: torch.Tensor) -> dict[str, torch.Tensor]:
         target = self._residuals(x, lists) if self.by_residual else x
-        return {"lists": lists, "codes": self.pq.encode_rows(target)}
+        return {"codes": self.pq.encode_rows(target)}
 
     # -- look-up tables -------------------------------------------------------------------
     def _uses_precomputed(self) -> bool:
@@ -245,14 +249,14 @@ class IVFPQ(IVFIndex):
 
 def residual_terms(index: IVFPQ, rows: int = 1 << 16) -> torch.Tensor:
     """faiss's per-vector term ``||r||² + 2⟨c, r⟩`` of L2 search by residual (r the decoded
-    residual of a stored vector, c its list's centroid): float32 [ntotal], in storage order,
+    residual of a stored row, c its list's centroid): float32 [n_rows], in storage order,
     computed ``rows`` vectors at a time."""
     cb, centroids = index.pq.codebooks.detach().float(), index.quantizer.codebook.detach().float()
     lists = torch.repeat_interleave(
         torch.arange(index.nlist, device=centroids.device), index.list_sizes()
     )
-    out = torch.empty(index.ntotal, device=centroids.device)
-    for s in range(0, index.ntotal, rows):
+    out = torch.empty(index.n_rows, device=centroids.device)
+    for s in range(0, index.n_rows, rows):
         r = pq_decode(index.codes[s : s + rows], cb)
         c = centroids.index_select(0, lists[s : s + rows])
         out[s : s + rows] = (r * r).sum(-1) + 2.0 * (c * r).sum(-1)
@@ -312,7 +316,7 @@ class IVFPQSearch(IVFSearch):
             scores = scores + torch.gather(tables[m], 1, codes)
         bias = self.candidate_bias(lists, allowed, limit)
         scores = scores if bias is None else scores + bias
-        return self.results(*top_rows(scores, k, self.gather_lists(self.list_rows, lists)), k)
+        return self.results(*self.top(scores, k, self.gather_lists(self.list_rows, lists)), k)
 
     def chunk_rows(self, k: int, nprobe: int | None = None) -> int:
         return max(1, (1 << 23) // (self.lists_probed(nprobe) * self.capacity))

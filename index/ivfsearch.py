@@ -1,14 +1,15 @@
 """The static-shape search of the IVF kinds: the coarse probe (:func:`probe`) and
 :class:`IVFSearch`, which :class:`vq.index.ivfflat.IVFFlatSearch` and
 :class:`vq.index.ivfpq.IVFPQSearch` extend (the inverted lists padded to one capacity, a +inf
-bias on the padding slots)."""
+bias on the padding slots), each id kept once over spilled lists (see :mod:`vq.index.spill`)."""
 
 from __future__ import annotations
 
 import torch
 
 from vq._checks import check_positive
-from vq.index.static import INF, Searcher, kept
+from vq.index.spill import unique_top
+from vq.index.static import INF, Searcher, kept, top_rows
 
 
 def probe(queries, centroids, centroid_norms, nprobe: int, metric: str):
@@ -59,7 +60,7 @@ class IVFSearch(Searcher):
                 f"capacity={capacity} is shorter than the longest inverted list ({longest} "
                 f"vectors); pass capacity >= {longest} or leave it to the default"
             )
-        self.nlist, self.capacity = index.nlist, capacity
+        self.nlist, self.capacity, self.spill = index.nlist, capacity, index.spill
         self.nprobe = min(index.nprobe if nprobe is None else int(nprobe), index.nlist)
         c = index.quantizer.codebook.detach().float()
         self.register_buffer("centroids", kept(c, copy))
@@ -70,6 +71,13 @@ class IVFSearch(Searcher):
 
     def probe(self, queries: torch.Tensor, nprobe: int) -> tuple[torch.Tensor, torch.Tensor]:
         return probe(queries, self.centroids, self.centroid_norms, nprobe, self.metric)
+
+    def top(self, scores: torch.Tensor, k: int, rows: torch.Tensor):
+        """:func:`vq.index.static.top_rows` of the candidates (each id once when spilled:
+        :func:`vq.index.spill.unique_top`)."""
+        if self.spill:
+            return unique_top(scores, k, rows, self.id_table)
+        return top_rows(scores, k, rows)
 
     def lists_probed(self, nprobe: int | None) -> int:
         """``nprobe`` checked and capped at nlist (default: the one fixed at construction)."""

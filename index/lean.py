@@ -12,17 +12,21 @@ error), so the two paths give the same results and the same errors.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
-from vq._checks import is_eager
+from vq import _cpu
+from vq._checks import check_positive, is_eager
 from vq._cpu import numpy_path
+from vq.index.searching import NO_IDS
 
 #: searches of at most this many queries may take the lean path
 SMALL_BATCH = 16
 _FLOAT32 = np.dtype(np.float32)
+_NO_NORMS = np.zeros(0, np.float32)
 
 
 def search_small(index, queries: Any, k: Any, params: dict):
@@ -80,3 +84,45 @@ def search_small(index, queries: Any, k: Any, params: dict):
     if found is None or not tensor:
         return found
     return torch.from_numpy(found[0]), torch.from_numpy(found[1])
+
+
+def ivf_lean_search(index, refine: tuple | None) -> Callable:
+    """The lean search of an IVF index (``index._lean_kernel()``: the coarse step, the scan of
+    the probed lists and ids in one kernel call on the calling thread), and with ``refine`` =
+    (vectors, ids, k_factor) that of a re-ranking wrapper around it, in the same call (see
+    ``Index._lean_search_refined``). The closure returns None for a call whose estimated
+    work is not small (the general, parallel path)."""
+    kernel, args = index._lean_kernel()
+    ip = index.metric == "ip"
+    norms = _NO_NORMS if ip else index._centroid_norms()
+    c = index.quantizer.codebook
+    centroids_t = index._derived("centroids_t", (c,), lambda: c.float().T.contiguous().numpy())
+    ids = index.ids.numpy() if index.ids.shape[0] == index.ntotal else NO_IDS
+    ref_x, ref_ids, k_factor = refine or (np.zeros((0, index.dim), np.float32), NO_IDS, None)
+    nlist = index.nlist
+    # _search_work's estimate: fixed + nprobe * per_probe per query
+    per_probe = index.ntotal / nlist * index._vector_ns()
+    fixed = index._search_work(1, 1, nprobe=1) - per_probe
+    serial_work = _cpu.SERIAL_WORK
+
+    def search(q: np.ndarray, k: int, ranked: bool, params: dict):
+        nprobe = params.get("nprobe")
+        nprobe = min(index.nprobe if nprobe is None else check_positive(nprobe, "nprobe"), nlist)
+        nq = q.shape[0]
+        kc = k
+        if k_factor is not None:  # candidates for the re-ranking
+            factor = params.get("k_factor")
+            factor = k_factor() if factor is None else factor
+            if type(factor) is not int or factor < 1:
+                return None  # the general path says what is wrong
+            kc = k * factor
+        if nq * (fixed + nprobe * per_probe) >= serial_work:
+            return None
+        out_dist = np.empty((nq, k), np.float32)
+        out_ids = np.empty((nq, k), np.int64)
+        if not kernel(q, centroids_t, norms, nprobe, *args, ids, ip, ref_x, ref_ids, kc,
+                      out_dist, out_ids, ranked):  # fmt: skip
+            return None  # a NaN or an infinity: the general path says so
+        return out_dist, out_ids
+
+    return search

@@ -19,6 +19,7 @@ from bench import (  # noqa: E402
     latency,
     memory,
     pq_search,
+    spill,
 )
 
 
@@ -67,6 +68,13 @@ def test_pq_search(results):
     pq_search.main(["--n", "2000", "--dim", "16", "--M", "4", "--nq", "20", "--rounds", "1"])
     rows = read_csv(results / "pq_search.csv", ["vq QPS", "faiss QPS", "identical top-k rows"])
     assert float(rows[0]["identical top-k rows"]) > 0.5  # same codebooks and codes
+
+
+def test_spill(results):
+    argv = "--n 3000 --dim 16 --nlist 32 --nq 50 --nprobe 1 4 --rounds 1"
+    rows = spill.main(argv.split())
+    read_csv(results / "spill.csv", ["recall_plain", "recall_soar", "qps_plain", "qps_soar"])
+    assert all(row["recall_soar"] >= row["recall_plain"] for row in rows)
 
 
 def test_ivf_search(results):

@@ -36,6 +36,10 @@ def _kinds(dim):
         "ivfpq-ip": lambda: IVFPQ(dim, nlist=16, M=8, nprobe=3, niter=4, metric="ip"),
         "ivfpq-fs": lambda: IVFPQ(dim, nlist=16, M=8, nbits=4, fast_scan=True, nprobe=3, niter=4),
         "refine-ivfpq": lambda: Refine(IVFPQ(dim, nlist=16, M=8, nprobe=3, niter=4), k_factor=4),
+        "sq8": lambda: vq.index_factory(dim, "SQ8"),
+        "sq4-ip": lambda: vq.index_factory(dim, "SQ4", metric="ip"),
+        "ivfsq8": lambda: vq.index_factory(dim, "IVF16,SQ8"),
+        "ivfflat-spill": lambda: vq.index_factory(dim, "IVF16(soar),Flat"),
     }
 
 

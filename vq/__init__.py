@@ -11,12 +11,14 @@ from vq._version import __version__ as __version__
 from vq.clustering import KMeansResult, kmeans, lbg
 from vq.index import (
     IVFPQ,
+    IVFSQ,
     FlatIndex,
     IdFilter,
     IVFFlat,
     PQIndex,
     PreTransform,
     Refine,
+    SQIndex,
     index_factory,
     load_index,
 )
@@ -35,6 +37,7 @@ from vq.quantizers import (
     ResidualFSQ,
     ResidualLFQ,
     ResidualVQ,
+    ScalarQuantizer,
     VectorQuantizer,
 )
 
@@ -42,6 +45,7 @@ __all__ = [
     "EMA",
     "FSQ",
     "IVFPQ",
+    "IVFSQ",
     "OPQ",
     "FlatIndex",
     "IdFilter",
@@ -51,6 +55,7 @@ __all__ = [
     "PQIndex",
     "PreTransform",
     "Refine",
+    "SQIndex",
     "KMeansResult",
     "LFQ",
     "Learning",
@@ -60,6 +65,7 @@ __all__ = [
     "ResidualFSQ",
     "ResidualLFQ",
     "ResidualVQ",
+    "ScalarQuantizer",
     "VectorQuantizer",
     "get_num_threads",
     "index_factory",

@@ -5,6 +5,7 @@ Same codebooks give the same codes on both sides (ties aside), which is how vq i
     >>> fpq = faiss.ProductQuantizer(128, 16, 8); fpq.train(x)
     >>> pq = vq.faiss_interop.pq_from_faiss(fpq)          # vq.ProductQuantizer
     >>> fpq2 = vq.faiss_interop.pq_to_faiss(pq)            # faiss.ProductQuantizer
+    >>> sq = vq.faiss_interop.sq_from_faiss(fsq)          # vq.ScalarQuantizer (and sq_to_faiss)
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vq.quantizers import OPQ, ProductQuantizer, ResidualVQ, VectorQuantizer
+from vq.quantizers import OPQ, ProductQuantizer, ResidualVQ, ScalarQuantizer, VectorQuantizer
 
 
 def _faiss():
@@ -117,3 +118,43 @@ def kmeans_index_from_centroids(centroids) -> VectorQuantizer:
     [k, d] array)."""
     c = torch.as_tensor(np.ascontiguousarray(centroids, dtype=np.float32))
     return _trained(VectorQuantizer(c.shape[1], c.shape[0]), codebook=c)
+
+
+#: vq's ScalarQuantizer ``bits`` ↔ the name of faiss's ``ScalarQuantizer.QuantizerType``
+SQ_TYPES = {8: "QT_8bit", 6: "QT_6bit", 4: "QT_4bit", "fp16": "QT_fp16", "bf16": "QT_bf16"}
+
+
+def sq_from_faiss(fsq) -> ScalarQuantizer:
+    """A trained :class:`vq.ScalarQuantizer` holding a trained ``faiss.ScalarQuantizer``'s
+    per-dimension ranges (``QT_8bit``, ``QT_6bit``, ``QT_4bit``, ``QT_fp16``, ``QT_bf16``)."""
+    faiss = _faiss()
+    by_value = {getattr(faiss.ScalarQuantizer, name, None): bits for bits, name in SQ_TYPES.items()}
+    bits = by_value.get(fsq.qtype)
+    if bits is None:
+        raise ValueError(
+            f"faiss ScalarQuantizer type {fsq.qtype} has no vq counterpart; supported: "
+            + ", ".join(SQ_TYPES.values())
+        )
+    sq = ScalarQuantizer(fsq.d, bits)
+    if sq.is_float:
+        return sq
+    trained = _array(fsq.trained)
+    if trained.shape != (2 * fsq.d,):
+        raise ValueError(
+            f"expected faiss's per-dimension ranges (2 * d = {2 * fsq.d} values), got "
+            f"{trained.shape[0]}: train the faiss ScalarQuantizer first (uniform ranges do not "
+            "convert)"
+        )
+    ranges = torch.from_numpy(trained.reshape(2, fsq.d))
+    return _trained(sq, vmin=ranges[0].clone(), vdiff=ranges[1].clone())
+
+
+def sq_to_faiss(sq: ScalarQuantizer):
+    """A trained ``faiss.ScalarQuantizer`` holding ``sq``'s ranges (``RS_minmax``)."""
+    faiss = _faiss()
+    fsq = faiss.ScalarQuantizer(sq.dim, getattr(faiss.ScalarQuantizer, SQ_TYPES[sq.bits]))
+    if not sq.is_float:
+        ranges = torch.stack([sq.vmin, sq.vdiff]).float().cpu().numpy().ravel()
+        faiss.copy_array_to_vector(ranges, fsq.trained)
+    fsq.rangestat_arg = sq.margin
+    return fsq

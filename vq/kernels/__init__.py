@@ -54,7 +54,7 @@ from vq.kernels.exact import (
     rows_to_ids,
 )
 from vq.kernels.ranges import flat_range_block, ivf_flat_range_search
-from vq.kernels.select import smallest_k_rows
+from vq.kernels.select import smallest_k_rows, unique_rows
 from vq.kernels.small import (
     all_finite,
     flat_finish,
@@ -103,5 +103,6 @@ __all__ = [
     "refine_scan",
     "rows_to_ids",
     "smallest_k_rows",
+    "unique_rows",
     "words_layout",
 ]

@@ -106,3 +106,37 @@ def _smallest_k_by_keys(values, out_dist, out_idx):
         j = best[e] & INDEX_MASK
         out_idx[e] = j
         out_dist[e] = values[j]
+
+
+@kernel(nogil=True)
+def unique_rows(dist, rows, ids, out_dist, out_rows):
+    """The best result of each id, in order: what a search over spilled inverted lists (a
+    vector stored in two lists) returns.
+
+    Args:
+        dist: float32 [nq, c] ascending (+inf padding); rows: int64 [nq, c] stored rows (-1
+            padding); ids: int64 [n_rows], the id of each stored row (copies share one).
+        out_dist: float32 [nq, k], out_rows: int64 [nq, k] (k <= c): the first row of each
+            id in ``rows``, in order, padded with +inf and -1.
+    """
+    k = out_rows.shape[1]
+    for q in range(rows.shape[0]):
+        kept = 0
+        for c in range(rows.shape[1]):
+            if kept == k:
+                break
+            r = rows[q, c]
+            if r < 0:
+                break
+            seen = False
+            for j in range(kept):
+                if ids[out_rows[q, j]] == ids[r]:
+                    seen = True
+                    break
+            if not seen:
+                out_dist[q, kept] = dist[q, c]
+                out_rows[q, kept] = r
+                kept += 1
+        for j in range(kept, k):
+            out_dist[q, j] = np.inf
+            out_rows[q, j] = -1

@@ -12,6 +12,7 @@ from vq.quantizers.opq import OPQ
 from vq.quantizers.product import ProductQuantizer
 from vq.quantizers.residual import ResidualVQ
 from vq.quantizers.residual_scalar import ResidualFSQ, ResidualLFQ
+from vq.quantizers.scalar import ScalarQuantizer
 from vq.quantizers.vector import VectorQuantizer
 
 __all__ = [
@@ -28,5 +29,6 @@ __all__ = [
     "ResidualFSQ",
     "ResidualLFQ",
     "ResidualVQ",
+    "ScalarQuantizer",
     "VectorQuantizer",
 ]

@@ -1,0 +1,70 @@
+"""Spilled inverted lists (SOAR): each vector stored in its nearest list and in one more,
+chosen so that the two lists' errors are nearly orthogonal, so that a query whose nearest
+lists miss the first copy tends to find the second (fewer probes for the same recall).
+
+For x with primary centroid c₁ and residual r = x - c₁, the second list is
+
+    argmin_{c ≠ c₁}  ||x - c||²  +  λ ⟨r, x - c⟩² / ||r||²
+
+(λ = ``soar_lambda``, 1 by default): the distance to c, plus a penalty on the part of the new
+residual parallel to r — the part that made x hard to find from c₁'s direction.
+
+Reference: P. Sun, D. Simcha, D. Dopson, R. Guo, S. Kumar, "SOAR: Improved Indexing for
+Approximate Nearest Neighbor Search", NeurIPS 2023 (ScaNN's spilling).
+
+A search over spilled lists may meet a vector twice: it keeps each id's best score
+(:func:`unique_top`, the static search's; ``vq.kernels.unique_rows``, the numba path's), over
+the best ``2 k`` candidates, which hold the best k distinct ids.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vq.index.static import INF, top_rows
+
+#: copies of each vector in spilled lists
+SPILL_COPIES = 2
+
+
+def soar_assign(
+    x: torch.Tensor, centroids: torch.Tensor, primary: torch.Tensor, soar_lambda: float
+) -> torch.Tensor:
+    """The spill list of each vector (never its primary).
+
+    Args:
+        x: float32 [n, dim]; centroids: float32 [nlist >= 2, dim]; primary: int64 [n], the
+            list each vector is in already; soar_lambda: λ >= 0 (0: the second-nearest list).
+
+    Returns:
+        int64 [n].
+    """
+    r = x - centroids.index_select(0, primary)
+    r_norm2 = (r * r).sum(1, keepdim=True).clamp_min(1e-30)
+    dots = x @ centroids.T  # [n, nlist]
+    dist = (x * x).sum(1, keepdim=True) - 2.0 * dots + (centroids * centroids).sum(1)
+    parallel = (r * x).sum(1, keepdim=True) - r @ centroids.T  # ⟨r, x - c⟩
+    loss = dist + soar_lambda * parallel * parallel / r_norm2
+    loss.scatter_(1, primary[:, None], INF)
+    return loss.argmin(dim=1)
+
+
+def unique_top(scores: torch.Tensor, k: int, rows: torch.Tensor, id_table: torch.Tensor):
+    """:func:`vq.index.static.top_rows` keeping each id's best candidate only (static
+    shapes): the best ``2 k`` candidates, those whose id an earlier one holds set to +inf, the
+    best k of them.
+
+    Args:
+        scores: float32 [B, C] (+inf padding); rows: int64 [B, C] stored rows (-1 padding);
+        id_table: int64 [n_rows], the id of each stored row.
+
+    Returns:
+        values float32 [B, min(k, C)] ascending and rows int64 (-1 where +inf).
+    """
+    val, found = top_rows(scores, SPILL_COPIES * k, rows)
+    ident = id_table.index_select(0, found.clamp_min(0).reshape(-1)).reshape(found.shape)
+    c = found.shape[1]
+    earlier = torch.ones(c, c, device=scores.device).tril(-1)  # [i, j]: j before i
+    repeats = ((ident[:, :, None] == ident[:, None, :]).float() * earlier).sum(-1)
+    val = torch.where(repeats > 0, INF, val)
+    return top_rows(val, k, found)

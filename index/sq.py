@@ -1,0 +1,240 @@
+"""Scalar-quantized index: every stored vector as faiss's ``ScalarQuantizer`` bytes (8, 6 or
+4 bits per dimension, or fp16 / bf16), scanned with distances computed on the codes (faiss
+``IndexScalarQuantizer``, factory ``"SQ8"``, ``"SQ6"``, ``"SQ4"``, ``"SQfp16"``,
+``"SQbf16"``). The inverted-file kind, :class:`vq.index.IVFSQ`, is in ivfsq.py.
+
+On CPU the scan is a numba kernel (:mod:`vq.kernels.sq`) fused with the top-k; elsewhere
+(CUDA, tracing, export) it is :class:`SQSearch`, which decodes the codes with
+:func:`vq.quantizers.scalar_codes.decode_stored` and ranks them with one matrix product.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vq import _cpu, kernels
+from vq.faiss_interop import SQ_TYPES
+from vq.index.base import Index
+from vq.index.faiss_build import faiss_metric, import_faiss, with_id_map
+from vq.index.filters import NO_FILTER, IdFilter, kernel_mask, torch_mask
+from vq.index.searching import NO_IDS, shape_problem
+from vq.index.static import Searcher, kept, search_in_chunks, top_rows
+from vq.kernels import sq as sq_kernels
+from vq.quantizers import ScalarQuantizer
+from vq.quantizers.scalar_codes import decode_stored, float16_values, stored_values
+
+_NO_TABLE = np.zeros(0, np.float32)
+
+
+def sq_faiss_type(sq: ScalarQuantizer) -> int:
+    """faiss's ``ScalarQuantizer.QuantizerType`` constant of ``sq``'s kind."""
+    return getattr(import_faiss().ScalarQuantizer, SQ_TYPES[sq.bits])
+
+
+def copy_ranges(sq: ScalarQuantizer, fsq) -> None:
+    """``sq``'s ranges into a ``faiss.ScalarQuantizer`` (b-bit kinds; fp16 / bf16 have none)."""
+    if not sq.is_float:
+        ranges = torch.stack([sq.vmin, sq.vdiff]).float().cpu().numpy().ravel()
+        import_faiss().copy_array_to_vector(ranges, fsq.trained)
+
+
+def kernel_arrays(index: Index, sq: ScalarQuantizer) -> tuple:
+    """``(offset, scale, table, kind)`` as :mod:`vq.kernels.sq` reads them, kept on ``index``
+    until the ranges change: offset, scale float32 [d]; table float32 [65536] (fp16 / bf16)
+    or [0]; kind one of ``SQ8``, ``SQ6``, ``SQ4``, ``SQ_FLOAT``."""
+
+    def compute():
+        if sq.is_float:
+            words = torch.arange(1 << 16)
+            pairs = torch.stack([words % 256, words // 256], dim=1)
+            table = float16_values(pairs, sq.bits).reshape(-1).numpy()
+            ones, zeros = np.ones(sq.dim, np.float32), np.zeros(sq.dim, np.float32)
+            return zeros, ones, table, sq_kernels.SQ_FLOAT
+        scale = sq.cell_width().float()
+        offset = (sq.vmin.float() + 0.5 * scale).numpy()
+        kind = {8: sq_kernels.SQ8, 6: sq_kernels.SQ6, 4: sq_kernels.SQ4}[sq.bits]
+        return offset, scale.numpy(), _NO_TABLE, kind
+
+    return index._derived(f"sq_arrays/{sq.bits}", (sq.vmin, sq.vdiff), compute)
+
+
+def codes_problem(codes: torch.Tensor, n: int, sq: ScalarQuantizer) -> str | None:
+    """``consistency_problem``'s words for stored codes that are not uint8 [n, code_size]."""
+    problem = shape_problem("codes", codes, (n, sq.code_size))
+    if problem is None and codes.dtype != torch.uint8:
+        problem = f"codes of dtype {codes.dtype}, expected torch.uint8"
+    return problem
+
+
+class SQIndex(Index):
+    """Stores scalar-quantizer codes; search computes distances on the codes (faiss
+    ``IndexScalarQuantizer``).
+
+    Args:
+        dim: vector dimension.
+        bits: 8, 6, 4, "fp16" or "bf16" (see :class:`vq.ScalarQuantizer`).
+        metric: "l2" or "ip".
+        k: neighbours ``forward`` returns.
+        verbose: progress bars for train and add.
+        margin: widen the trained ranges (see :class:`vq.ScalarQuantizer`).
+
+    Submodules and buffers:
+        sq: the :class:`vq.ScalarQuantizer`; codes: uint8 [ntotal, code_size]; ids: int64
+        [ntotal].
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        bits: int | str = 8,
+        metric: str = "l2",
+        k: int = 10,
+        verbose: bool = False,
+        *,
+        margin: float = 0.0,
+    ):
+        super().__init__(dim, metric, k, verbose)
+        self.sq = ScalarQuantizer(dim, bits, margin=margin)
+        self.register_buffer("codes", torch.zeros(0, self.sq.code_size, dtype=torch.uint8))
+
+    @property
+    def is_trained(self) -> bool:
+        return self.sq.is_trained
+
+    @property
+    def bits(self) -> int | str:
+        return self.sq.bits
+
+    def config(self) -> dict:
+        return {**super().config(), **self.sq.config()}
+
+    def _train(self, x: torch.Tensor) -> None:
+        self.sq.fit(x)
+
+    def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"codes": self.sq.encode_rows(x)}
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.codes.shape[0])
+
+    def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
+        self._append_ids(ids)
+        self.codes = torch.cat([self.codes, encoded["codes"].to(torch.uint8)])
+
+    def _keep(self, rows: torch.Tensor) -> None:
+        self.codes = self.codes[rows]
+
+    def growing_buffers(self) -> tuple[str, ...]:
+        return (*super().growing_buffers(), "codes")
+
+    def consistency_problem(self) -> str | None:
+        return super().consistency_problem() or codes_problem(self.codes, self.ntotal, self.sq)
+
+    def to_faiss(self):
+        """faiss ``IndexScalarQuantizer`` with the same ranges and codes, in an
+        ``IndexIDMap`` unless the ids are 0 … ntotal - 1."""
+        faiss = import_faiss()
+        qtype, metric = sq_faiss_type(self.sq), faiss_metric(self.metric)
+        out = faiss.IndexScalarQuantizer(self.dim, qtype, metric)
+        copy_ranges(self.sq, out.sq)
+        out.is_trained = True
+        faiss.copy_array_to_vector(self.codes.cpu().numpy().ravel(), out.codes)
+        out.ntotal = self.ntotal
+        return with_id_map(out, self.stored_ids())
+
+    def _vector_ns(self) -> float:
+        return self.dim / (8 if self.bits == 8 else 3)
+
+    # -- search -------------------------------------------------------------------------------
+    def searcher(self, k: int | None = None) -> SQSearch:
+        """The search as a static-shape graph over a snapshot of the codes (see
+        :class:`SQSearch`; what :mod:`vq.export` writes out)."""
+        return SQSearch(self, k)
+
+    def _search_ids(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
+        if self.ntotal == 0 or _cpu.fast_path(q):
+            return super()._search_ids(q, k, allowed=allowed)
+        return search_in_chunks(self._torch_searcher(), q, k, allowed=torch_mask(self, allowed))
+
+    def _torch_searcher(self) -> SQSearch:
+        """The torch path: the static search over the index's codes, kept until they change."""
+        sources = (self.codes, self.ids, self.sq.vmin, self.sq.vdiff)
+        return self._derived("searcher", sources, lambda: SQSearch(self, copy=False))
+
+    def _search_rows(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
+        dist = _cpu.empty((q.shape[0], k))
+        rows = _cpu.empty((q.shape[0], k), torch.int64)
+        sq_kernels.sq_flat_scan(
+            q.contiguous().numpy(),
+            self.codes.numpy(),
+            *kernel_arrays(self, self.sq),
+            kernel_mask(self, allowed),
+            self.metric == "ip",
+            dist.numpy(),
+            rows.numpy(),
+        )
+        return dist, rows
+
+    def _lean_search(self):
+        """A few queries on the calling thread: the scan (``sq_flat_range``), then ids."""
+        ip = self.metric == "ip"
+        arrays = kernel_arrays(self, self.sq)
+        codes = self.codes.numpy()
+        ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else NO_IDS
+        work, n = self._search_work, self.ntotal
+        fill = np.float32(-np.inf if ip else np.inf)
+
+        def search(q: np.ndarray, k: int, ranked: bool, params: dict):
+            nq = q.shape[0]
+            if work(nq, min(k, n)) >= _cpu.SERIAL_WORK or not kernels.all_finite(q):
+                return None  # the general path: threads, or the error a query deserves
+            dist = np.empty((nq, min(k, n)), np.float32)
+            rows = np.empty((nq, min(k, n)), np.int64)
+            sq_kernels.sq_flat_range(0, nq, q, codes, *arrays, NO_FILTER, ip, dist, rows)
+            out_dist, out_ids = np.empty((nq, k), np.float32), np.empty((nq, k), np.int64)
+            kernels.rows_to_ids(dist, rows, ids, ip, fill, out_dist, out_ids)
+            return out_dist, out_ids
+
+        return search
+
+
+class SQSearch(Searcher):
+    """:class:`SQIndex`'s search as a static-shape graph: the stored values decoded
+    (:func:`vq.quantizers.scalar_codes.decode_stored`), scores from one matrix product, then
+    a top-k (see :class:`vq.index.static.Searcher`).
+
+    Args:
+        index: the SQIndex; k: neighbours ``forward`` returns (default the index's).
+        copy: hold a snapshot of the ranges (True) or the index's own (the torch path).
+
+    Buffers:
+        values: [ntotal, dim], the levels as uint8 (b-bit kinds) or the values as float16 /
+        bfloat16; vmin, vdiff: float32 [dim]; id_table: int64 [ntotal] unless the ids are the
+        row numbers.
+    """
+
+    def __init__(self, index: SQIndex, k: int | None = None, copy: bool = True):
+        super().__init__(index, k, copy)
+        self.bits = index.sq.bits
+        self.register_buffer("values", stored_values(index.codes, index.dim, self.bits))
+        self.register_buffer("vmin", kept(index.sq.vmin.float(), copy))
+        self.register_buffer("vdiff", kept(index.sq.vdiff.float(), copy))
+
+    def search(self, queries: torch.Tensor, k: int, allowed: torch.Tensor | None = None):
+        """``allowed``: bool [ntotal], False for stored rows a filtered search skips."""
+        x = decode_stored(self.values, self.vmin, self.vdiff, self.bits)
+        if self.metric == "ip":
+            scores = -(queries @ x.T)
+        else:  # ranked by ||x||² - 2⟨q, x⟩; ||q||² is added to the k kept
+            scores = torch.addmm((x * x).sum(dim=1), queries, x.T, alpha=-2.0)
+        if allowed is not None:
+            scores = scores + self.row_bias(allowed)
+        val, rows = top_rows(scores, k)
+        if self.metric == "l2":
+            val = (val + (queries * queries).sum(dim=1, keepdim=True)).clamp_min(0.0)
+        return self.results(val, rows, k)
+
+    def chunk_rows(self, k: int) -> int:
+        return max(1, (1 << 26) // max(1, self.ntotal))
