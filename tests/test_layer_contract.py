@@ -1,4 +1,5 @@
-"""What every layer of issue 21 (LFQ, ResidualFSQ, ResidualLFQ, GroupedResidualVQ) must do, as
+"""What every layer of issue 21 (LFQ, ResidualFSQ, ResidualLFQ, GroupedResidualVQ, SimVQ learning,
+ResidualVQ's cosine stages and beam search in training) must do, as
 the older layers do: gradients reach the input, encode/decode are pure and equal the eval
 forward, masks and channel-first layouts, bf16 autocast gives the float32 codes, state_dict
 resumes, one compiled graph with no recompile, strict torch.export. (ONNX Runtime: the LAYERS
@@ -30,6 +31,12 @@ LAYERS = {
     ),
     "grouped-rvq-grad": lambda: vq.GroupedResidualVQ(
         8, 4, 2, 8, learning=vq.Gradient(kmeans_init=False), beam_size=2
+    ),
+    "simvq": lambda: vq.VectorQuantizer(8, 32, learning="simvq", commitment_weight=0.25),
+    "simvq-residual": lambda: vq.ResidualVQ(8, 2, 16, learning="simvq", quantizer_dropout=0.5),
+    "rvq-cosine": lambda: vq.ResidualVQ(8, 2, 16, learning=vq.EMA(decay=0.9), cosine=True),
+    "rvq-beam": lambda: vq.ResidualVQ(
+        8, 3, 16, beam_size=2, learning=vq.EMA(decay=0.9, dead_code_threshold=0.5)
     ),
 }
 
@@ -90,7 +97,7 @@ def test_mask_and_channel_first(name):
 
 
 #: the layers without projections (whose nn.Linear runs in bf16 under autocast, as any layer's)
-PLAIN = ["lfq", "residual-fsq", "residual-lfq", "grouped-rvq", "grouped-rvq-grad"]
+PLAIN = [name for name in LAYERS if "projections" not in name]
 
 
 @pytest.mark.parametrize("name", PLAIN)

@@ -35,6 +35,7 @@ from vq.quantizers import (
     ResidualFSQ,
     ResidualLFQ,
     ResidualVQ,
+    SimVQ,
     VectorQuantizer,
 )
 
@@ -60,6 +61,7 @@ __all__ = [
     "ResidualFSQ",
     "ResidualLFQ",
     "ResidualVQ",
+    "SimVQ",
     "VectorQuantizer",
     "get_num_threads",
     "index_factory",
