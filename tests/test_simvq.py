@@ -56,6 +56,22 @@ def test_simvq_trains_the_map_and_never_the_frozen_codebook(name):
     )
 
 
+def test_grouped_simvq_trains_each_groups_map_and_codes_by_group():
+    torch.manual_seed(0)
+    layer = vq.GroupedResidualVQ(8, 2, 2, 16, learning="simvq")
+    frozen = [rvq.codebooks.clone() for rvq in layer.rvqs]
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    x = clustered(128, 8).reshape(2, 64, 8)
+    for _ in range(2):
+        layer(x).loss.backward()
+        assert all(rvq.codebook_transform.grad.abs().sum() > 0 for rvq in layer.rvqs)
+        optimizer.step()
+        optimizer.zero_grad()
+    assert all(torch.equal(r.codebooks, f) for r, f in zip(layer.rvqs, frozen, strict=True))
+    parts = [rvq.encode(part) for rvq, part in zip(layer.rvqs, x.chunk(2, -1), strict=True)]
+    assert torch.equal(layer.encode(x), torch.stack(parts, -2))
+
+
 def test_simvq_loss_and_codes_equal_vector_quantize_pytorch():
     anchor = pytest.importorskip("vector_quantize_pytorch")
     torch.manual_seed(0)
