@@ -1,7 +1,7 @@
 """Part 3 of bench.vqvae_nsynth: the NSynth VQ-VAE trained with each layer of issue 21, vq's
 against vector-quantize-pytorch's equivalent, same seeds, initial weights and batches.
 
-    python -m bench.vqvae_nsynth --layers-only [--steps 300] [--layers LFQ SimVQ …]
+    python -m bench.vqvae_nsynth --layers-only [--steps 300] [--seed 0] [--layers LFQ SimVQ …]
 
 Layers (latent dimension D = ``--latent``, ``--codes`` codes per codebook where one applies):
 LFQ (2^log2(codes·4) codes, entropy 0.1, commitment 0.25), ResidualFSQ ([8, 5, 5, 5] × stages),
@@ -145,11 +145,11 @@ def train_pair(args, x_train, x_test, name: str, pair) -> list[dict]:
     from bench.vqvae_nsynth import VQVAE, make_vqvae
 
     make_ours, make_theirs, adapt_ours, adapt_theirs, size = pair
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     encoder, decoder = make_vqvae(args.n_mels, args.hidden, args.latent)
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)  # SimVQ: the same frozen codebooks and maps on both sides
     ours = make_ours()
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     theirs = make_theirs()
     models = {
         "vq": VQVAE(encoder, decoder, ours, lambda z: adapt_ours(ours(z)), args.lr),
@@ -157,7 +157,7 @@ def train_pair(args, x_train, x_test, name: str, pair) -> list[dict]:
             copy.deepcopy(encoder), copy.deepcopy(decoder), theirs, adapt_theirs(theirs), args.lr
         ),
     }
-    gen = torch.Generator().manual_seed(1)  # the same crops for every layer and system
+    gen = torch.Generator().manual_seed(args.seed + 1)  # the same crops for every layer, system
     times: dict[str, list[float]] = {system: [] for system in models}
     for step in range(args.steps):
         notes = torch.randint(x_train.shape[0], (args.batch,), generator=gen)

@@ -355,6 +355,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     g.add_argument("--stages", type=int, default=4, help="ResidualVQ stages")
     g.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
     g.add_argument("--layers", nargs="*", default=None, help="part 3's layers (default all)")
+    g.add_argument("--seed", type=int, default=0, help="part 3's seed (weights and batches)")
     args = p.parse_args(argv)
     if args.micro_only + args.vqvae_only + args.layers_only > 1:
         p.error("give at most one of --micro-only, --vqvae-only, --layers-only")
@@ -411,7 +412,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         title = (
             f"VQ-VAE on NSynth log-mels with each issue-21 layer: {args.latent}-d latents, "
             f"{args.stages} stages of {args.codes} codes where staged, {args.steps} steps of "
-            f"{args.batch} crops, same seeds, weights and batches"
+            f"{args.batch} crops, same weights and batches (seed {args.seed})"
         )
         report("vqvae_nsynth_layers", title, args.threads, layers, vqvae_layers.COLUMNS)
         rows += layers

@@ -90,7 +90,7 @@ class TrainingLayer:
         learning = as_learning(learning)
         init = torch.zeros(shape)
         groups = math.prod(shape) // (self.codebook_size * shape[-1])
-        if learning is not None and not learning.kmeans_init:
+        if learning is not None and not learning.kmeans_init and not isinstance(learning, SimVQ):
             init = random_codebooks(groups, self.codebook_size, shape[-1], self.cosine)
             init = init.reshape(shape)
         if isinstance(learning, SimVQ):

@@ -178,10 +178,14 @@ def check_fittable(quantizer) -> None:
 def simvq_init(groups: int, size: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """SimVQ's starting state: frozen codebooks float32 [G, K, d] drawn from N(0, 1/d), and
     linear maps [G, d, d] initialised as ``nn.Linear(d, d, bias=False)`` (uniform in
-    ±1/√d)."""
-    frozen = torch.randn(groups, size, dim) * dim**-0.5
+    ±1/√d); drawn group by group, codebook then map, as vector-quantize-pytorch's
+    ``SimVQ`` / ``ResidualSimVQ`` draw theirs (the same seed gives the same start)."""
+    frozen, maps = torch.empty(groups, size, dim), torch.empty(groups, dim, dim)
     bound = 1.0 / math.sqrt(dim)
-    return frozen, torch.empty(groups, dim, dim).uniform_(-bound, bound)
+    for g in range(groups):
+        frozen[g] = torch.randn(size, dim) * dim**-0.5
+        maps[g].uniform_(-bound, bound)
+    return frozen, maps
 
 
 def transformed_codebooks(frozen: torch.Tensor, transform: torch.Tensor) -> torch.Tensor:
