@@ -68,6 +68,8 @@ def test_grouped_simvq_trains_each_groups_map_and_codes_by_group():
         optimizer.step()
         optimizer.zero_grad()
     assert all(torch.equal(r.codebooks, f) for r, f in zip(layer.rvqs, frozen, strict=True))
+    words = torch.cat([r.codebooks @ r.codebook_transform.detach().mT for r in layer.rvqs])
+    torch.testing.assert_close(layer.effective_codebooks().detach(), words)
     parts = [rvq.encode(part) for rvq, part in zip(layer.rvqs, x.chunk(2, -1), strict=True)]
     assert torch.equal(layer.encode(x), torch.stack(parts, -2))
 
