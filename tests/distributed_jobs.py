@@ -66,8 +66,9 @@ def layer_training(rank: int, compiled: bool = False) -> dict[str, np.ndarray]:
     """The buffers of an EMA VectorQuantizer (its step compiled, if asked), ResidualVQ (greedy,
     beam search, cosine stages) and GroupedResidualVQ after three training steps — k-means
     initialisation, EMA updates, dead-code restarts — on the data of process ``rank`` (other
-    data on each process, the same initial state); and the parameters and buffers of a SimVQ
-    ResidualVQ after three SGD steps on gradients averaged over the processes (as DDP does)."""
+    data on each process, the same initial state); and the parameters and buffers of SimVQ
+    layers (ResidualVQ, VectorQuantizer) after three SGD steps on gradients averaged over the
+    processes (as DDP does)."""
     gen = torch.Generator().manual_seed(100 + rank)
     ema = vq.EMA(decay=0.8, dead_code_threshold=1.0)
     out = {}
@@ -80,6 +81,7 @@ def layer_training(rank: int, compiled: bool = False) -> dict[str, np.ndarray]:
             "rvq-beam": vq.ResidualVQ(8, 2, 16, 2, learning=ema),
             "rvq-cosine": vq.ResidualVQ(8, 2, 16, learning=ema, cosine=True),
             "simvq": vq.ResidualVQ(8, 2, 16, learning="simvq", quantizer_dropout=0.5),
+            "vq-simvq": vq.VectorQuantizer(8, 16, learning="simvq", rotation_trick=True),
         }
         for name, layer in layers.items():
             step = layer
