@@ -164,3 +164,14 @@ def test_cosine_stages_fit_unit_codewords_and_encode_by_cosine():
     assert torch.equal(layer.encode(x).long(), torch.stack(codes, 1))
     with vq._cpu.torch_only():
         assert torch.equal(layer.static_encode(x), torch.stack(codes, 1))
+
+
+def test_cosine_simvq_codes_by_the_unit_mapped_codewords():
+    torch.manual_seed(0)
+    layer = vq.VectorQuantizer(8, 32, learning="simvq", cosine=True)
+    x = clustered(64, 8)
+    layer(x).loss.backward()
+    assert layer.codebook_transform.grad.abs().sum() > 0
+    words = F.normalize(layer.codebook @ layer.codebook_transform[0].detach().T, dim=-1)
+    torch.testing.assert_close(layer.effective_codebooks()[0].detach(), words)
+    assert torch.equal(layer.encode(x).long(), (F.normalize(x, dim=-1) @ words.T).argmax(1))
