@@ -1,8 +1,9 @@
 """Quantizer layers: vq against vector-quantize-pytorch (lucidrains) at the same configurations.
 
-    python -m bench.vqvae_nsynth [--steps 300] [--threads 2] [--micro-only | --vqvae-only]
+    python -m bench.vqvae_nsynth [--steps 300] [--threads 2]
+                                 [--micro-only | --vqvae-only | --layers-only] [--layers …]
 
-Two parts; in both the systems run alternately (A B A B …) on the same inputs and threads.
+Three parts; in all the systems run alternately (A B A B …) on the same inputs and threads.
 
 1. One training step of a quantizer layer (forward, loss, backward) on a 32×256×256 batch:
    VectorQuantize(dim 256, 1024 codes, EMA decay 0.99, k-means init, dead-code threshold 2)
@@ -17,6 +18,10 @@ Two parts; in both the systems run alternately (A B A B …) on the same inputs 
    initial weights, batches and optimizer, trained step for step. Reports test reconstruction
    error, perplexity and codes used per stage (averaged) and step time.
    → bench/results/vqvae_nsynth.csv
+3. The same VQ-VAE with each layer of issue 21 — LFQ, ResidualFSQ, ResidualLFQ,
+   GroupedResidualVQ, SimVQ, ResidualVQ with SimVQ — against vector-quantize-pytorch's
+   equivalent (see :mod:`bench.vqvae_layers`): test reconstruction error and codebook usage
+   per layer. → bench/results/vqvae_nsynth_layers.csv
 
 Needs the bench extra (vector-quantize-pytorch) and the audio extra (torchaudio).
 """
@@ -29,6 +34,7 @@ import statistics
 import time
 from pathlib import Path
 
+from bench import vqvae_layers
 from bench.common import report, set_threads
 
 
@@ -235,13 +241,12 @@ class VQVAE:
         return {"test MSE": float(F.mse_loss(recon, x)), "perplexity": perplexity, "used": used}
 
 
-def vqvae(args) -> list[dict]:
+def vqvae(args, x_train, x_test) -> list[dict]:
     import torch
     from vector_quantize_pytorch import ResidualVQ
 
     import vq
 
-    x_train, x_test = spectrograms(args)
     torch.manual_seed(0)
     encoder, decoder = make_vqvae(args.n_mels, args.hidden, args.latent)
     k, q = args.codes, args.stages
@@ -326,6 +331,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--threads", type=int, default=2, help="threads for both systems")
     p.add_argument("--micro-only", action="store_true", help="only part 1 (one layer step)")
     p.add_argument("--vqvae-only", action="store_true", help="only part 2 (the VQ-VAE)")
+    p.add_argument("--layers-only", action="store_true", help="only part 3 (issue 21's layers)")
     g = p.add_argument_group("part 1: one training step of a layer")
     g.add_argument("--micro-batch", type=int, default=32, help="batch B of the [B, N, D] input")
     g.add_argument("--micro-len", type=int, default=256, help="vectors N per batch element")
@@ -348,10 +354,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     g.add_argument("--codes", type=int, default=256, help="codes per stage")
     g.add_argument("--stages", type=int, default=4, help="ResidualVQ stages")
     g.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    g.add_argument("--layers", nargs="*", default=None, help="part 3's layers (default all)")
+    g.add_argument("--seed", type=int, default=0, help="part 3's seed (weights and batches)")
     args = p.parse_args(argv)
+    if args.micro_only + args.vqvae_only + args.layers_only > 1:
+        p.error("give at most one of --micro-only, --vqvae-only, --layers-only")
     set_threads(args.threads)
+    parts = {
+        "micro": not (args.vqvae_only or args.layers_only),
+        "vqvae": not (args.micro_only or args.layers_only),
+        "layers": not (args.micro_only or args.vqvae_only),
+    }
     rows = []
-    if not args.vqvae_only:
+    if parts["micro"]:
         micro = layer_step(args)
         columns = [
             "layer",
@@ -369,10 +384,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
         report("vq_layer_step", title, args.threads, micro, columns)
         rows += micro
-    if not args.micro_only:
-        if not args.vqvae_only:
+    data = spectrograms(args) if parts["vqvae"] or parts["layers"] else None
+    if parts["vqvae"]:
+        if parts["micro"]:
             print()
-        trained = vqvae(args)
+        trained = vqvae(args, *data)
         columns = [
             "system",
             "steps",
@@ -390,6 +406,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
         report("vqvae_nsynth", title, args.threads, trained, columns)
         rows += trained
+    if parts["layers"]:
+        print()
+        layers = vqvae_layers.run(args, *data)
+        title = (
+            f"VQ-VAE on NSynth log-mels with each issue-21 layer: {args.latent}-d latents, "
+            f"{args.stages} stages of {args.codes} codes where staged, {args.steps} steps of "
+            f"{args.batch} crops, same weights and batches (seed {args.seed})"
+        )
+        report("vqvae_nsynth_layers", title, args.threads, layers, vqvae_layers.COLUMNS)
+        rows += layers
     return rows
 
 

@@ -18,6 +18,7 @@ from safetensors.numpy import save_file
 import vq
 from vq.datasets import clustered_vectors
 from vq.distributed import ShardedIndex, init_process_group, use_group
+from vq.parallel import sync
 
 N, DIM = 6000, 32
 SPLIT = 2500  # rank 0 holds rows [0, 2500), rank 1 rows [2500, 6000): uneven on purpose
@@ -62,10 +63,12 @@ def training_jobs(x) -> dict[str, np.ndarray]:
 
 
 def layer_training(rank: int, compiled: bool = False) -> dict[str, np.ndarray]:
-    """The buffers of an EMA VectorQuantizer (its step compiled, if asked), ResidualVQ and
-    GroupedResidualVQ after
-    three training steps — k-means initialisation, EMA updates, dead-code restarts — on the data
-    of process ``rank`` (other data on each process, the same initial state)."""
+    """The buffers of an EMA VectorQuantizer (its step compiled, if asked), ResidualVQ (greedy,
+    beam search, cosine stages) and GroupedResidualVQ after three training steps — k-means
+    initialisation, EMA updates, dead-code restarts — on the data of process ``rank`` (other
+    data on each process, the same initial state); and the parameters and buffers of SimVQ
+    layers (ResidualVQ, VectorQuantizer) after three SGD steps on gradients averaged over the
+    processes (as DDP does)."""
     gen = torch.Generator().manual_seed(100 + rank)
     ema = vq.EMA(decay=0.8, dead_code_threshold=1.0)
     out = {}
@@ -75,6 +78,10 @@ def layer_training(rank: int, compiled: bool = False) -> dict[str, np.ndarray]:
             "vq": vq.VectorQuantizer(8, 16, learning=ema),
             "rvq": vq.ResidualVQ(8, 2, 16, learning=ema),
             "grvq": vq.GroupedResidualVQ(8, 2, 2, 8, learning=ema, quantizer_dropout=0.5),
+            "rvq-beam": vq.ResidualVQ(8, 2, 16, 2, learning=ema),
+            "rvq-cosine": vq.ResidualVQ(8, 2, 16, learning=ema, cosine=True),
+            "simvq": vq.ResidualVQ(8, 2, 16, learning="simvq", quantizer_dropout=0.5),
+            "vq-simvq": vq.VectorQuantizer(8, 16, learning="simvq", rotation_trick=True),
         }
         for name, layer in layers.items():
             step = layer
@@ -83,6 +90,13 @@ def layer_training(rank: int, compiled: bool = False) -> dict[str, np.ndarray]:
             for _ in range(3):
                 x = torch.randn(2, 48 + 16 * rank, 8, generator=gen) * (1 + rank) + rank
                 step(x.requires_grad_()).loss.backward()
+                with torch.no_grad():
+                    for p in layer.parameters():  # DDP's averaged gradients, an SGD step
+                        grad = p.grad
+                        if sync.active():
+                            grad = sync.all_reduce_sum(grad) / sync.world_size()
+                        p.sub_(0.1 * grad)
+                        p.grad = None
             out.update({f"{name}.{k}": v.numpy() for k, v in layer.state_dict().items()})
     return out
 

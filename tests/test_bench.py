@@ -184,6 +184,14 @@ def test_vqvae_nsynth(results, tmp_path):
     assert [r["system"] for r in trained] == ["vq", "vector-quantize-pytorch"]
     for r in trained:  # normalised log-mels: an untrained decoder's error is about 1
         assert 0 < float(r["test reconstruction MSE"]) < 3
+    columns = ["layer", "system", "test reconstruction MSE", "codes used (mean over codebooks)"]
+    layers = read_csv(results / "vqvae_nsynth_layers.csv", columns)
+    names = ["LFQ", "ResidualFSQ", "ResidualLFQ", "GroupedResidualVQ", "SimVQ", "ResidualVQ, SimVQ"]
+    assert [r["layer"] for r in layers] == [n for n in names for _ in range(2)]
+    assert [r["system"] for r in layers] == ["vq", "vector-quantize-pytorch"] * len(names)
+    for r in layers:
+        assert 0 < float(r["test reconstruction MSE"]) < 3
+        assert 0 < float(r["codes used (mean over codebooks)"]) <= 1
 
 
 def test_coldstart_times_a_fresh_process_per_kind(results):

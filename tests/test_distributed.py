@@ -149,7 +149,18 @@ def test_layer_training_syncs_over_the_default_group_and_not_under_use_group_non
             np.testing.assert_array_equal(r[f"local {key}"], ref[key], err_msg=key)
             if key.startswith("vq."):
                 np.testing.assert_allclose(r[f"compiled {key}"], ref[key], atol=1e-5, err_msg=key)
-    for key in ("vq.codebook", "vq.learner.embed_sum", "rvq.codebooks"):
+    assert {"simvq.codebook_transform", "rvq-beam.codebooks", "rvq-cosine.codebooks"} <= set(
+        alone[0]
+    )
+    for key in (
+        "vq.codebook",
+        "vq.learner.embed_sum",
+        "rvq.codebooks",
+        "rvq-beam.codebooks",
+        "rvq-cosine.codebooks",
+        "simvq.codebook_transform",
+        "vq-simvq.codebook_transform",
+    ):
         assert not np.allclose(r0[f"local {key}"], r1[f"local {key}"], atol=1e-3), key
         assert not np.allclose(r0[f"synced {key}"], alone[0][key], atol=1e-3), key
 

@@ -330,6 +330,9 @@ LAYERS = {
     "residual-fsq": lambda: vq.ResidualFSQ([8, 5, 5, 5], 3, dim=DIM, quantizer_dropout=0.5),
     "residual-lfq": lambda: vq.ResidualLFQ(DIM, 3, num_bits=5, quantizer_dropout=0.5),
     "grouped-rvq": lambda: vq.GroupedResidualVQ(DIM, 2, 3, 16, learning="ema", beam_size=2),
+    "simvq": lambda: vq.VectorQuantizer(DIM, 64, learning="simvq", codebook_dim=8),
+    "simvq-residual": lambda: vq.ResidualVQ(DIM, 3, 16, learning="simvq"),
+    "cosine-residual": lambda: vq.ResidualVQ(DIM, 3, 16, learning="ema", cosine=True),
 }
 
 

@@ -38,6 +38,7 @@ from vq.quantizers import (
     ResidualLFQ,
     ResidualVQ,
     ScalarQuantizer,
+    SimVQ,
     VectorQuantizer,
 )
 
@@ -66,6 +67,7 @@ __all__ = [
     "ResidualLFQ",
     "ResidualVQ",
     "ScalarQuantizer",
+    "SimVQ",
     "VectorQuantizer",
     "get_num_threads",
     "index_factory",

@@ -5,7 +5,9 @@ snapshot of the quantizer, with the specs and metadata of an exported model.
 Every layer option exports with it: ``codebook_dim`` (``project_in`` / ``project_out``),
 ``cosine`` (l2-normalisation), residual stages with greedy or beam-search encoding (grouped
 too), FSQ's grid and projections, LFQ's sign bits, residual FSQ/LFQ stages, codebooks learned
-by EMA or by gradient. Options that act on training only (``commitment_weight``,
+by EMA, by gradient or by SimVQ (the learned map of the frozen codebook: the
+graph reads :meth:`~vq.quantizers.layer.TrainingLayer.effective_codebooks`), cosine residual
+stages. Options that act on training only (``commitment_weight``,
 ``rotation_trick``, ``quantizer_dropout``, masks, LFQ's entropy loss) leave the graph as eval
 mode has it; ``channel_first`` layers export ``encode`` / ``decode``, which take ``[..., dim]``.
 """

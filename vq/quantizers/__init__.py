@@ -1,12 +1,12 @@
 """The quantizers, all ``torch.nn.Module``s with one interface (see :class:`Quantizer`: an
 offline codec, :mod:`.codec`, and a training layer, :mod:`.layer`), and how their codebooks
-learn when they train as layers (:class:`EMA`, :class:`Gradient`)."""
+learn when they train as layers (:class:`EMA`, :class:`Gradient`, :class:`SimVQ`)."""
 
 from vq.quantizers.base import Quantizer
 from vq.quantizers.fsq import FSQ
 from vq.quantizers.grouped import GroupedResidualVQ
 from vq.quantizers.layer import QuantizerOutput
-from vq.quantizers.learning import EMA, Gradient, Learning
+from vq.quantizers.learning import EMA, Gradient, Learning, SimVQ
 from vq.quantizers.lfq import LFQ
 from vq.quantizers.opq import OPQ
 from vq.quantizers.product import ProductQuantizer
@@ -30,5 +30,6 @@ __all__ = [
     "ResidualLFQ",
     "ResidualVQ",
     "ScalarQuantizer",
+    "SimVQ",
     "VectorQuantizer",
 ]

@@ -30,7 +30,9 @@ class Quantizer(TrainingLayer, Codec):
         learning: None (codebooks come from ``fit`` and stay fixed in ``forward``), "ema",
             "grad", or a :class:`vq.EMA` / :class:`vq.Gradient` with its settings (k-means
             initialisation on the first training batch, dead-code restart): the codebooks then
-            learn in ``forward`` and the layer needs no ``fit``.
+            learn in ``forward`` and the layer needs no ``fit``. "simvq" /
+            :class:`vq.SimVQ` (VectorQuantizer, ResidualVQ, GroupedResidualVQ): a frozen random
+            codebook behind a learned linear map (:meth:`effective_codebooks`).
         commitment_weight: β, the weight of the commitment loss in ``loss``.
         rotation_trick: pass gradients with the rotation trick instead of straight through.
         cosine: l2-normalise inputs and codewords (cosine-similarity codebooks).

@@ -117,6 +117,10 @@ class GroupedResidualVQ(Stages, Quantizer):
     def _codebook_groups(self) -> torch.Tensor:
         return torch.cat([rvq.codebooks for rvq in self.rvqs])
 
+    def effective_codebooks(self) -> torch.Tensor:
+        """Every group's stages' codewords, float32 [G · Q, K, dim / G], group after group."""
+        return torch.cat([rvq.effective_codebooks() for rvq in self.rvqs])
+
     def _quantize(self, z, weight, lead, update) -> Step:
         stages, keep = self._stage_mask(lead, z.device)
         steps = [

@@ -16,7 +16,6 @@ normalisation are the code space of the codec too (``_code_space``, ``_output_sp
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -32,62 +31,19 @@ from vq.quantizers.functional import (
     straight_through_loss,
     usage_statistics,
 )
-from vq.quantizers.learning import CodebookLearner, Learning, as_learning, random_codebooks
+from vq.quantizers.learning import (
+    CodebookLearner,
+    Learning,
+    SimVQ,
+    as_learning,
+    random_codebooks,
+    simvq_init,
+    transformed_codebooks,
+)
+from vq.quantizers.outputs import QuantizerOutput, Step
 
 _UNTRAINED_FIXED = ", or build it with learning='ema' (or 'grad') to train it as a layer"
 _UNTRAINED_LEARNING = " (a learning layer initialises in training mode with gradients enabled)"
-
-
-class QuantizerOutput(NamedTuple):
-    """What ``forward`` returns.
-
-    Attributes:
-        quantized: Tensor[..., dim] (or ``[B, dim, ...]`` for channel-first layers), the
-            reconstruction, in the input's dtype; its gradient reaches the input through the
-            straight-through estimator (or the rotation trick). Zero at masked positions.
-        codes: integer Tensor[..., *code_shape] of ``code_dtype`` (masked positions hold the
-            codes of whatever they contained).
-        loss: scalar, ``commitment_weight · commitment + codebook_weight · codebook_loss``:
-            what to add to the training loss.
-        commitment: scalar, mean squared distance between the input (in code space) and its
-            detached reconstruction (ResidualVQ: the mean over stages of the distance to each
-            partial reconstruction).
-        codebook_loss: scalar, the same distance with the input detached and the codebook
-            learning (0 unless ``learning`` is gradient-based).
-        perplexity: ``exp`` of the entropy of this batch's code distribution: scalar for a
-            single codebook, Tensor[G] per codebook (PQ groups, RVQ stages).
-        usage: fraction of the codes used at least once in this batch, same shape.
-        num_stages: residual layers only: int64 Tensor[B], the stages each sample used (fewer
-            than ``num_quantizers`` under quantizer dropout); None otherwise.
-        per_sample_entropy: LFQ layers in training mode: the mean entropy of each vector's
-            code distribution (scalar; Tensor[Q] per stage for ResidualLFQ); None otherwise.
-        codebook_entropy: LFQ layers in training mode: the entropy of the batch's mean code
-            distribution, same shape.
-    """
-
-    quantized: torch.Tensor
-    codes: torch.Tensor
-    loss: torch.Tensor
-    commitment: torch.Tensor | None = None
-    codebook_loss: torch.Tensor | None = None
-    perplexity: torch.Tensor | None = None
-    usage: torch.Tensor | None = None
-    num_stages: torch.Tensor | None = None
-    per_sample_entropy: torch.Tensor | None = None
-    codebook_entropy: torch.Tensor | None = None
-
-
-class Step(NamedTuple):
-    """What a subclass's ``_quantize`` returns, for the rows of the batch in code space."""
-
-    quantized: torch.Tensor  # float32 [n, code_dim], with the gradient path to the input
-    codes: torch.Tensor  # int64 [n, *code_shape]
-    commitment: torch.Tensor  # scalar
-    codebook_loss: torch.Tensor  # scalar (0 unless the codebooks learn by gradient)
-    counts: torch.Tensor  # float32 [G, K], code counts of the batch per codebook
-    num_stages: torch.Tensor | None = None  # int64 [B] (residual layers)
-    aux_loss: torch.Tensor | None = None  # scalar added to ``loss`` as it is (LFQ's entropy)
-    entropies: tuple[torch.Tensor, torch.Tensor] | None = None  # per sample, codebook (LFQ)
 
 
 class TrainingLayer:
@@ -123,6 +79,7 @@ class TrainingLayer:
             self.project_in = nn.Linear(self.dim, self.code_dim)
             self.project_out = nn.Linear(self.code_dim, self.dim)
         self.learner: CodebookLearner | None = None
+        self.register_parameter("codebook_transform", None)  # SimVQ's W
 
     def _init_codebooks(
         self, name: str, shape: tuple[int, ...], learning: str | Learning | None
@@ -132,11 +89,20 @@ class TrainingLayer:
         learner that updates them. ``shape`` must reshape to ``[G, K, code_dim]``."""
         learning = as_learning(learning)
         init = torch.zeros(shape)
-        if learning is not None and not learning.kmeans_init:
-            groups = math.prod(shape) // (self.codebook_size * shape[-1])
+        groups = math.prod(shape) // (self.codebook_size * shape[-1])
+        if learning is not None and not learning.kmeans_init and not isinstance(learning, SimVQ):
             init = random_codebooks(groups, self.codebook_size, shape[-1], self.cosine)
             init = init.reshape(shape)
-        if learning is not None and hasattr(learning, "codebook_weight"):
+        if isinstance(learning, SimVQ):
+            if not self.simvq_learning:
+                raise ValueError(
+                    f"{type(self).__name__} does not learn by SimVQ; use learning='ema' or "
+                    "'grad', or a vq.VectorQuantizer / vq.ResidualVQ"
+                )
+            init, transform = simvq_init(groups, self.codebook_size, shape[-1])
+            self.register_buffer(name, init.reshape(shape))  # frozen: C
+            self.codebook_transform = nn.Parameter(transform)
+        elif learning is not None and hasattr(learning, "codebook_weight"):
             setattr(self, name, nn.Parameter(init))
         else:
             self.register_buffer(name, init)
@@ -144,6 +110,20 @@ class TrainingLayer:
             self.learner = CodebookLearner(learning, self._codebook_groups(), self.cosine)
             if not learning.kmeans_init:
                 self.mark_trained()
+
+    #: whether ``learning=vq.SimVQ(...)`` applies (the layer codes with effective_codebooks)
+    simvq_learning = False
+
+    def effective_codebooks(self) -> torch.Tensor:
+        """The codewords the layer codes with, float32 Tensor[G, K, code_dim]: the codebooks,
+        or under :class:`vq.SimVQ` the frozen ones mapped by the learned ``codebook_transform``
+        (``W_g c_k``, l2-normalised for cosine codebooks), with the gradient to ``W``. What
+        encode, decode, distance tables, the training forward and the export graphs read."""
+        codebooks = self._codebook_groups()
+        if self.codebook_transform is None:
+            return codebooks.float()
+        words = transformed_codebooks(codebooks, self.codebook_transform)
+        return self._normalize(words) if self.cosine else words
 
     # -- subclass hooks -------------------------------------------------------------------
     def _codebook_groups(self) -> torch.Tensor:
@@ -297,7 +277,7 @@ class TrainingLayer:
         """Every codebook in the input space, float32 [G, K, dim]: ``project_out`` applied to
         the codewords, its bias added to the first codebook only (so that sums of one codeword
         per codebook are reconstructions, for additive quantizers)."""
-        cb = self._codebook_groups().detach().float()
+        cb = self.effective_codebooks().detach()
         if self.project_out is None:
             return cb
         out = cb @ self.project_out.weight.detach().float().T
@@ -354,7 +334,7 @@ class TrainingLayer:
         by_group = self._codes_by_group(codes)  # [G, n]
         groups, n, d = slices.shape
         offsets = torch.arange(groups, device=z.device)[:, None] * size
-        flat = codebooks.float().reshape(groups * size, d)
+        flat = self.effective_codebooks().reshape(groups * size, d)  # read after initialize
         q = flat.index_select(0, (by_group + offsets).reshape(-1)).reshape(groups, n, d)
         q_detached = q.detach()
         if learner is not None and learner.by_gradient:

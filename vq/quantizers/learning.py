@@ -1,6 +1,6 @@
 """How a quantizer's codebooks learn while it trains as a layer of a network (a VQ-VAE, a codec).
 
-Two rules, chosen with the quantizer's ``learning`` argument:
+Three rules, chosen with the quantizer's ``learning`` argument:
 
 - :class:`EMA` (``learning="ema"``): each codeword is the exponential moving average of the
   vectors assigned to it, ``e_k = m_k / ñ_k`` with ``n_k ← γ n_k + (1-γ) count_k``,
@@ -8,6 +8,11 @@ Two rules, chosen with the quantizer's ``learning`` argument:
   ``ñ_k = (n_k + ε) / (N + Kε) · N`` (van den Oord et al. 2017, appendix; Razavi et al. 2019).
 - :class:`Gradient` (``learning="grad"``): the codebook is an ``nn.Parameter`` trained by the
   optimizer through the codebook loss ``||sg(z) - e||²``.
+- :class:`SimVQ` (``learning="simvq"``, :class:`vq.VectorQuantizer` and :class:`vq.ResidualVQ`):
+  the stored codebook ``C`` is a frozen random buffer and the codewords are ``W C`` (row k:
+  ``W c_k``) with ``W`` a learned linear map, the one codebook parameter, trained by the same
+  codebook loss (Zhu et al. 2024): every codeword moves with every update of ``W``, so no code
+  is left behind (no representation collapse).
 
 Both share where codebooks start (k-means on the first training batch, or random) and dead-code
 restart: a code whose moving-average usage falls below a threshold is replaced by a vector of the
@@ -29,7 +34,8 @@ References:
     A. van den Oord, O. Vinyals, K. Kavukcuoglu, "Neural discrete representation learning",
     NeurIPS 2017. A. Razavi, A. van den Oord, O. Vinyals, "Generating diverse high-fidelity
     images with VQ-VAE-2", NeurIPS 2019. N. Zeghidour et al., "SoundStream", 2021 (k-means
-    initialisation, dead-code restart).
+    initialisation, dead-code restart). Y. Zhu, B. Li, Y. Xin, L. Xu, "Addressing
+    representation collapse in vector quantized models with one linear layer", 2024 (SimVQ).
 """
 
 from __future__ import annotations
@@ -119,18 +125,73 @@ class Gradient(Learning):
             raise ValueError(f"usage_decay must lie in [0, 1), got {self.usage_decay}")
 
 
+@dataclass(frozen=True, kw_only=True)
+class SimVQ(Gradient):
+    """A frozen random codebook ``C`` [K, d] (Gaussian, variance 1/d) behind a learned linear
+    map ``W`` [d, d]: the codewords are the rows of ``C Wᵀ`` (``W c_k``), and ``W`` — the
+    quantizer's ``codebook_transform`` parameter, nn.Linear's initialisation, no bias — learns
+    by gradient through the codebook loss ``||sg(z) - W c||²`` (Zhu et al. 2024; the anchor,
+    vector-quantize-pytorch's ``SimVQ``, weighs it 1 and the commitment 0.25: set the layer's
+    ``commitment_weight=0.25`` for the same loss). No k-means initialisation and no dead-code
+    restart: the codebook is random by design and every codeword moves with ``W``.
+
+    Args:
+        codebook_weight: weight of ``||sg(z) - W c||²`` in the layer's ``loss``.
+        usage_decay: decay of the moving-average code usage (a statistic here).
+    """
+
+    kmeans_init: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.kmeans_init or self.dead_code_threshold:
+            raise ValueError(
+                "SimVQ's codebook is a frozen random one behind a learned linear map: "
+                "kmeans_init and dead_code_threshold do not apply (leave them unset)"
+            )
+
+
 def as_learning(learning: str | Learning | None) -> Learning | None:
-    """``"ema"`` → :class:`EMA()`, ``"grad"`` → :class:`Gradient()`; instances and None pass."""
+    """``"ema"`` → :class:`EMA()`, ``"grad"`` → :class:`Gradient()`, ``"simvq"`` →
+    :class:`SimVQ()`; instances and None pass."""
     if learning is None or isinstance(learning, Learning):
         return learning
-    if learning == "ema":
-        return EMA()
-    if learning == "grad":
-        return Gradient()
+    named = {"ema": EMA, "grad": Gradient, "simvq": SimVQ}
+    if learning in named:
+        return named[learning]()
     raise ValueError(
-        f"learning must be None (codebooks from fit), 'ema', 'grad', vq.EMA(...) or "
-        f"vq.Gradient(...), got {learning!r}"
+        f"learning must be None (codebooks from fit), 'ema', 'grad', 'simvq', vq.EMA(...), "
+        f"vq.Gradient(...) or vq.SimVQ(...), got {learning!r}"
     )
+
+
+def check_fittable(quantizer) -> None:
+    """Raise ValueError when ``quantizer`` learns by SimVQ (whose codebook must stay random)."""
+    learner = quantizer.learner
+    if learner is not None and isinstance(learner.learning, SimVQ):
+        raise ValueError(
+            f"a {type(quantizer).__name__} learning by SimVQ keeps its random codebook and "
+            "learns in forward; fit does not apply (use learning='ema' or 'grad' to fit)"
+        )
+
+
+def simvq_init(groups: int, size: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """SimVQ's starting state: frozen codebooks float32 [G, K, d] drawn from N(0, 1/d), and
+    linear maps [G, d, d] initialised as ``nn.Linear(d, d, bias=False)`` (uniform in
+    ±1/√d); drawn group by group, codebook then map, as vector-quantize-pytorch's
+    ``SimVQ`` / ``ResidualSimVQ`` draw theirs (the same seed gives the same start)."""
+    frozen, maps = torch.empty(groups, size, dim), torch.empty(groups, dim, dim)
+    bound = 1.0 / math.sqrt(dim)
+    for g in range(groups):
+        frozen[g] = torch.randn(size, dim) * dim**-0.5
+        maps[g].uniform_(-bound, bound)
+    return frozen, maps
+
+
+def transformed_codebooks(frozen: torch.Tensor, transform: torch.Tensor) -> torch.Tensor:
+    """SimVQ's codewords: frozen codebooks [G, K, d] and maps [G, d, d] → float32 [G, K, d],
+    row k of group g being ``W_g c_k`` (a batched matrix product; MatMul in ONNX)."""
+    return torch.matmul(frozen.float(), transform.float().transpose(1, 2))
 
 
 def random_codebooks(groups: int, size: int, dim: int, cosine: bool) -> torch.Tensor:

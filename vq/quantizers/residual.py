@@ -17,6 +17,7 @@ References:
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from vq import _cpu, kernels
 from vq._checks import in_chunks
@@ -24,6 +25,7 @@ from vq.clustering import kmeans
 from vq.clustering.seeding import generator
 from vq.distances import chunk_rows, nearest
 from vq.parallel import Shards, sync
+from vq.quantizers.additive import additive_tables, beam_step, residual_decode, residual_encode
 from vq.quantizers.base import Quantizer
 from vq.quantizers.codec import Metric
 from vq.quantizers.functional import (
@@ -34,7 +36,7 @@ from vq.quantizers.functional import (
     training_rows,
 )
 from vq.quantizers.layer import Step
-from vq.quantizers.learning import Learning
+from vq.quantizers.learning import Learning, check_fittable
 from vq.quantizers.stages import Stages, check_stage_options
 from vq.quantizers.vector import nearest_codeword
 
@@ -59,14 +61,23 @@ class ResidualVQ(Stages, Quantizer):
         dropout_min_stages: the fewest stages a dropped-out sample keeps.
         learning, commitment_weight, rotation_trick, codebook_dim, channel_first: layer
             options (see :class:`vq.Quantizer`); one projection pair surrounds the whole stack.
-            Cosine codebooks do not apply: residuals carry their norms.
+            ``learning="simvq"`` (:class:`vq.SimVQ`) gives every stage its own frozen random
+            codebook and learned linear map (vector-quantize-pytorch's ``ResidualSimVQ``).
+        cosine: cosine-similarity stages (vector-quantize-pytorch's ``use_cosine_sim``): the
+            input is l2-normalised, every stage's codewords are unit vectors and stage m picks
+            the codeword nearest to its l2-normalised residual (and learns from those); the
+            reconstruction is the sum of the chosen unit codewords. Greedy only
+            (``beam_size=1``): beam search ranks paths by squared error.
 
     Buffers:
-        codebooks: float32 [Q, K, code_dim] (an ``nn.Parameter`` under gradient learning).
+        codebooks: float32 [Q, K, code_dim] (an ``nn.Parameter`` under gradient learning; the
+        frozen random codebooks under :class:`vq.SimVQ`, with ``codebook_transform`` [Q,
+        code_dim, code_dim] the learned maps).
 
-    As a layer, ``forward`` in training mode assigns greedily stage by stage (each stage
-    k-means-initialised on its first residuals and updated on them); encoding, and ``forward``
-    in eval mode, use ``beam_size``.
+    As a layer, ``forward`` in training mode encodes as ``encode`` does — greedily stage by
+    stage, or by beam search when ``beam_size`` > 1 — each stage k-means-initialised on its
+    first residuals (beam search: those of the best partial encoding) and updated on the
+    residuals of the codes chosen.
 
     Codes are ``[..., Q]``. ``distance_tables`` is ``[nq, Q, K]``: for "ip" the tables sum to
     ⟨q, x̂⟩; for "l2" they sum to ``||q||² - 2⟨q, x̂⟩ + Σ_m ||c_m||²``, which lacks the cross terms
@@ -74,6 +85,8 @@ class ResidualVQ(Stages, Quantizer):
     subtract ``Σ_m ||c_m||²`` (:meth:`codeword_norm_sums`) for the exact squared distance, as
     faiss stores norms beside residual codes.
     """
+
+    simvq_learning = True
 
     def __init__(
         self,
@@ -92,18 +105,25 @@ class ResidualVQ(Stages, Quantizer):
         learning: str | Learning | None = None,
         commitment_weight: float = 1.0,
         rotation_trick: bool = False,
+        cosine: bool = False,
         codebook_dim: int | None = None,
         channel_first: bool = False,
     ):
         check_stage_options(num_quantizers, quantizer_dropout, dropout_min_stages)
         if beam_size < 1:
             raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+        if cosine and beam_size > 1:
+            raise ValueError(
+                "cosine stages choose codewords greedily by angle; beam search ranks paths by "
+                "squared error: use beam_size=1 with cosine=True"
+            )
         super().__init__(
             dim,
             codebook_size,
             (num_quantizers,),
             commitment_weight=commitment_weight,
             rotation_trick=rotation_trick,
+            cosine=cosine,
             codebook_dim=codebook_dim,
             channel_first=channel_first,
         )
@@ -118,6 +138,7 @@ class ResidualVQ(Stages, Quantizer):
 
     # -- training ---------------------------------------------------------------------------
     def _fit(self, x: torch.Tensor) -> None:
+        check_fittable(self)
         # every stage's k-means would subsample to this many vectors anyway; under
         # torch.distributed x is this process's shard: keep its part of the global sample
         gen = generator(self.seed)
@@ -125,6 +146,9 @@ class ResidualVQ(Stages, Quantizer):
         n = x.shape[0]
         codes, residuals = None, x[:, None, :].clone()  # codes [n, beam, m], residuals [n, beam, d]
         for m in range(self.num_quantizers):
+            if self.cosine:  # greedy by angle: k-means of the unit residuals, unit centroids
+                self._fit_cosine_stage(m, residuals[:, 0])
+                continue
             result = kmeans(
                 residuals.reshape(-1, self.code_dim),
                 self.codebook_size,
@@ -142,8 +166,24 @@ class ResidualVQ(Stages, Quantizer):
             ]
             codes = torch.cat([c for c, _, _ in steps])
             residuals = torch.cat([r for _, r, _ in steps])
-        for _ in range(self.refine_iters):
+        for _ in range(0 if self.cosine else self.refine_iters):
             self._refine(x, self._encode(x))
+
+    def _fit_cosine_stage(self, m: int, residual: torch.Tensor) -> None:
+        """Stage m of a cosine stack: unit k-means centroids of the unit residuals [n, d];
+        the residuals move on in place."""
+        unit = F.normalize(residual, dim=-1)
+        result = kmeans(
+            unit,
+            self.codebook_size,
+            niter=self.niter,
+            init=self.init,
+            seed=self.seed + m,
+            max_points_per_centroid=self.max_points_per_centroid,
+        )
+        cb = F.normalize(result.centroids.float(), dim=-1)
+        self.codebooks[m].copy_(cb)
+        residual.sub_(cb.index_select(0, nearest_codeword(unit, cb)))
 
     def _refine(self, x: torch.Tensor, codes: torch.Tensor) -> None:
         """Re-fit each stage's codewords to the mean of ``x`` minus the other stages
@@ -164,28 +204,32 @@ class ResidualVQ(Stages, Quantizer):
             cb.copy_(new)
 
     # -- coding -----------------------------------------------------------------------------
+    def _codewords(self) -> torch.Tensor:
+        """The codewords coded with, float32 [Q, K, code_dim] (see ``effective_codebooks``)."""
+        return self.effective_codebooks().detach()
+
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         k, beam = self.codebook_size, self.beam_size
         rows = chunk_rows(k, x.device) if beam == 1 else max(1, (1 << 20) // (beam * k))
-        cb = self.codebooks.detach().float()
-        return in_chunks(lambda chunk: residual_encode(chunk, cb, beam), x, rows)
+        cb = self._codewords()
+        return in_chunks(lambda chunk: residual_encode(chunk, cb, beam, self.cosine), x, rows)
 
     def static_encode(self, x: torch.Tensor) -> torch.Tensor:
         """``encode`` as one static-shape graph, float32 Tensor[n, dim] → int64 Tensor[n, Q]:
         the code space (``project_in``), then :func:`residual_encode` (greedy or beam search,
-        as ``beam_size`` says). What ``encode`` and eval-mode ``forward`` run (chunk by chunk)
-        off the CPU, under ``vq._cpu.torch_only()`` and in graphs, and what :mod:`vq.export`
-        writes out."""
-        cb = self.codebooks.detach().float()
-        return residual_encode(self._code_space(x), cb, self.beam_size)
+        as ``beam_size`` says; by cosine for cosine stages). What ``encode`` and eval-mode
+        ``forward`` run (chunk by chunk) off the CPU, under ``vq._cpu.torch_only()`` and in
+        graphs, and what :mod:`vq.export` writes out."""
+        cb = self._codewords()
+        return residual_encode(self._code_space(x), cb, self.beam_size, self.cosine)
 
     def static_decode(self, codes: torch.Tensor) -> torch.Tensor:
         """``decode`` as one static-shape graph: integer codes Tensor[n, Q] → float32
         Tensor[n, dim] (:func:`residual_decode`, then ``project_out``)."""
-        return self._output_space(residual_decode(codes, self.codebooks.detach().float()))
+        return self._output_space(residual_decode(codes, self._codewords()))
 
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
-        cb = self.codebooks.detach().float()
+        cb = self._codewords()
         if _cpu.fast_path(codes):
             out = _cpu.empty((codes.shape[0], self.code_dim))
             codes_np, cb_np = codes.contiguous().numpy(), cb.contiguous().numpy()
@@ -194,7 +238,7 @@ class ResidualVQ(Stages, Quantizer):
         return residual_decode(codes, cb)
 
     def _decode_prefix(self, codes: torch.Tensor) -> torch.Tensor:
-        return residual_decode(codes, self.codebooks.detach().float()[: codes.shape[-1]])
+        return residual_decode(codes, self._codewords()[: codes.shape[-1]])
 
     # -- the layer --------------------------------------------------------------------------
     def _codebook_groups(self) -> torch.Tensor:
@@ -205,41 +249,41 @@ class ResidualVQ(Stages, Quantizer):
         return self._quantize_stages(z, weight, stages, keep, update)
 
     def _quantize_stages(self, z, weight, stages, keep, update) -> Step:
-        """Stage by stage: stage m quantizes r_m = z - (stages 0..m-1) and, when learning,
-        initialises on and learns from r_m. The commitment loss is the mean over stages of
-        ``||z - sg(P_m)||²`` (P_m: the reconstruction through stage m), as in EnCodec; its
-        gradient ``2 Σ_m (z - P_m) / N`` accumulates in place, stage by stage."""
+        """Stage by stage: stage m quantizes r_m = z - (stages 0..m-1) (its l2-normalisation
+        for cosine stages) and, when learning, initialises on and learns from it. The
+        commitment loss is the mean over stages of ``||z - sg(P_m)||²`` (P_m: the
+        reconstruction through stage m), as in EnCodec; its gradient ``2 Σ_m (z - P_m) / N``
+        accumulates in place, stage by stage."""
         n, d = z.shape
         learner, size = self.learner, self.codebook_size
         synced = update and sync.active()
         codebooks = self._codebook_groups()
         zd = z.detach()
-        if not update:
-            with torch.no_grad():
-                fixed = self._encode(zd).long()  # beam search when configured
+        words = None if self.codebook_transform is None else self.effective_codebooks()
+        fixed = self._fixed_codes(zd, weight, keep, update, synced, words)
         residual = zd.clone()  # r_m, updated in place
         pull = torch.zeros_like(zd)  # Σ_m w_m r_{m+1}
         kept = None if keep is None else torch.zeros_like(zd)  # the stages each row keeps
         squares, cb_squares, count = zd.new_zeros(()), zd.new_zeros(()), zd.new_zeros(())
         codes, counts = [], []
         for m in range(self.num_quantizers):
-            w = weight if keep is None else (keep[:, m] if weight is None else keep[:, m] * weight)
-            own = slice(m, m + 1)
-            if update:
-                learner.initialize(codebooks[own].detach(), residual[None], w, own, synced)
+            w, own = _stage_weight(weight, keep, m), slice(m, m + 1)
+            seen = F.normalize(residual, dim=-1) if self.cosine else residual
+            if fixed is None:  # greedy training: initialise stage m, then its nearest codes
+                learner.initialize(codebooks[own].detach(), seen[None], w, own, synced)
                 with torch.no_grad():
-                    cb, rows = codebooks[m].detach().float(), training_rows(size)
-                    c = nearest(residual, cb, rows, x_norms=row_norms(residual)).indices
+                    cb, rows = self._stage_words(m, words).detach(), training_rows(size)
+                    c = nearest(seen, cb, rows, x_norms=row_norms(seen)).indices
             else:
                 c = fixed[:, m]
-            q = codebooks[m].float().index_select(0, c)
+            q = self._stage_words(m, words).index_select(0, c)
             if learner is not None and learner.by_gradient:
-                cb_err = ((residual - q) ** 2).sum(-1)
+                cb_err = ((seen - q) ** 2).sum(-1)
                 cb_squares = cb_squares + (cb_err if w is None else cb_err * w).sum()
             codes.append(c)
             counts.append(code_counts(c[None], size, w))
             if update:  # r_m and its codes, before r_m moves on
-                learner.update(codebooks[own].detach(), residual[None], c[None], w, own, synced)
+                learner.update(codebooks[own].detach(), seen[None], c[None], w, own, synced)
             q = q.detach()
             residual.sub_(q)  # r_{m+1}
             if w is None:
@@ -260,6 +304,33 @@ class ResidualVQ(Stages, Quantizer):
         codes, counts = torch.stack(codes, dim=1), torch.cat(counts)
         return Step(quantized, codes, commitment, cb_squares / denom, counts, stages)
 
+    def _stage_words(self, m: int, words: torch.Tensor | None) -> torch.Tensor:
+        """Stage m's codewords float32 [K, code_dim]: ``words[m]`` (SimVQ's, computed once per
+        step), else the stored codebook (read after its initialisation)."""
+        return self._codebook_groups()[m].float() if words is None else words[m]
+
+    def _fixed_codes(self, zd, weight, keep, update, synced, words) -> torch.Tensor | None:
+        """Codes int64 [n, Q] chosen before the training stage loop: ``encode``'s when not
+        learning; beam search's when learning with ``beam_size`` > 1 (stage m k-means-
+        initialised, once, on the residuals of the best partial encoding, then every partial
+        encoding extended by it: :func:`beam_step`, as ``encode`` runs it); None for greedy
+        learning, which chooses stage by stage."""
+        if not update:
+            with torch.no_grad():
+                return self._encode(zd).long()  # beam search when configured
+        if self.beam_size == 1:
+            return None
+        learner, codebooks = self.learner, self._codebook_groups()
+        codes, residuals = None, zd[:, None, :]
+        with torch.no_grad():
+            for m in range(self.num_quantizers):
+                best, own = residuals[:, 0].contiguous()[None], slice(m, m + 1)
+                w = _stage_weight(weight, keep, m)
+                learner.initialize(codebooks[own].detach(), best, w, own, synced)
+                cb = self._stage_words(m, words).detach()
+                codes, residuals, _ = beam_step(codes, residuals, cb, self.beam_size)
+        return codes[:, 0]
+
     def tables(self, queries: torch.Tensor, metric: Metric) -> torch.Tensor:
         """float32 queries [nq, dim] → tables [nq, Q, K] (l2: see the class docstring)."""
         return additive_tables(queries, self._output_codebooks(), metric)
@@ -277,79 +348,8 @@ class ResidualVQ(Stages, Quantizer):
         return norms[c + offsets].sum(-1)
 
 
-def additive_tables(queries: torch.Tensor, codebooks: torch.Tensor, metric: Metric) -> torch.Tensor:
-    """ADC tables of additive codes (one codeword per stage, summed): float32 queries [nq, d],
-    codebooks [Q, K, d] → [nq, Q, K]; for "ip" they sum to ⟨q, x̂⟩, for "l2" to ``||q||² -
-    2⟨q, x̂⟩ + Σ_m ||c_m||²`` (see :class:`ResidualVQ`)."""
-    dots = torch.einsum("nd,qkd->nqk", queries, codebooks)
-    if metric == "ip":
-        return dots
-    tables = (codebooks * codebooks).sum(-1)[None] - 2.0 * dots
-    tables[:, 0] += (queries * queries).sum(-1, keepdim=True)
-    return tables
-
-
-# -- the static-shape graphs: encode's and decode's torch path ----------------------------------
-def residual_encode(x: torch.Tensor, codebooks: torch.Tensor, beam_size: int) -> torch.Tensor:
-    """Residual codes as one static-shape graph: greedy (``beam_size`` 1: the nearest codeword
-    of each stage's residual) or beam search (:func:`beam_step` per stage, the best path).
-
-    Args:
-        x: float32 Tensor[n, d]; codebooks: float32 Tensor[Q, K, d]; beam_size: B >= 1.
-
-    Returns:
-        int64 Tensor[n, Q].
-    """
-    if beam_size == 1:
-        residual, codes = x, []
-        for codebook in codebooks.unbind(0):
-            idx = nearest_codeword(residual, codebook)
-            residual = residual - codebook.index_select(0, idx)
-            codes.append(idx)
-        return torch.stack(codes, dim=1)
-    codes, residuals = None, x[:, None, :]
-    for codebook in codebooks.unbind(0):
-        codes, residuals, _ = beam_step(codes, residuals, codebook, beam_size)
-    return codes[:, 0]
-
-
-def beam_step(
-    codes: torch.Tensor | None, residuals: torch.Tensor, codebook: torch.Tensor, beam: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Extend every partial encoding by one stage and keep the ``beam`` best: a top-k over
-    ``B × K`` candidates, parents followed by gathers from flattened rows (a candidate's parent
-    and codeword are read from constant tables: Gathers in ONNX, not division arithmetic).
-
-    Args:
-        codes: int64 Tensor[n, B, m] (None before the first stage); residuals: float32
-            Tensor[n, B, d]; codebook: float32 Tensor[K, d] of this stage; beam: B' >= 1.
-
-    Returns:
-        codes int64 [n, B', m + 1], residuals float32 [n, B', d], squared errors [n, B'].
-    """
-    (n, b, d), k = residuals.shape, codebook.shape[0]
-    r2, norms = (residuals * residuals).sum(-1, keepdim=True), (codebook * codebook).sum(-1)
-    dist = torch.addmm(norms, residuals.reshape(n * b, d), codebook.T, alpha=-2.0)
-    dist = dist.reshape(n, b, k) + r2  # [n, B, K]
-    keep = min(beam, b * k)
-    err, flat = torch.topk(dist.reshape(n, b * k), keep, dim=1, largest=False, sorted=True)
-    slots = torch.arange(b * k, device=residuals.device)  # constants of the graph
-    parent = (slots // k).index_select(0, flat.reshape(-1)).reshape(n, keep)
-    code = (slots % k).index_select(0, flat.reshape(-1)).reshape(n, keep)
-    rows = (parent + torch.arange(n, device=residuals.device)[:, None] * b).reshape(-1)
-    words = codebook.index_select(0, code.reshape(-1)).reshape(n, keep, d)
-    residuals = residuals.reshape(n * b, d).index_select(0, rows).reshape(n, keep, d) - words
-    if codes is None:
-        return code[:, :, None], residuals, err
-    m = codes.shape[2]
-    kept = codes.reshape(n * b, m).index_select(0, rows).reshape(n, keep, m)
-    return torch.cat([kept, code[:, :, None]], dim=2), residuals, err
-
-
-def residual_decode(codes: torch.Tensor, codebooks: torch.Tensor) -> torch.Tensor:
-    """Reconstructions as one static-shape graph, the sum of one codeword per stage: integer
-    codes Tensor[n, Q], codebooks float32 Tensor[Q, K, d] → float32 Tensor[n, d]."""
-    q, k, d = codebooks.shape
-    offsets = torch.arange(q, device=codes.device) * k  # a constant of the graph
-    words = codebooks.reshape(-1, d).index_select(0, (codes.long() + offsets).reshape(-1))
-    return words.reshape(-1, q, d).sum(dim=1)
+def _stage_weight(weight, keep, m: int) -> torch.Tensor | None:
+    """The weights float [n] of stage m's rows (padding and quantizer dropout), or None."""
+    if keep is None:
+        return weight
+    return keep[:, m] if weight is None else keep[:, m] * weight

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 import torch
 
 from vq.parallel import sync
+from vq.quantizers.additive import additive_tables
 from vq.quantizers.base import Quantizer
 from vq.quantizers.codec import Metric
 from vq.quantizers.functional import code_counts, row_norms
@@ -42,7 +43,6 @@ from vq.quantizers.lfq import (
     register_bit_tables,
     sign_values,
 )
-from vq.quantizers.residual import additive_tables
 from vq.quantizers.stages import Stages, check_stage_options
 
 

@@ -13,7 +13,7 @@ from vq.quantizers.base import Quantizer
 from vq.quantizers.codec import Metric
 from vq.quantizers.functional import codeword_tables, row_norms, training_rows
 from vq.quantizers.layer import Step
-from vq.quantizers.learning import Learning
+from vq.quantizers.learning import Learning, check_fittable
 
 
 def nearest_codeword(x: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
@@ -32,7 +32,7 @@ def nearest_codeword(x: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
 
 class VectorQuantizer(Quantizer):
     """One codebook of ``codebook_size`` centroids, trained with :func:`vq.kmeans` (``fit``)
-    or, as a VQ-VAE layer, in ``forward`` (``learning="ema"`` or ``"grad"``).
+    or, as a VQ-VAE layer, in ``forward`` (``learning="ema"``, ``"grad"`` or ``"simvq"``).
 
     Args:
         dim: vector dimension d.
@@ -43,7 +43,9 @@ class VectorQuantizer(Quantizer):
             layer options (see :class:`vq.Quantizer`).
 
     Buffers:
-        codebook: float32 [K, code_dim] (an ``nn.Parameter`` under gradient learning), where
+        codebook: float32 [K, code_dim] (an ``nn.Parameter`` under gradient learning; the
+        frozen random ``C`` under :class:`vq.SimVQ`, whose codewords are then
+        ``C Wᵀ`` with ``codebook_transform`` W, a parameter [1, code_dim, code_dim]), where
         code_dim is ``codebook_dim`` or d.
 
     Codes are ``[...]`` (one integer per vector); ``distance_tables`` is ``[nq, 1, K]``.
@@ -53,7 +55,12 @@ class VectorQuantizer(Quantizer):
 
         vq_layer = vq.VectorQuantizer(256, 1024, learning=vq.EMA(dead_code_threshold=2.0))
         out = vq_layer(z)  # z [B, T, 256] → out.quantized, out.codes [B, T], out.loss
+
+    SimVQ (Zhu et al. 2024): ``vq.VectorQuantizer(256, 1024, learning="simvq",
+    commitment_weight=0.25)``.
     """
+
+    simvq_learning = True
 
     def __init__(
         self,
@@ -85,7 +92,12 @@ class VectorQuantizer(Quantizer):
         self.max_points_per_centroid = max_points_per_centroid
         self._init_codebooks("codebook", (codebook_size, self.code_dim), learning)
 
+    def _codewords(self) -> torch.Tensor:
+        """The codewords coded with, float32 [K, code_dim] (see ``effective_codebooks``)."""
+        return self.effective_codebooks()[0].detach()
+
     def _fit(self, x: torch.Tensor) -> None:
+        check_fittable(self)
         result = kmeans(
             x,
             self.codebook_size,
@@ -97,7 +109,7 @@ class VectorQuantizer(Quantizer):
         self.codebook.copy_(result.centroids)
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
-        cb = self.codebook.detach().float()
+        cb = self._codewords()
         if _cpu.fast_path(x):  # BLAS products, numba arg-min
             return nearest(x, cb, x_norms=row_norms(x)).indices
         rows = chunk_rows(self.codebook_size, x.device)
@@ -115,7 +127,7 @@ class VectorQuantizer(Quantizer):
         Returns:
             int64 Tensor[n].
         """
-        return nearest_codeword(self._code_space(x), self.codebook.detach().float())
+        return nearest_codeword(self._code_space(x), self._codewords())
 
     def static_decode(self, codes: torch.Tensor) -> torch.Tensor:
         """``decode`` as one static-shape graph: integer codes Tensor[n] → float32 Tensor[n,
@@ -123,7 +135,7 @@ class VectorQuantizer(Quantizer):
         return self._output_space(self._decode(codes))
 
     def _lean_encoder(self):
-        c = self.codebook.detach().float()
+        c = self._codewords()
         centroids_t = c.T.contiguous().numpy()
         norms = (c * c).sum(1).numpy()
         dtype = _cpu.numpy_dtype(self.code_dtype)
@@ -136,10 +148,10 @@ class VectorQuantizer(Quantizer):
 
     def _training_codes(self, z: torch.Tensor) -> torch.Tensor:
         rows = training_rows(self.codebook_size)
-        return nearest(z, self.codebook.detach().float(), rows, x_norms=row_norms(z)).indices
+        return nearest(z, self._codewords(), rows, x_norms=row_norms(z)).indices
 
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
-        return self.codebook.detach().float().index_select(0, codes.reshape(-1).long())
+        return self._codewords().index_select(0, codes.reshape(-1).long())
 
     def _codebook_groups(self) -> torch.Tensor:
         return self.codebook[None]
