@@ -2,7 +2,8 @@
 
 :class:`FlatIndex` (exact), :class:`PQIndex` (ADC over PQ codes), :class:`IVFFlat` and
 :class:`IVFPQ` (inverted lists), :class:`PreTransform` (OPQ rotation in front of an index),
-:class:`Refine` (exact re-ranking); :func:`index_factory` builds them from faiss-style strings,
+:class:`Refine` (exact re-ranking), :class:`HNSW` (graph); :func:`index_factory` builds them
+from faiss-style strings,
 ``index.save`` / :func:`load_index` persist them, :func:`from_faiss` / :func:`to_faiss` convert.
 Every index is a ``torch.nn.Module``: quantizers are submodules, stored data are buffers.
 
@@ -15,8 +16,8 @@ The modules, bottom to top (each imports only from those below it):
   each kind's ``to_faiss`` uses);
 - ``base`` (:class:`Index`) and ``wrapper`` (indexes around another);
 - the kinds, each with its static search, its consistency checks and its ``to_faiss``:
-  ``flat``, ``pq``, ``ivf`` (what the IVF kinds share), ``ivfflat``, ``ivfpq``, ``transform``,
-  ``refine``;
+  ``flat``, ``pq``, ``hnsw``, ``ivf`` (what the IVF kinds share), ``ivfflat``, ``ivfpq``,
+  ``transform``, ``refine``;
 - ``factory`` (:func:`index_factory`, configurations), then ``faiss_interop``
   (:func:`from_faiss`) and ``io`` (:func:`load_index`), which build indexes of every kind.
 """
@@ -25,6 +26,7 @@ from vq.index.base import Index
 from vq.index.factory import index_factory
 from vq.index.faiss_interop import from_faiss, to_faiss
 from vq.index.flat import FlatIndex
+from vq.index.hnsw import HNSW
 from vq.index.io import load_index
 from vq.index.ivf import IVFIndex
 from vq.index.ivfflat import IVFFlat
@@ -36,6 +38,7 @@ from vq.index.transform import PreTransform
 __all__ = [
     "IVFPQ",
     "FlatIndex",
+    "HNSW",
     "IVFFlat",
     "IVFIndex",
     "Index",

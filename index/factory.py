@@ -6,6 +6,7 @@ import re
 
 from vq.index.base import Index
 from vq.index.flat import FlatIndex
+from vq.index.hnsw import HNSW
 from vq.index.ivfflat import IVFFlat
 from vq.index.ivfpq import IVFPQ
 from vq.index.pq import PQIndex
@@ -15,7 +16,8 @@ from vq.quantizers import OPQ
 
 SUPPORTED = (
     "Flat | PQ<M>[x<nbits>] | PQ<M>x4fs | IVF<nlist>,Flat | "
-    "IVF<nlist>,PQ<M>[x<nbits>|x4fs|x4fsr], optionally preceded by OPQ<M>[_<dim_out>], "
+    "IVF<nlist>,PQ<M>[x<nbits>|x4fs|x4fsr] | HNSW<M>[,Flat], "
+    "optionally preceded by OPQ<M>[_<dim_out>], "
     "and followed by RFlat or Refine(Flat) — e.g. 'PQ16', 'PQ16x8', 'IVF1024,Flat', "
     "'IVF1024,PQ16', 'IVF1024,PQ32x4fs', 'IVF1024,PQ32x4fsr', 'OPQ16,IVF1024,PQ16', "
     "'OPQ16_64,IVF1024,PQ16,RFlat'"
@@ -26,6 +28,7 @@ _OPQ = re.compile(r"OPQ(\d+)(?:_(\d+))?")
 # encodes the vectors themselves unless "x4fsr" asks for residuals (faiss's defaults)
 _PQ = re.compile(r"PQ(\d+)(?:x(\d+)(fsr?)?)?(?:np)?")
 _IVF = re.compile(r"IVF(\d+)")
+_HNSW = re.compile(r"HNSW(\d+)")
 
 
 def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
@@ -60,6 +63,8 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
 
     if parts == ["Flat"]:
         index: Index = FlatIndex(inner_dim, metric)
+    elif parts and (m := _HNSW.fullmatch(parts[0])) and parts[1:] in ([], ["Flat"]):
+        index = HNSW(inner_dim, int(m[1]), metric)
     elif len(parts) == 1 and (m := _PQ.fullmatch(parts[0])) and m[3] != "fsr":
         index = PQIndex(inner_dim, int(m[1]), int(m[2] or 8), metric, fast_scan=bool(m[3]))
     elif len(parts) == 2 and (ivf := _IVF.fullmatch(parts[0])):
@@ -79,7 +84,7 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
     return Refine(index) if refine else index
 
 
-_CLASSES = {cls.__name__: cls for cls in (FlatIndex, PQIndex, IVFFlat, IVFPQ)}
+_CLASSES = {cls.__name__: cls for cls in (FlatIndex, PQIndex, IVFFlat, IVFPQ, HNSW)}
 
 
 def from_config(config: dict) -> Index:

@@ -5,7 +5,8 @@
 
 Same trained parameters and stored codes on both sides give the same search results (ties
 aside). Supported: IndexFlat (L2/IP), IndexPQ, IndexIVFFlat, IndexIVFPQ (flat coarse
-quantizer), IndexPreTransform with one OPQMatrix, IndexRefineFlat, IndexIDMap around Flat/PQ
+quantizer), IndexPreTransform with one OPQMatrix, IndexRefineFlat, IndexHNSWFlat,
+IndexIDMap around Flat/PQ/HNSW
 (what non-sequential ids need in faiss), and the 4-bit fast-scan IndexPQFastScan and
 IndexIVFPQFastScan (even M).
 
@@ -29,6 +30,7 @@ from vq.faiss_interop import (
 from vq.index.base import Index
 from vq.index.faiss_build import import_faiss
 from vq.index.flat import FlatIndex
+from vq.index.hnsw import hnsw_from_faiss
 from vq.index.ivf import IVFIndex
 from vq.index.ivfflat import IVFFlat
 from vq.index.ivfpq import IVFPQ
@@ -82,6 +84,8 @@ def from_faiss(findex) -> Index:
         out.vectors = torch.from_numpy(refine_index.reconstruct_n(0, refine_index.ntotal))
         return out
     metric = _metric(f)
+    if isinstance(f, faiss.IndexHNSWFlat):
+        return hnsw_from_faiss(f, metric)
     if isinstance(f, faiss.IndexFlat):
         out = FlatIndex(f.d, metric)
         out.vectors = torch.from_numpy(
