@@ -26,11 +26,13 @@ import threading
 import numpy as np
 import torch
 
-from vq import kernels
+from vq import _cpu, kernels
 from vq._checks import check_int, check_positive
 from vq.index.base import Index, shape_problem
 from vq.index.faiss_build import faiss_metric, import_faiss, with_id_map
+from vq.index.hnsw_static import HNSWSearch
 from vq.index.searching import NO_IDS
+from vq.index.static import search_in_chunks
 from vq.kernels import graph, graph_build
 
 _MAX_LEVEL = 32
@@ -194,6 +196,18 @@ class HNSW(Index):
         finally:
             self._seen_pool.give_back(seen)
         return out_dist, out_rows
+
+    def searcher(self, k=None, *, efSearch=None, steps=None, width=1, upper_steps=4, copy=True):
+        """The search as a static-shape graph over a snapshot of the graph (``copy=False``:
+        over the index's own): fixed greedy steps per upper level, then ``steps`` expansions
+        of ``width`` nodes of a beam of efSearch (see :class:`HNSWSearch`; what
+        :mod:`vq.export` writes out)."""
+        return HNSWSearch(self, k, efSearch, steps, width, upper_steps, copy)
+
+    def _search_ids(self, q: torch.Tensor, k: int, efSearch: int | None = None):
+        if self.ntotal == 0 or _cpu.fast_path(q):
+            return super()._search_ids(q, k, efSearch=efSearch)
+        return search_in_chunks(HNSWSearch(self, k, efSearch, copy=False), q, k)
 
     def _search_rows(self, q: torch.Tensor, k: int, efSearch: int | None = None):
         ef = check_positive(self.efSearch if efSearch is None else efSearch, "efSearch")

@@ -182,3 +182,37 @@ def test_few_vectors_and_k_above_ntotal(data):
     D, I = index.search(q[:40], 5)
     assert (I[:, :3] >= 0).all() and (I[:, 3:] == -1).all()
     assert sorted(I[0, :3]) == [0, 1, 2]
+
+
+# -- the static-shape search (torch path, export) ---------------------------------------------
+def test_static_search_reaches_the_kernel_results_with_enough_steps(data, built):
+    from vq.index.hnsw_static import recall_by_steps
+
+    _, q = data
+    by_steps = recall_by_steps(built, q[:60], 10, (2, 8, 64), efSearch=24, width=2)
+    assert by_steps[2] < by_steps[8] <= by_steps[64]
+    assert by_steps[64] >= 0.97
+    with vq._cpu.torch_only():  # the torch path is the static search
+        D, I = built.search(torch.from_numpy(q[:30]), 10, efSearch=24)
+    x = data[0]
+    exact = ((q[:30, None, :] - x[I.numpy()]) ** 2).sum(-1)
+    np.testing.assert_allclose(D.numpy(), exact, rtol=1e-4, atol=1e-4)
+
+
+def test_onnx_search_equals_eager_torch(tmp_path, data, built):
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxscript")
+    pytest.importorskip("onnxruntime")
+    from vq.export import OnnxRunner, audit, to_onnx
+
+    x, q = data
+    small = vq.HNSW(DIM, M=16, efSearch=3)  # few levels, 6 unrolled steps: a quick export
+    small.add(x[:400])
+    path = to_onnx(small, tmp_path / "hnsw.onnx", batch_size=8, k=3)
+    report = audit(path)
+    assert report.clean, str(report)
+    D, I = OnnxRunner(path)(q[:13])
+    with torch.no_grad():
+        Dt, It = small.searcher(3)(torch.from_numpy(q[:13]))
+    np.testing.assert_array_equal(I, It.numpy())
+    np.testing.assert_allclose(D, Dt.numpy(), rtol=1e-5, atol=1e-5)
