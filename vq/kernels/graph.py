@@ -160,10 +160,12 @@ def greedy(x, data, ip, nbr0, up_off, up_nbr, level, v, dv):
 
 
 @njit(inline="always", fastmath=True)
-def beam(x, data, ip, nbr0, up_off, up_nbr, level, entry, d_entry, cap, ef, seen, hd, hi):
+def beam(x, data, ip, nbr0, up_off, up_nbr, level, entry, d_entry, cap, ef, seen, hd, hi,
+         scratch):  # fmt: skip
     """Beam search at ``level`` from ``entry``: the ``cap`` nearest nodes seen, in the
     max-heap ``hd``/``hi`` [>= cap] (ids encoded: expanded node v is ``-v - 2``); returns
-    their number. ``ef`` is faiss's stopping efSearch (see the module docstring)."""
+    their number. ``ef`` is faiss's stopping efSearch (see the module docstring);
+    ``scratch`` int64 [>= 2M] holds a node's unvisited neighbours."""
     epoch = next_epoch(seen)
     deg = degree(nbr0, up_nbr, level)
     row_bytes = data.shape[1] * 4
@@ -184,18 +186,19 @@ def beam(x, data, ip, nbr0, up_off, up_nbr, level, entry, d_entry, cap, ef, seen
                 below += hd[j] < bd
             if below >= ef:
                 break
+        fresh = 0  # the unvisited neighbours, their vectors fetched ahead of the distances
         for j in range(deg):
             w = neighbour(nbr0, up_off, up_nbr, v, level, j)
             if w < 0:
                 break
-            if seen[w] == epoch:
-                continue
-            seen[w] = epoch
-            if j + 1 < deg:
-                nxt = neighbour(nbr0, up_off, up_nbr, v, level, j + 1)
-                if nxt >= 0:
-                    for byte in range(0, row_bytes, 64):
-                        prefetch_line(data, nxt, byte)
+            if seen[w] != epoch:
+                seen[w] = epoch
+                scratch[fresh] = w
+                fresh += 1
+                for byte in range(0, row_bytes, 64):
+                    prefetch_line(data, w, byte)
+        for j in range(fresh):
+            w = scratch[j]
             d = node_distance(x, data, w, ip)
             if size == cap:
                 if d >= hd[0]:
@@ -240,12 +243,14 @@ def hnsw_search_range(s0, s1, slices, queries, data, ip, nbr0, up_off, up_nbr, e
     cap = max(ef, k)
     hd = np.empty(cap, dtype=np.float32)
     hi = np.empty(cap, dtype=np.int64)
+    scratch = np.empty(nbr0.shape[1], dtype=np.int64)
     for s in range(s0, s1):
         stamps = seen[s]
         for q in range(nq * s // slices, nq * (s + 1) // slices):
             x = queries[q]
             v, dv = descend(x, data, ip, nbr0, up_off, up_nbr, entry, max_level, 0)
-            size = beam(x, data, ip, nbr0, up_off, up_nbr, 0, v, dv, cap, ef, stamps, hd, hi)
+            size = beam(x, data, ip, nbr0, up_off, up_nbr, 0, v, dv, cap, ef, stamps, hd, hi,
+                        scratch)  # fmt: skip
             decode_sorted(hd, hi, size)
             for j in range(k):
                 if j < size:

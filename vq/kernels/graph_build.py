@@ -68,8 +68,15 @@ def random_levels(n: int, M: int, rng: np.random.Generator) -> np.ndarray:
 def select_neighbours(data, ip, cand_d, cand_i, size, out_rows, row, m):
     """Row ``row`` of ``out_rows`` := at most m of the ``size`` candidates (ascending by
     distance to the node) chosen by the heuristic: a candidate is kept unless a kept one is
-    nearer to it than the node is; -1 after them. Returns how many were kept."""
+    nearer to it than the node is; -1 after them. Returns how many were kept. As faiss's
+    ``shrink_neighbor_list``, at most m candidates are all kept (no pruning)."""
     count = 0
+    if size <= m:
+        for c in range(size):
+            out_rows[row, c] = cand_i[c]
+        for r in range(size, out_rows.shape[1]):
+            out_rows[row, r] = -1
+        return size
     for c in range(size):
         w = cand_i[c]
         dq = cand_d[c]
@@ -96,6 +103,7 @@ def insert_range(s0, s1, slices, nodes, data, ip, levels, nbr0, up_off, up_nbr, 
     data = borrow(data)
     hd = np.empty(ef, dtype=np.float32)
     hi = np.empty(ef, dtype=np.int64)
+    scratch = np.empty(nbr0.shape[1], dtype=np.int64)
     nb = nodes.shape[0]
     for s in range(s0, s1):
         stamps = seen[s]
@@ -106,7 +114,7 @@ def insert_range(s0, s1, slices, nodes, data, ip, levels, nbr0, up_off, up_nbr, 
             v, dv = descend(x, data, ip, nbr0, up_off, up_nbr, entry, max_level, top)
             for level in range(top, -1, -1):
                 size = beam(x, data, ip, nbr0, up_off, up_nbr, level, v, dv, ef, ef, stamps,
-                            hd, hi)  # fmt: skip
+                            hd, hi, scratch)  # fmt: skip
                 decode_sorted(hd, hi, size)
                 m = degree(nbr0, up_nbr, level)
                 if level == 0:
