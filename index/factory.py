@@ -16,7 +16,7 @@ from vq.quantizers import OPQ
 
 SUPPORTED = (
     "Flat | PQ<M>[x<nbits>] | PQ<M>x4fs | IVF<nlist>,Flat | "
-    "IVF<nlist>,PQ<M>[x<nbits>|x4fs|x4fsr] | HNSW<M>[,Flat], "
+    "IVF<nlist>,PQ<M>[x<nbits>|x4fs|x4fsr] (IVF<nlist>_HNSW<M>: graph-routed) | HNSW<M>[,Flat], "
     "optionally preceded by OPQ<M>[_<dim_out>], "
     "and followed by RFlat or Refine(Flat) — e.g. 'PQ16', 'PQ16x8', 'IVF1024,Flat', "
     "'IVF1024,PQ16', 'IVF1024,PQ32x4fs', 'IVF1024,PQ32x4fsr', 'OPQ16,IVF1024,PQ16', "
@@ -27,7 +27,7 @@ _OPQ = re.compile(r"OPQ(\d+)(?:_(\d+))?")
 # "np" (no polysemous training) is a no-op here; "x4fs" is 4-bit fast-scan, which in an IVF
 # encodes the vectors themselves unless "x4fsr" asks for residuals (faiss's defaults)
 _PQ = re.compile(r"PQ(\d+)(?:x(\d+)(fsr?)?)?(?:np)?")
-_IVF = re.compile(r"IVF(\d+)")
+_IVF = re.compile(r"IVF(\d+)(?:_HNSW(\d+))?")
 _HNSW = re.compile(r"HNSW(\d+)")
 
 
@@ -68,13 +68,14 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
     elif len(parts) == 1 and (m := _PQ.fullmatch(parts[0])) and m[3] != "fsr":
         index = PQIndex(inner_dim, int(m[1]), int(m[2] or 8), metric, fast_scan=bool(m[3]))
     elif len(parts) == 2 and (ivf := _IVF.fullmatch(parts[0])):
-        nlist = int(ivf[1])
+        nlist, graph = int(ivf[1]), {"coarse_hnsw": int(ivf[2])} if ivf[2] else {}
         if parts[1] == "Flat":
-            index = IVFFlat(inner_dim, nlist, metric)
+            index = IVFFlat(inner_dim, nlist, metric, **graph)
         elif m := _PQ.fullmatch(parts[1]):
             M, nbits, fs = int(m[1]), int(m[2] or 8), bool(m[3])
             residual = m[3] != "fs"  # IndexIVFPQFastScan encodes residuals only with "x4fsr"
-            index = IVFPQ(inner_dim, nlist, M, nbits, residual, metric=metric, fast_scan=fs)
+            index = IVFPQ(inner_dim, nlist, M, nbits, residual, metric=metric, fast_scan=fs,
+                          **graph)  # fmt: skip
         else:
             raise fail(f"unknown encoding {parts[1]!r} after {parts[0]!r}")
     else:

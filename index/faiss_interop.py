@@ -123,10 +123,14 @@ def _codes(raw: np.ndarray, fpq) -> torch.Tensor:
 def _ivf_from_faiss(f, metric: str) -> IVFIndex:
     faiss = import_faiss()
     quantizer = faiss.downcast_index(f.quantizer)
-    if not isinstance(quantizer, faiss.IndexFlat):
+    routed_by_graph = isinstance(quantizer, faiss.IndexHNSWFlat)
+    graph = hnsw_from_faiss(quantizer, metric) if routed_by_graph else None
+    if graph is None and not isinstance(quantizer, faiss.IndexFlat):
         raise ValueError(
-            f"only IVF indexes with a flat coarse quantizer convert, got {type(quantizer).__name__}"
+            "only IVF indexes with a flat or HNSW-flat coarse quantizer convert, got "
+            f"{type(quantizer).__name__}"
         )
+    routed = {"coarse_hnsw": graph.M} if graph is not None else {}
     fast_scan = isinstance(f, faiss.IndexIVFPQFastScan)
     if fast_scan or isinstance(f, faiss.IndexIVFPQ):
         out: IVFIndex = IVFPQ(
@@ -138,11 +142,16 @@ def _ivf_from_faiss(f, metric: str) -> IVFIndex:
             metric,
             nprobe=f.nprobe,
             fast_scan=fast_scan and _fast_scan_M(f.pq) > 0,
+            **routed,
         )
         out.pq = pq_from_faiss(f.pq)
     else:
-        out = IVFFlat(f.d, f.nlist, metric, nprobe=f.nprobe)
-    out.quantizer = kmeans_index_from_centroids(quantizer.reconstruct_n(0, f.nlist))
+        out = IVFFlat(f.d, f.nlist, metric, nprobe=f.nprobe, **routed)
+    if graph is not None:
+        out.coarse_graph = graph
+        out.quantizer = kmeans_index_from_centroids(graph.vectors.numpy())
+    else:
+        out.quantizer = kmeans_index_from_centroids(quantizer.reconstruct_n(0, f.nlist))
     invlists = f.invlists
     sizes = np.array([invlists.list_size(i) for i in range(f.nlist)], dtype=np.int64)
     if fast_scan:  # block-packed lists, 32 vectors a block: 16 bytes per pair of codes

@@ -216,6 +216,13 @@ class HNSW(Index):
         dist, rows = self._rows_numba(qn, k, ef, slots)
         return torch.from_numpy(dist).to(q.device), torch.from_numpy(rows).to(q.device)
 
+    def route(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``k`` nearest stored rows of float32 CPU rows ``x`` [n, dim], as a coarse
+        quantizer routes (faiss's IVF over an ``IndexHNSWFlat`` quantizer): values float32
+        [n, k], ascending (squared L2, or negated inner products) and rows int64 [n, k]; a
+        beam of max(efSearch, k)."""
+        return self._search_rows(x, min(k, self.ntotal))
+
     def _lean_search(self):
         """A few queries: one kernel call on the calling thread, then ids."""
         ip = self.metric == "ip"

@@ -25,6 +25,7 @@ from vq._checks import check_int, check_positive, check_training_size
 from vq.clustering import kmeans
 from vq.index.base import Index
 from vq.index.faiss_build import faiss_metric, fill_inverted_lists, import_faiss, keep_alive
+from vq.index.hnsw import HNSW
 from vq.index.searching import NO_IDS
 from vq.index.static import INF, Searcher, kept, search_in_chunks
 from vq.quantizers import VectorQuantizer
@@ -45,9 +46,12 @@ class IVFIndex(Index):
         coarse_niter: k-means iterations of the coarse quantizer (faiss's IVF default, 10).
         seed: seeds the coarse k-means.
         verbose: progress bars for train and add.
+        coarse_hnsw: M of an HNSW graph over the centroids that routes vectors and queries
+            instead of a scan of all nlist (faiss's ``IVF65536_HNSW32``); 0: the scan.
 
     Submodules and buffers:
         quantizer: :class:`vq.VectorQuantizer` with ``codebook`` float32 [nlist, dim];
+        coarse_graph: :class:`vq.HNSW` over the centroids (with ``coarse_hnsw``);
         offsets: int64 [nlist + 1]; ids: int64 [ntotal], in list order.
     """
 
@@ -64,8 +68,12 @@ class IVFIndex(Index):
         coarse_niter: int = 10,
         seed: int = 1234,
         verbose: bool = False,
+        coarse_hnsw: int = 0,
     ):
         super().__init__(dim, metric, k, verbose)
+        self.coarse_hnsw = check_int(coarse_hnsw, "coarse_hnsw", 0)
+        if self.coarse_hnsw:
+            self.coarse_graph = HNSW(dim, self.coarse_hnsw, metric)
         self.nlist = check_int(nlist, "nlist", 1)
         self.nprobe = check_positive(nprobe, "nprobe")
         self.coarse_niter, self.seed = coarse_niter, seed
@@ -83,6 +91,7 @@ class IVFIndex(Index):
             "nprobe": self.nprobe,
             "coarse_niter": self.coarse_niter,
             "seed": self.seed,
+            **({"coarse_hnsw": self.coarse_hnsw} if self.coarse_hnsw else {}),
         }
 
     def list_sizes(self) -> torch.Tensor:
@@ -110,6 +119,7 @@ class IVFIndex(Index):
         ids and nprobe): the kind's ``_empty_faiss`` filled with its inverted lists."""
         quantizer = import_faiss().IndexFlat(self.dim, faiss_metric(self.metric))
         quantizer.add(self.quantizer.codebook.float().cpu().numpy())
+        quantizer = self.coarse_graph.to_faiss() if self.coarse_hnsw else quantizer
         out, data = self._empty_faiss(quantizer)
         keep_alive(out, quantizer)
         out.is_trained = True
@@ -138,9 +148,14 @@ class IVFIndex(Index):
         )
         self.quantizer.codebook.copy_(result.centroids)
         self.quantizer.mark_trained()
+        if self.coarse_hnsw:
+            self.coarse_graph = HNSW(self.dim, self.coarse_hnsw, self.metric)
+            self.coarse_graph.add(result.centroids)
 
     def _assign(self, x: torch.Tensor) -> torch.Tensor:
         """int64 [n]: the list of each vector (nearest centroid, or largest inner product)."""
+        if self.coarse_hnsw:
+            return self.coarse_graph.route(x.float().cpu(), 1)[1][:, 0].to(x.device)
         if self.metric == "l2":
             return self.quantizer.encode_rows(x).long()
         return (x @ self.quantizer.codebook.float().T).argmax(dim=1)
@@ -158,6 +173,8 @@ class IVFIndex(Index):
     def _probe_numba(self, q: torch.Tensor, nprobe: int) -> tuple[torch.Tensor, torch.Tensor]:
         """:func:`probe` on CPU: BLAS inner products, then a numba kernel keeps each row's
         ``nprobe`` best (faster than ``torch.topk`` for the small k of an nprobe)."""
+        if self.coarse_hnsw:  # the graph's search instead
+            return self.coarse_graph.route(q, nprobe)
         c = self.quantizer.codebook.float()
         ip = self.metric == "ip"
         norms = np.zeros(0, np.float32) if ip else self._centroid_norms()
@@ -263,6 +280,8 @@ class IVFIndex(Index):
     def _lean_closure(self, refine: tuple | None):
         """The lean search, and with ``refine`` = (vectors, ids, k_factor) that of a
         re-ranking wrapper, in the same kernel call (see ``Index._lean_search_refined``)."""
+        if self.coarse_hnsw:  # none: the lean kernels scan the centroids
+            return None
         kernel, args = self._lean_kernel()
         ip = self.metric == "ip"
         norms = _NO_NORMS if ip else self._centroid_norms()

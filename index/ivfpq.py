@@ -67,11 +67,11 @@ class IVFPQ(IVFIndex):
         seed: int = 1234,
         verbose: bool = False,
         fast_scan: bool = False,
+        coarse_hnsw: int = 0,
         **pq_options,
     ):
-        super().__init__(
-            dim, nlist, metric, k, nprobe, coarse_niter=coarse_niter, seed=seed, verbose=verbose
-        )
+        super().__init__(dim, nlist, metric, k, nprobe, coarse_niter=coarse_niter, seed=seed,
+                         verbose=verbose, coarse_hnsw=coarse_hnsw)  # fmt: skip
         self.fast_scan = check_fast_scan(fast_scan, M, nbits)
         self._packed = PackedCodes()
         self.by_residual = bool(by_residual)

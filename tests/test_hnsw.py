@@ -216,3 +216,36 @@ def test_onnx_search_equals_eager_torch(tmp_path, data, built):
         Dt, It = small.searcher(3)(torch.from_numpy(q[:13]))
     np.testing.assert_array_equal(I, It.numpy())
     np.testing.assert_allclose(D, Dt.numpy(), rtol=1e-5, atol=1e-5)
+
+
+# -- a graph-routed coarse quantizer (IVF<nlist>_HNSW<M>) ---------------------------------------
+@pytest.mark.parametrize("encoding", ["Flat", "PQ8"])
+def test_ivf_routed_by_a_graph_over_the_centroids(tmp_path, data, encoding):
+    x, q = data
+    routed = vq.index_factory(DIM, f"IVF32_HNSW8,{encoding}")
+    scanned = vq.index_factory(DIM, f"IVF32,{encoding}")
+    for index in (routed, scanned):
+        index.train(x)
+        index.add(x)
+    assert routed.coarse_graph.ntotal == 32 and routed.config()["coarse_hnsw"] == 8
+    # the graph finds the nearest centroid (rounding aside: it sums differences, the scan
+    # expands the square)
+    t = torch.from_numpy(x)
+    assert (routed._assign(t) == scanned._assign(t)).float().mean() >= 0.995
+    gt = faiss.knn(q, x, 10)[1]
+    for nprobe in (1, 6):  # as good as the scan (PQ codebooks trained apart: not the same ids)
+        expected = recall(scanned.search(q, 10, nprobe=nprobe)[1], gt)
+        assert recall(routed.search(q, 10, nprobe=nprobe)[1], gt) >= expected - 0.02
+        np.testing.assert_array_equal(
+            routed.search(q[:3], 10, nprobe=nprobe)[1], routed.search(q, 10, nprobe=nprobe)[1][:3]
+        )
+    f = routed.to_faiss()
+    assert isinstance(faiss.downcast_index(f.quantizer), faiss.IndexHNSWFlat)
+    f.nprobe = 6
+    np.testing.assert_array_equal(f.search(q, 10)[1], routed.search(q, 10, nprobe=6)[1])
+    back = vq.index.from_faiss(f)
+    assert back.coarse_hnsw == 8
+    np.testing.assert_array_equal(back.search(q, 10, nprobe=6)[1], f.search(q, 10)[1])
+    routed.save(tmp_path / "ivf.vqi")
+    loaded = vq.load_index(tmp_path / "ivf.vqi")
+    np.testing.assert_array_equal(loaded.search(q, 10, nprobe=6)[1], f.search(q, 10)[1])
