@@ -36,6 +36,7 @@ from vq.index.static import search_in_chunks
 from vq.kernels import graph, graph_build
 
 _MAX_LEVEL = 32
+_TRAVERSALS = ("float", "int8")
 
 
 class HNSW(Index):
@@ -51,6 +52,10 @@ class HNSW(Index):
             faiss's default, 16; at least k nodes are kept).
         seed: seeds the levels and the insertion order.
         verbose: unused (kept for the common signature).
+        traversal: what the search walks the graph on: "float" (the vectors) or "int8"
+            (int8 codes with a scale per vector, a quarter of the bytes per visit, the
+            beam then re-ranked on the vectors: more queries per second at the same recall,
+            for dim + 8 more bytes per vector; :func:`vq.kernels.graph.int8_codes`).
     """
 
     def __init__(
@@ -63,8 +68,12 @@ class HNSW(Index):
         efSearch: int = 16,
         seed: int = 12345,
         verbose: bool = False,
+        traversal: str = "float",
     ):
         super().__init__(dim, metric, k, verbose)
+        if traversal not in _TRAVERSALS:
+            raise ValueError(f"traversal must be one of {_TRAVERSALS}, got {traversal!r}")
+        self.traversal = traversal
         self.M = check_int(M, "M", 2)
         self.efConstruction = check_int(efConstruction, "efConstruction", 1)
         self.efSearch = check_int(efSearch, "efSearch", 1)
@@ -75,6 +84,9 @@ class HNSW(Index):
         self.register_buffer("upper_offsets", torch.zeros(1, dtype=torch.int64))
         self.register_buffer("upper_neighbors", torch.zeros(0, self.M, dtype=torch.int32))
         self.register_buffer("entry_point", torch.full((1,), -1, dtype=torch.int64))
+        if traversal == "int8":
+            self.register_buffer("codes", torch.zeros(0, dim, dtype=torch.int8))
+            self.register_buffer("code_factors", torch.zeros(0, 2))
         self._seen_pool = _SeenPool()
 
     def config(self) -> dict:
@@ -84,6 +96,7 @@ class HNSW(Index):
             "efConstruction": self.efConstruction,
             "efSearch": self.efSearch,
             "seed": self.seed,
+            "traversal": self.traversal,
         }
 
     @property
@@ -104,6 +117,7 @@ class HNSW(Index):
             "levels",
             "upper_offsets",
             "upper_neighbors",
+            *(("codes", "code_factors") if self.traversal == "int8" else ()),
         )
 
     # -- storage ------------------------------------------------------------------------------
@@ -131,6 +145,10 @@ class HNSW(Index):
                                            self.efConstruction)  # fmt: skip
         self._append_ids(ids)
         self._set_graph(data, nbr0, levels, up_off, up_nbr, entry, device)
+        if self.traversal == "int8":
+            codes, factors = graph.int8_codes(new)
+            self.codes = torch.cat([self.codes, torch.from_numpy(codes).to(device)])
+            self.code_factors = torch.cat([self.code_factors, torch.from_numpy(factors).to(device)])
 
     def _set_graph(self, data, nbr0, levels, up_off, up_nbr, entry, device) -> None:
         self.vectors = torch.from_numpy(data).to(device)
@@ -158,6 +176,11 @@ class HNSW(Index):
             ("neighbors", self.neighbors, (n, 2 * M)),
             ("levels", self.levels, (n,)),
             ("upper_offsets", self.upper_offsets, (n + 1,)),
+            *(
+                (("codes", self.codes, (n, self.dim)), ("code_factors", self.code_factors, (n, 2)))
+                if self.traversal == "int8"
+                else ()
+            ),
         ):
             problem = problem or shape_problem(name, t, shape)
         if problem:
@@ -177,22 +200,21 @@ class HNSW(Index):
         sources = tuple(self.buffers())
 
         def compute():
-            return tuple(
-                t.cpu().contiguous().numpy()
-                for t in (self.vectors, self.neighbors, self.upper_offsets, self.upper_neighbors)
-            )
+            arrays = (self.vectors, self.neighbors, self.upper_offsets, self.upper_neighbors)
+            codes = (self.codes, self.code_factors) if self.traversal == "int8" else ()
+            return tuple(t.cpu().contiguous().numpy() for t in (*arrays, *codes))
 
         return self._derived("graph_arrays", sources, compute)
 
     def _rows_numba(self, q: np.ndarray, k: int, ef: int, slots: int):
-        data, nbr0, up_off, up_nbr = self._arrays()
+        data, nbr0, up_off, up_nbr, *codes = self._arrays()
         out_dist = np.empty((q.shape[0], k), np.float32)
         out_rows = np.empty((q.shape[0], k), np.int64)
         seen = self._seen_pool.take(slots, self.ntotal)
         try:
             graph.hnsw_search(q, data, self.metric == "ip", nbr0, up_off, up_nbr,
                               int(self.entry_point[0]), self.max_level, ef, seen, out_dist,
-                              out_rows)  # fmt: skip
+                              out_rows, tuple(codes) or None)  # fmt: skip
         finally:
             self._seen_pool.give_back(seen)
         return out_dist, out_rows

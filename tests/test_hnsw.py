@@ -249,3 +249,39 @@ def test_ivf_routed_by_a_graph_over_the_centroids(tmp_path, data, encoding):
     routed.save(tmp_path / "ivf.vqi")
     loaded = vq.load_index(tmp_path / "ivf.vqi")
     np.testing.assert_array_equal(loaded.search(q, 10, nprobe=6)[1], f.search(q, 10)[1])
+
+
+def test_int8_traversal_keeps_recall_and_exact_distances(tmp_path, data, built):
+    x, q = data
+    index = vq.HNSW(DIM, M=12, traversal="int8")
+    index.add(x[:1000])
+    index.add(x[1000:])
+    assert index.codes.dtype == torch.int8 and index.codes.shape == (N, DIM)
+    scale = index.code_factors[:, :1]
+    np.testing.assert_allclose(index.codes.float() * scale, x, atol=float(scale.max()) / 2 + 1e-6)
+    assert torch.equal(index.neighbors, _graph_of(x, 1000))  # the same graph as "float"
+    gt = faiss.knn(q, x, 10)[1]
+    D, I = index.search(q, 10, efSearch=48)
+    assert recall(I, gt) >= recall(_float_search(x, q), gt) - 0.01
+    exact = ((q[:, None, :] - x[I]) ** 2).sum(-1)  # re-ranked: exact distances
+    np.testing.assert_allclose(D, exact, rtol=1e-4, atol=1e-4)
+    index.save(tmp_path / "i8.vqi")
+    loaded = vq.load_index(tmp_path / "i8.vqi")
+    assert loaded.traversal == "int8"
+    np.testing.assert_array_equal(loaded.search(q, 10, efSearch=48)[1], I)
+    with pytest.raises(ValueError, match="traversal must be one of"):
+        vq.HNSW(DIM, traversal="fp8")
+
+
+def _graph_of(x, first):
+    index = vq.HNSW(DIM, M=12)
+    index.add(x[:first])
+    index.add(x[first:])
+    return index.neighbors
+
+
+def _float_search(x, q):
+    index = vq.HNSW(DIM, M=12)
+    index.add(x[:1000])
+    index.add(x[1000:])
+    return index.search(q, 10, efSearch=48)[1]

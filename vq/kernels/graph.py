@@ -26,7 +26,8 @@ compressed codes replaces it (and re-ranks the survivors exactly).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from vq.kernels.cache import kernel
 from vq.kernels.simd import borrow, prefetch_line
@@ -36,7 +37,7 @@ _EPOCHS = 65535
 
 
 @njit(inline="always", fastmath=True)
-def node_distance(x, data, i, inner_product):
+def exact_distance(x, data, i, inner_product):
     """Squared L2 distance of the float32 vector x to row i of ``data``, or their negated
     inner product (smaller is nearer in both cases)."""
     d = np.float32(0.0)
@@ -48,6 +49,76 @@ def node_distance(x, data, i, inner_product):
             diff = x[j] - data[i, j]
             d += diff * diff
     return d
+
+
+@njit(inline="always", fastmath=True)
+def int8_distance(x, store, i, inner_product):
+    """:func:`exact_distance` estimated from int8 codes with a scale per vector:
+    ``store`` = (codes int8 [n, d], factors float32 [n, 2]: the scale s and s²‖c‖²),
+    ``x`` = (query float32 [d], ‖q‖²)."""
+    q, qn = x
+    codes, factors = store
+    dot = np.float32(0.0)
+    for j in range(q.shape[0]):
+        dot += q[j] * np.float32(codes[i, j])
+    s = factors[i, 0]
+    if inner_product:
+        return -s * dot
+    return qn - np.float32(2.0) * s * dot + factors[i, 1]
+
+
+def node_distance(x, store, i, inner_product):
+    """The distance the traversal ranks by: :func:`exact_distance` for a float32 ``store``
+    [n, d], :func:`int8_distance` for a tuple of int8 codes and factors (the one function
+    a compressed layout replaces; a numba overload, resolved by the store's type)."""
+
+
+def prepare_query(q, store):
+    """The query as :func:`node_distance` takes it for ``store``: ``q`` itself, or
+    ``(q, ‖q‖²)`` for int8 codes."""
+
+
+def prefetch_node(store, i):
+    """Ask the CPU for the cache lines of node i in ``store``."""
+
+
+@overload(node_distance, jit_options={"fastmath": True})
+def _node_distance(x, store, i, inner_product):
+    if isinstance(store, types.Array):
+        return lambda x, store, i, inner_product: exact_distance(x, store, i, inner_product)
+    return lambda x, store, i, inner_product: int8_distance(x, store, i, inner_product)
+
+
+@overload(prepare_query, jit_options={"fastmath": True})
+def _prepare_query(q, store):
+    if isinstance(store, types.Array):
+        return lambda q, store: q
+
+    def impl(q, store):
+        qn = np.float32(0.0)
+        for j in range(q.shape[0]):
+            qn += q[j] * q[j]
+        return q, qn
+
+    return impl
+
+
+@overload(prefetch_node)
+def _prefetch_node(store, i):
+    if isinstance(store, types.Array):
+
+        def impl(store, i):
+            for byte in range(0, store.shape[1] * 4, 64):
+                prefetch_line(store, i, byte)
+
+        return impl
+
+    def impl8(store, i):
+        codes = store[0]
+        for byte in range(0, codes.shape[1], 64):
+            prefetch_line(codes, i, byte)
+
+    return impl8
 
 
 @njit(inline="always", fastmath=True)
@@ -168,7 +239,6 @@ def beam(x, data, ip, nbr0, up_off, up_nbr, level, entry, d_entry, cap, ef, seen
     ``scratch`` int64 [>= 2M] holds a node's unvisited neighbours."""
     epoch = next_epoch(seen)
     deg = degree(nbr0, up_nbr, level)
-    row_bytes = data.shape[1] * 4
     hd[0], hi[0] = d_entry, entry
     size, valid = 1, 1
     seen[entry] = epoch
@@ -195,8 +265,7 @@ def beam(x, data, ip, nbr0, up_off, up_nbr, level, entry, d_entry, cap, ef, seen
                 seen[w] = epoch
                 scratch[fresh] = w
                 fresh += 1
-                for byte in range(0, row_bytes, 64):
-                    prefetch_line(data, w, byte)
+                prefetch_node(data, w)
         for j in range(fresh):
             w = scratch[j]
             d = node_distance(x, data, w, ip)
@@ -233,8 +302,8 @@ def descend(x, data, ip, nbr0, up_off, up_nbr, entry, max_level, stop):
 
 
 @kernel(nogil=True, fastmath=True)
-def hnsw_search_range(s0, s1, slices, queries, data, ip, nbr0, up_off, up_nbr, entry,
-                      max_level, ef, seen, out_dist, out_idx):  # fmt: skip
+def hnsw_search_range(s0, s1, slices, queries, store, data, rerank, ip, nbr0, up_off, up_nbr,
+                      entry, max_level, ef, seen, out_dist, out_idx):  # fmt: skip
     """:func:`hnsw_search` for slices ``s0..s1`` of ``slices`` (slice s: queries
     ``nq * s // slices`` .. and the visit stamps ``seen[s]``) on the calling thread."""
     queries, data, nbr0 = borrow(queries), borrow(data), borrow(nbr0)
@@ -247,11 +316,16 @@ def hnsw_search_range(s0, s1, slices, queries, data, ip, nbr0, up_off, up_nbr, e
     for s in range(s0, s1):
         stamps = seen[s]
         for q in range(nq * s // slices, nq * (s + 1) // slices):
-            x = queries[q]
-            v, dv = descend(x, data, ip, nbr0, up_off, up_nbr, entry, max_level, 0)
-            size = beam(x, data, ip, nbr0, up_off, up_nbr, 0, v, dv, cap, ef, stamps, hd, hi,
+            x = prepare_query(queries[q], store)
+            v, dv = descend(x, store, ip, nbr0, up_off, up_nbr, entry, max_level, 0)
+            size = beam(x, store, ip, nbr0, up_off, up_nbr, 0, v, dv, cap, ef, stamps, hd, hi,
                         scratch)  # fmt: skip
             decode_sorted(hd, hi, size)
+            if rerank:  # the beam's nodes by their exact distances
+                for j in range(size):
+                    hd[j] = exact_distance(queries[q], data, hi[j], ip)
+                heapify(hd, hi, size)
+                sort_heap(hd, hi, size)
             for j in range(k):
                 if j < size:
                     out_dist[q, j], out_idx[q, j] = hd[j], hi[j]
@@ -265,12 +339,15 @@ def new_seen(slots: int, n: int) -> np.ndarray:
 
 
 def hnsw_search(queries, data, inner_product, nbr0, up_off, up_nbr, entry, max_level, ef, seen,
-                out_dist, out_idx):  # fmt: skip
+                out_dist, out_idx, codes=None):  # fmt: skip
     """The ``k`` nearest nodes of each query by HNSW search; threads split the queries.
 
     Args:
         queries: float32 [nq, d]; the graph arrays as in the module docstring (``entry`` a
             node of level ``max_level``; a non-empty graph).
+        codes: None (the traversal reads ``data``), or (int8 [n, d], float32 [n, 2]) codes
+            with a scale per vector (:func:`int8_codes`): the traversal reads them, and the
+            beam's nodes are re-ranked on ``data``.
         inner_product: rank by negated inner products instead of squared L2 distances.
         ef: efSearch (the beam holds max(ef, k) nodes).
         seen: uint16 [slots, n + 1] visit stamps (:func:`new_seen`), one row per thread,
@@ -279,6 +356,17 @@ def hnsw_search(queries, data, inner_product, nbr0, up_off, up_nbr, entry, max_l
             (-1 padding).
     """
     slices = max(1, min(get_num_threads(), seen.shape[0], queries.shape[0]))
-    parallel_for(hnsw_search_range, slices, slices, queries, data, bool(inner_product), nbr0,
-                 up_off, up_nbr, int(entry), int(max_level), int(ef), seen, out_dist,
-                 out_idx)  # fmt: skip
+    store = data if codes is None else tuple(codes)
+    parallel_for(hnsw_search_range, slices, slices, queries, store, data, codes is not None,
+                 bool(inner_product), nbr0, up_off, up_nbr, int(entry), int(max_level), int(ef),
+                 seen, out_dist, out_idx)  # fmt: skip
+
+
+def int8_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int8 codes with one scale per vector, for the traversal: codes int8 [n, d] =
+    round(x / s) with s = max|x| / 127, and factors float32 [n, 2] = (s, s² ‖c‖²)."""
+    s = np.abs(x).max(axis=1) / 127.0
+    s = np.where(s > 0, s, 1.0).astype(np.float32)
+    codes = np.clip(np.rint(x / s[:, None]), -127, 127).astype(np.int8)
+    norms = (codes.astype(np.float32) ** 2).sum(1) * s * s
+    return codes, np.stack([s, norms], axis=1).astype(np.float32)
