@@ -19,7 +19,7 @@ import numpy as np
 
 from bench.common import alternate, report, set_threads
 
-EF = (10, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+EF = (10, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 TARGETS = (0.90, 0.95, 0.99)
 
 
@@ -38,13 +38,18 @@ def builders(x: np.ndarray, M: int, efc: int, threads: int) -> dict:
         index.add(x)
         return index
 
+    def build_vq_int8():
+        index = vq.HNSW(x.shape[1], M, efConstruction=efc, traversal="int8")
+        index.add(x)
+        return index
+
     def build_faiss():
         index = faiss.IndexHNSWFlat(x.shape[1], M)
         index.hnsw.efConstruction = efc
         index.add(x)
         return index
 
-    out = {"vq": build_vq, "faiss": build_faiss}
+    out = {"vq": build_vq, "vq-int8": build_vq_int8, "faiss": build_faiss}
     try:
         import hnswlib
     except ImportError:
@@ -62,8 +67,8 @@ def builders(x: np.ndarray, M: int, efc: int, threads: int) -> dict:
 
 
 def searchers(built: dict, q: np.ndarray, k: int) -> dict:
-    def vq_search(ef):
-        return lambda: built["vq"].search(q, k, efSearch=ef)[1]
+    def vq_search(ef, name="vq"):
+        return lambda: built[name].search(q, k, efSearch=ef)[1]
 
     def faiss_search(ef):
         def run():
@@ -79,12 +84,13 @@ def searchers(built: dict, q: np.ndarray, k: int) -> dict:
 
         return run
 
-    table = {"vq": vq_search, "faiss": faiss_search, "hnswlib": hnswlib_search}
+    table = {"vq": vq_search, "vq-int8": lambda ef: vq_search(ef, "vq-int8"),
+             "faiss": faiss_search, "hnswlib": hnswlib_search}  # fmt: skip
     return {name: table[name] for name in built}
 
 
 def bytes_per_vector(name: str, index, n: int, dim: int, M: int) -> float:
-    if name == "vq":
+    if name.startswith("vq"):
         return sum(t.numel() * t.element_size() for t in index.state_dict().values()) / n
     if name == "faiss":
         import faiss
