@@ -285,3 +285,15 @@ def _float_search(x, q):
     index.add(x[:1000])
     index.add(x[1000:])
     return index.search(q, 10, efSearch=48)[1]
+
+
+def test_searches_from_many_threads_equal_one_at_a_time(data, built):
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, q = data
+    expected = [built.search(q[s : s + 20], 10, efSearch=24)[1] for s in range(0, 200, 20)]
+    with ThreadPoolExecutor(4) as pool:
+        found = list(pool.map(lambda s: built.search(q[s : s + 20], 10, efSearch=24)[1],
+                              range(0, 200, 20)))  # fmt: skip
+    for a, b in zip(expected, found, strict=True):
+        np.testing.assert_array_equal(a, b)
