@@ -16,7 +16,13 @@ number of threads. Storage (buffers):
 - ``levels`` int32 [ntotal]: each node's top level (faiss stores it plus one);
 - ``upper_offsets`` int64 [ntotal + 1], ``upper_neighbors`` int32 [rows, M]: node v's list at
   level l >= 1 is row ``upper_offsets[v] + l - 1``;
-- ``entry_point`` int64 [1] (-1 while empty), a node of the top level.
+- ``entry_point`` int64 [1] (-1 while empty), a node of the top level;
+- with ``traversal="int8"``: ``codes`` int8 [ntotal, dim] and ``code_factors`` float32
+  [ntotal, 2], what the search walks the graph on before re-ranking the beam exactly.
+
+The static-shape search (ONNX export, the torch path off the CPU) is
+:class:`vq.index.hnsw_static.HNSWSearch`; ``IVF…_HNSW<M>`` indexes route through
+:meth:`HNSW.route`.
 """
 
 from __future__ import annotations
@@ -277,7 +283,8 @@ class HNSW(Index):
         cum = faiss.vector_to_array(h.cum_nneighbor_per_level).astype(np.int64)
         if self.ntotal and levels.max() + 1 >= len(cum):
             raise ValueError(f"faiss's HNSW{self.M} has no level {levels.max()}")
-        flat = faiss_neighbors(self.neighbors.cpu().numpy(), levels, self.upper_neighbors.numpy())
+        nbr0, up_nbr = self.neighbors.cpu().numpy(), self.upper_neighbors.cpu().numpy()
+        flat = faiss_neighbors(nbr0, levels, up_nbr)
         offsets = np.concatenate([[0], np.cumsum(cum[levels + 1])]).astype(np.uint64)
         faiss.copy_array_to_vector((levels + 1).astype(np.int32), h.levels)
         faiss.copy_array_to_vector(offsets, h.offsets)
