@@ -3,6 +3,7 @@ same M and efConstruction, then QPS and recall@10 over an efSearch sweep, and th
 that reaches recall 0.90 / 0.95 / 0.99; memory per vector.
 
     python -m bench.hnsw [--n 100000] [--dim 128] [--M 32] [--efc 40] [--nq 1000] [--threads 2]
+                         [--unit-norm]
 
 The data are anisotropic Gaussian vectors (variance decaying over a random basis, as
 embeddings have). Builds alternate vq, faiss(, hnswlib) ``--build-rounds`` times (best kept);
@@ -110,6 +111,7 @@ def main(argv=None) -> None:
     p.add_argument("--nq", type=int, default=1000)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--build-rounds", type=int, default=1)
+    p.add_argument("--unit-norm", action="store_true", help="normalise (as sentence embeddings)")
     args = p.parse_args(argv)
 
     import faiss
@@ -119,6 +121,8 @@ def main(argv=None) -> None:
 
     set_threads(args.threads)
     data = anisotropic_vectors(args.n + args.nq, args.dim, decay=0.95, seed=0)
+    if args.unit_norm:
+        data /= np.linalg.norm(data, axis=1, keepdims=True)
     x, q = np.ascontiguousarray(data[: args.n]), np.ascontiguousarray(data[args.n :])
     truth = faiss.knn(q, x, 10)[1]
     vq.HNSW(args.dim, args.M).add(x[:2000])  # compile (or load) the kernels first
