@@ -3,7 +3,8 @@
 :class:`FlatIndex` (exact), :class:`PQIndex` (ADC over PQ codes), :class:`IVFFlat` and
 :class:`IVFPQ`, :class:`IVFSQ` (inverted lists), :class:`SQIndex` (scalar-quantizer
 codes), :class:`PreTransform` (OPQ rotation in front of an index),
-:class:`Refine` (exact re-ranking); :func:`index_factory` builds them from faiss-style strings,
+:class:`Refine` (exact re-ranking), :class:`HNSW` (graph); :func:`index_factory` builds them
+from faiss-style strings,
 ``index.save`` / :func:`load_index` persist them, :func:`from_faiss` / :func:`to_faiss` convert.
 Every index is a ``torch.nn.Module``: quantizers are submodules, stored data are buffers.
 
@@ -16,9 +17,8 @@ The modules, bottom to top (each imports only from those below it):
   each kind's ``to_faiss`` uses);
 - ``base`` (:class:`Index`) and ``wrapper`` (indexes around another);
 - the kinds, each with its static search, its consistency checks and its ``to_faiss``:
-  ``flat``, ``pq``, ``sq``, ``ivf`` (what the IVF kinds share), ``ivfflat``, ``ivfpq``,
-  ``ivfsq``, ``transform``,
-  ``refine``;
+  ``flat``, ``pq``, ``sq``, ``hnsw``, ``ivf`` (what the IVF kinds share), ``ivfflat``,
+  ``ivfpq``, ``ivfsq``, ``transform``, ``refine``;
 - ``factory`` (:func:`index_factory`, configurations), then ``faiss_interop``
   (:func:`from_faiss`) and ``io`` (:func:`load_index`), which build indexes of every kind.
 """
@@ -28,6 +28,7 @@ from vq.index.factory import index_factory
 from vq.index.faiss_interop import from_faiss, to_faiss
 from vq.index.filters import IdFilter
 from vq.index.flat import FlatIndex
+from vq.index.hnsw import HNSW
 from vq.index.io import load_index
 from vq.index.ivf import IVFIndex
 from vq.index.ivfflat import IVFFlat
@@ -43,6 +44,7 @@ __all__ = [
     "IVFSQ",
     "FlatIndex",
     "IdFilter",
+    "HNSW",
     "IVFFlat",
     "IVFIndex",
     "Index",

@@ -6,6 +6,7 @@ import re
 
 from vq.index.base import Index
 from vq.index.flat import FlatIndex
+from vq.index.hnsw import HNSW
 from vq.index.ivfflat import IVFFlat
 from vq.index.ivfpq import IVFPQ
 from vq.index.ivfsq import IVFSQ
@@ -16,9 +17,10 @@ from vq.index.transform import PreTransform
 from vq.quantizers import OPQ
 
 SUPPORTED = (
-    "Flat | PQ<M>[x<nbits>] | PQ<M>x4fs | SQ8|SQ6|SQ4|SQfp16|SQbf16 | IVF<nlist>,Flat | "
-    "IVF<nlist>,PQ<M>[x<nbits>|x4fs|x4fsr] | IVF<nlist>,SQ<8|6|4|fp16|bf16>, "
-    "IVF<nlist>(soar[=<λ>]) for spilled lists, optionally preceded by OPQ<M>[_<dim_out>], "
+    "Flat | PQ<M>[x<nbits>] | PQ<M>x4fs | SQ8|SQ6|SQ4|SQfp16|SQbf16 | HNSW<M>[,Flat] | "
+    "IVF<nlist>,Flat | IVF<nlist>,PQ<M>[x<nbits>|x4fs|x4fsr] | IVF<nlist>,SQ<8|6|4|fp16|bf16>, "
+    "IVF<nlist>(soar[=<λ>]) for spilled lists, IVF<nlist>_HNSW<M> for graph-routed lists, "
+    "optionally preceded by OPQ<M>[_<dim_out>], "
     "and followed by RFlat or Refine(Flat) — e.g. 'PQ16', 'PQ16x8', 'IVF1024,Flat', "
     "'IVF1024,PQ16', 'IVF1024,PQ32x4fs', 'IVF1024,PQ32x4fsr', 'OPQ16,IVF1024,PQ16', "
     "'OPQ16_64,IVF1024,PQ16,RFlat'"
@@ -28,9 +30,11 @@ _OPQ = re.compile(r"OPQ(\d+)(?:_(\d+))?")
 # "np" (no polysemous training) is a no-op here; "x4fs" is 4-bit fast-scan, which in an IVF
 # encodes the vectors themselves unless "x4fsr" asks for residuals (faiss's defaults)
 _PQ = re.compile(r"PQ(\d+)(?:x(\d+)(fsr?)?)?(?:np)?")
-# "IVF1024(soar)" / "IVF1024(soar=0.5)": spilled lists (SOAR, λ 1 unless given)
-_IVF = re.compile(r"IVF(\d+)(?:\((soar)(?:=(\d+(?:\.\d*)?))?\))?")
+# "IVF1024(soar)" / "IVF1024(soar=0.5)": spilled lists (SOAR, λ 1 unless given);
+# "IVF65536_HNSW32": the coarse quantizer routed by an HNSW graph over the centroids
+_IVF = re.compile(r"IVF(\d+)(?:_HNSW(\d+))?(?:\((soar)(?:=(\d+(?:\.\d*)?))?\))?")
 _SQ = re.compile(r"SQ(8|6|4|fp16|bf16)")
+_HNSW = re.compile(r"HNSW(\d+)")
 
 
 def _sq_bits(match: re.Match) -> int | str:
@@ -71,23 +75,27 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
 
     if parts == ["Flat"]:
         index: Index = FlatIndex(inner_dim, metric)
+    elif parts and (m := _HNSW.fullmatch(parts[0])) and parts[1:] in ([], ["Flat"]):
+        index = HNSW(inner_dim, int(m[1]), metric)
     elif len(parts) == 1 and (m := _SQ.fullmatch(parts[0])):
         index = SQIndex(inner_dim, _sq_bits(m), metric)
     elif len(parts) == 1 and (m := _PQ.fullmatch(parts[0])) and m[3] != "fsr":
         index = PQIndex(inner_dim, int(m[1]), int(m[2] or 8), metric, fast_scan=bool(m[3]))
     elif len(parts) == 2 and (ivf := _IVF.fullmatch(parts[0])):
         nlist = int(ivf[1])
-        spill = {"spill": True, "soar_lambda": float(ivf[3] or 1.0)} if ivf[2] else {}
+        extra = {"coarse_hnsw": int(ivf[2])} if ivf[2] else {}
+        if ivf[3]:
+            extra.update(spill=True, soar_lambda=float(ivf[4] or 1.0))
         if parts[1] == "Flat":
-            index = IVFFlat(inner_dim, nlist, metric, **spill)
+            index = IVFFlat(inner_dim, nlist, metric, **extra)
         elif m := _PQ.fullmatch(parts[1]):
             M, nbits, fs = int(m[1]), int(m[2] or 8), bool(m[3])
             residual = m[3] != "fs"  # IndexIVFPQFastScan encodes residuals only with "x4fsr"
             index = IVFPQ(
-                inner_dim, nlist, M, nbits, residual, metric=metric, fast_scan=fs, **spill
+                inner_dim, nlist, M, nbits, residual, metric=metric, fast_scan=fs, **extra
             )
         elif m := _SQ.fullmatch(parts[1]):
-            index = IVFSQ(inner_dim, nlist, _sq_bits(m), metric=metric, **spill)
+            index = IVFSQ(inner_dim, nlist, _sq_bits(m), metric=metric, **extra)
         else:
             raise fail(f"unknown encoding {parts[1]!r} after {parts[0]!r}")
     else:
@@ -97,7 +105,7 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
     return Refine(index) if refine else index
 
 
-_CLASSES = {cls.__name__: cls for cls in (FlatIndex, PQIndex, IVFFlat, IVFPQ, SQIndex, IVFSQ)}
+_CLASSES = {cls.__name__: cls for cls in (FlatIndex, PQIndex, IVFFlat, IVFPQ, SQIndex, IVFSQ, HNSW)}
 
 
 def from_config(config: dict) -> Index:

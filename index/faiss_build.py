@@ -73,3 +73,24 @@ def fill_inverted_lists(findex, data: np.ndarray, offsets: np.ndarray, ids: np.n
         if e > s:
             block = np.ascontiguousarray(data[s:e])
             findex.invlists.add_entries(lst, e - s, faiss.swig_ptr(ids[s:e]), faiss.swig_ptr(block))
+
+
+def ivf_to_faiss(index):
+    """The faiss IVF index of an IVF ``index`` of any kind: a flat coarse quantizer holding the
+    same centroids (or the faiss twin of its graph-routed one), the same lists, ids and
+    nprobe; the kind's ``_empty_faiss`` says which faiss class and what each row stores."""
+    if index.spill:
+        raise ValueError(
+            "a spilled IVF index has no faiss counterpart (faiss stores each vector once); "
+            "build it with spill=False to convert"
+        )
+    quantizer = import_faiss().IndexFlat(index.dim, faiss_metric(index.metric))
+    quantizer.add(index.quantizer.codebook.float().cpu().numpy())
+    quantizer = index.coarse_graph.to_faiss() if index.coarse_hnsw else quantizer
+    out, data = index._empty_faiss(quantizer)
+    keep_alive(out, quantizer)
+    out.is_trained = True
+    out.nprobe = index.nprobe
+    fill_inverted_lists(out, data, index.offsets.cpu().numpy(), index.ids.cpu().numpy())
+    out.ntotal = index.ntotal
+    return out

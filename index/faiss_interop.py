@@ -6,7 +6,8 @@
 Same trained parameters and stored codes on both sides give the same search results (ties
 aside). Supported: IndexFlat (L2/IP), IndexPQ, IndexIVFFlat, IndexIVFPQ (flat coarse
 quantizer), IndexScalarQuantizer and IndexIVFScalarQuantizer (QT_8bit, QT_6bit, QT_4bit,
-QT_fp16, QT_bf16), IndexPreTransform with one OPQMatrix, IndexRefineFlat, IndexIDMap around Flat/PQ
+QT_fp16, QT_bf16), IndexPreTransform with one OPQMatrix, IndexRefineFlat, IndexHNSWFlat,
+IndexIDMap around Flat/PQ/HNSW
 (what non-sequential ids need in faiss), and the 4-bit fast-scan IndexPQFastScan and
 IndexIVFPQFastScan (even M).
 
@@ -31,6 +32,7 @@ from vq.faiss_interop import (
 from vq.index.base import Index
 from vq.index.faiss_build import import_faiss
 from vq.index.flat import FlatIndex
+from vq.index.hnsw import hnsw_from_faiss
 from vq.index.ivf import IVFIndex
 from vq.index.ivfflat import IVFFlat
 from vq.index.ivfpq import IVFPQ
@@ -86,6 +88,8 @@ def from_faiss(findex) -> Index:
         out.vectors = torch.from_numpy(refine_index.reconstruct_n(0, refine_index.ntotal))
         return out
     metric = _metric(f)
+    if isinstance(f, faiss.IndexHNSWFlat):
+        return hnsw_from_faiss(f, metric)
     if isinstance(f, faiss.IndexFlat):
         out = FlatIndex(f.d, metric)
         out.vectors = torch.from_numpy(
@@ -133,10 +137,14 @@ def _codes(raw: np.ndarray, fpq) -> torch.Tensor:
 def _ivf_from_faiss(f, metric: str) -> IVFIndex:
     faiss = import_faiss()
     quantizer = faiss.downcast_index(f.quantizer)
-    if not isinstance(quantizer, faiss.IndexFlat):
+    routed_by_graph = isinstance(quantizer, faiss.IndexHNSWFlat)
+    graph = hnsw_from_faiss(quantizer, metric) if routed_by_graph else None
+    if graph is None and not isinstance(quantizer, faiss.IndexFlat):
         raise ValueError(
-            f"only IVF indexes with a flat coarse quantizer convert, got {type(quantizer).__name__}"
+            "only IVF indexes with a flat or HNSW-flat coarse quantizer convert, got "
+            f"{type(quantizer).__name__}"
         )
+    routed = {"coarse_hnsw": graph.M} if graph is not None else {}
     fast_scan = isinstance(f, faiss.IndexIVFPQFastScan)
     if fast_scan or isinstance(f, faiss.IndexIVFPQ):
         out: IVFIndex = IVFPQ(
@@ -148,14 +156,19 @@ def _ivf_from_faiss(f, metric: str) -> IVFIndex:
             metric,
             nprobe=f.nprobe,
             fast_scan=fast_scan and _fast_scan_M(f.pq) > 0,
+            **routed,
         )
         out.pq = pq_from_faiss(f.pq)
     elif isinstance(f, faiss.IndexIVFScalarQuantizer):
         out = IVFSQ(f.d, f.nlist, 8, f.by_residual, metric, nprobe=f.nprobe)
         out.sq = sq_from_faiss(f.sq)
     else:
-        out = IVFFlat(f.d, f.nlist, metric, nprobe=f.nprobe)
-    out.quantizer = kmeans_index_from_centroids(quantizer.reconstruct_n(0, f.nlist))
+        out = IVFFlat(f.d, f.nlist, metric, nprobe=f.nprobe, **routed)
+    if graph is not None:
+        out.coarse_graph = graph
+        out.quantizer = kmeans_index_from_centroids(graph.vectors.numpy())
+    else:
+        out.quantizer = kmeans_index_from_centroids(quantizer.reconstruct_n(0, f.nlist))
     invlists = f.invlists
     sizes = np.array([invlists.list_size(i) for i in range(f.nlist)], dtype=np.int64)
     if fast_scan:  # block-packed lists, 32 vectors a block: 16 bytes per pair of codes

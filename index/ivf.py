@@ -8,9 +8,8 @@ Storage is CSR: the rows of list l are ``offsets[l]:offsets[l + 1]`` of every st
 (``ids``, and ``vectors`` or ``codes``), so a scan reads one contiguous range per probe.
 
 This module holds what the IVF kinds share (:class:`IVFIndex`); the static-shape probe and
-:class:`IVFSearch` are in ivfsearch.py, spilling's pieces in spill.py; the kinds sit beside it:
-:class:`vq.index.IVFFlat` in ivfflat.py, :class:`vq.index.IVFPQ` in ivfpq.py,
-:class:`vq.index.IVFSQ` in ivfsq.py.
+:class:`IVFSearch` are in ivfsearch.py, spilling's pieces in spill.py; the kinds sit beside it
+(ivfflat.py, ivfpq.py, ivfsq.py).
 """
 
 from __future__ import annotations
@@ -25,8 +24,9 @@ from vq import _cpu, kernels
 from vq._checks import check_int, check_positive, check_training_size
 from vq.clustering import kmeans
 from vq.index.base import Index
-from vq.index.faiss_build import faiss_metric, fill_inverted_lists, import_faiss, keep_alive
+from vq.index.faiss_build import ivf_to_faiss
 from vq.index.filters import kernel_mask, probes_for_filter, torch_mask
+from vq.index.hnsw import HNSW
 from vq.index.ivfsearch import IVFSearch, padded_rows, probe
 from vq.index.lean import ivf_lean_search
 from vq.index.searching import results_by_id
@@ -57,9 +57,12 @@ class IVFIndex(Index):
             ``ntotal`` counts vectors, not copies. No faiss counterpart. Needs nlist >= 2.
         soar_lambda: λ of the SOAR spill assignment (>= 0; 0 spills to the second-nearest
             list).
+        coarse_hnsw: M of an HNSW graph over the centroids that routes vectors and queries
+            instead of a scan of all nlist (faiss's ``IVF65536_HNSW32``); 0: the scan.
 
     Submodules and buffers:
         quantizer: :class:`vq.VectorQuantizer` with ``codebook`` float32 [nlist, dim];
+        coarse_graph: :class:`vq.HNSW` over the centroids (with ``coarse_hnsw``);
         offsets: int64 [nlist + 1]; ids: int64 [n_rows], in list order (n_rows = ntotal, or
         2 ntotal when spilled: a copy's id is its vector's).
     """
@@ -79,8 +82,12 @@ class IVFIndex(Index):
         verbose: bool = False,
         spill: bool = False,
         soar_lambda: float = 1.0,
+        coarse_hnsw: int = 0,
     ):
         super().__init__(dim, metric, k, verbose)
+        self.coarse_hnsw = check_int(coarse_hnsw, "coarse_hnsw", 0)
+        if self.coarse_hnsw:
+            self.coarse_graph = HNSW(dim, self.coarse_hnsw, metric)
         self.nlist = check_int(nlist, "nlist", 1)
         self.spill, self.soar_lambda = bool(spill), float(soar_lambda)
         if self.spill and self.nlist < 2:
@@ -104,6 +111,7 @@ class IVFIndex(Index):
             "coarse_niter": self.coarse_niter,
             "seed": self.seed,
             **({"spill": True, "soar_lambda": self.soar_lambda} if self.spill else {}),
+            **({"coarse_hnsw": self.coarse_hnsw} if self.coarse_hnsw else {}),
         }
 
     # -- rows and copies: a spilled vector is stored twice, under one id ------------------------
@@ -164,22 +172,8 @@ class IVFIndex(Index):
         return None
 
     def to_faiss(self):
-        """The faiss IVF index of this kind (flat coarse quantizer, the same centroids, lists,
-        ids and nprobe): the kind's ``_empty_faiss`` filled with its inverted lists."""
-        if self.spill:
-            raise ValueError(
-                "a spilled IVF index has no faiss counterpart (faiss stores each vector once); "
-                "build it with spill=False to convert"
-            )
-        quantizer = import_faiss().IndexFlat(self.dim, faiss_metric(self.metric))
-        quantizer.add(self.quantizer.codebook.float().cpu().numpy())
-        out, data = self._empty_faiss(quantizer)
-        keep_alive(out, quantizer)
-        out.is_trained = True
-        out.nprobe = self.nprobe
-        fill_inverted_lists(out, data, self.offsets.cpu().numpy(), self.ids.cpu().numpy())
-        out.ntotal = self.ntotal
-        return out
+        """The faiss IVF index of this kind (see :func:`vq.index.faiss_build.ivf_to_faiss`)."""
+        return ivf_to_faiss(self)
 
     def _empty_faiss(self, quantizer) -> tuple:
         """The kind's empty faiss ``IndexIVF`` around the coarse ``quantizer``, and what its
@@ -201,6 +195,9 @@ class IVFIndex(Index):
         )
         self.quantizer.codebook.copy_(result.centroids)
         self.quantizer.mark_trained()
+        if self.coarse_hnsw:
+            self.coarse_graph = HNSW(self.dim, self.coarse_hnsw, self.metric)
+            self.coarse_graph.add(result.centroids)
 
     def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """The list of each row and what it stores (the kind's ``_encode_in_lists``): one row
@@ -220,6 +217,8 @@ class IVFIndex(Index):
 
     def _assign(self, x: torch.Tensor) -> torch.Tensor:
         """int64 [n]: the list of each vector (nearest centroid, or largest inner product)."""
+        if self.coarse_hnsw:
+            return self.coarse_graph.route(x.float().cpu(), 1)[1][:, 0].to(x.device)
         if self.metric == "l2":
             return self.quantizer.encode_rows(x).long()
         return (x @ self.quantizer.codebook.float().T).argmax(dim=1)
@@ -237,6 +236,8 @@ class IVFIndex(Index):
     def _probe_numba(self, q: torch.Tensor, nprobe: int) -> tuple[torch.Tensor, torch.Tensor]:
         """:func:`probe` on CPU: BLAS inner products, then a numba kernel keeps each row's
         ``nprobe`` best (faster than ``torch.topk`` for the small k of an nprobe)."""
+        if self.coarse_hnsw:  # the graph's search instead
+            return self.coarse_graph.route(q, nprobe)
         c = self.quantizer.codebook.float()
         ip = self.metric == "ip"
         norms = np.zeros(0, np.float32) if ip else self._centroid_norms()
@@ -382,8 +383,9 @@ class IVFIndex(Index):
 
     def _lean_closure(self, refine: tuple | None):
         """The lean search, and with ``refine`` = (vectors, ids, k_factor) that of a
-        re-ranking wrapper, in the same kernel call (see :func:`vq.index.lean.ivf_lean_search`)."""
-        return ivf_lean_search(self, refine)
+        re-ranking wrapper, in the same kernel call (see :func:`vq.index.lean.ivf_lean_search`);
+        none with a graph-routed coarse quantizer (the lean kernels scan the centroids)."""
+        return None if self.coarse_hnsw else ivf_lean_search(self, refine)
 
     def _lean_kernel(self) -> tuple:
         """The kind's lean kernel and its stored arrays: ``kernel(q, centroids_t, c_norms,

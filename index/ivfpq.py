@@ -71,11 +71,12 @@ class IVFPQ(IVFIndex):
         fast_scan: bool = False,
         spill: bool = False,
         soar_lambda: float = 1.0,
+        coarse_hnsw: int = 0,
         **pq_options,
     ):
         super().__init__(
             dim, nlist, metric, k, nprobe, coarse_niter=coarse_niter, seed=seed, verbose=verbose,
-            spill=spill, soar_lambda=soar_lambda,
+            spill=spill, soar_lambda=soar_lambda, coarse_hnsw=coarse_hnsw,
         )  # fmt: skip
         self.fast_scan = check_fast_scan(fast_scan, M, nbits)
         self._packed = PackedCodes()

@@ -30,7 +30,7 @@ class IVFSQ(IVFIndex):
         bits: 8, 6, 4, "fp16" or "bf16" (see :class:`vq.ScalarQuantizer`).
         by_residual: encode ``x - c`` (the residual to the list's centroid; faiss's default)
             rather than x. The quantizer's ranges are then trained on residuals.
-        metric, k, nprobe, coarse_niter, seed, verbose, spill, soar_lambda: as
+        metric, k, nprobe, coarse_niter, seed, verbose, spill, soar_lambda, coarse_hnsw: as
             :class:`vq.index.IVFIndex` (spilled by residual: each copy encodes its residual to
             its own list's centroid).
         margin: widen the trained ranges (see :class:`vq.ScalarQuantizer`).
@@ -57,10 +57,11 @@ class IVFSQ(IVFIndex):
         verbose: bool = False,
         spill: bool = False,
         soar_lambda: float = 1.0,
+        coarse_hnsw: int = 0,
     ):
         super().__init__(
             dim, nlist, metric, k, nprobe, coarse_niter=coarse_niter, seed=seed, verbose=verbose,
-            spill=spill, soar_lambda=soar_lambda,
+            spill=spill, soar_lambda=soar_lambda, coarse_hnsw=coarse_hnsw,
         )  # fmt: skip
         self.by_residual = bool(by_residual)
         self.sq = ScalarQuantizer(dim, bits, margin=margin)

@@ -191,7 +191,9 @@ def test_factory_builds_what_it_reads():
     assert isinstance(vq.index_factory(8, "IVF4,Flat"), vq.IVFFlat)
 
 
-@pytest.mark.parametrize("desc", ["HNSW32", "IVF1024,SQ5", "PQ", "OPQ16,IVF1024", "Flat,PQ8", ""])
+@pytest.mark.parametrize(
+    "desc", ["HNSW32,PQ8", "IVF1024,SQ5", "PQ", "OPQ16,IVF1024", "Flat,PQ8", ""]
+)
 def test_factory_rejects_unknown_strings(desc):
     with pytest.raises(ValueError, match="supported: Flat | PQ<M>"):
         vq.index_factory(64, desc)

@@ -10,6 +10,7 @@ import vq._openmp  # noqa: F401  (first: an OpenMP setting that must precede tor
 from vq._version import __version__ as __version__
 from vq.clustering import KMeansResult, kmeans, lbg
 from vq.index import (
+    HNSW,
     IVFPQ,
     IVFSQ,
     FlatIndex,
@@ -50,6 +51,7 @@ __all__ = [
     "OPQ",
     "FlatIndex",
     "IdFilter",
+    "HNSW",
     "Gradient",
     "GroupedResidualVQ",
     "IVFFlat",

@@ -18,6 +18,8 @@ variant) are the ``*_template`` modules, one cached source file per configuratio
 - :mod:`vq.kernels.small`: the lean path of a few queries (flat rows, the coarse probe), on
   the calling thread.
 - :mod:`vq.kernels.heaps`: float and int64-key heaps, and the keys that order ties by row.
+- :mod:`vq.kernels.graph`, :mod:`vq.kernels.graph_build`: HNSW search (on the vectors or on
+  int8 codes) and batched parallel construction.
 - :mod:`vq.kernels.threads`: the thread pool the kernels run on.
 """
 

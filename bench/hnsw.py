@@ -1,0 +1,162 @@
+"""vq.HNSW against faiss IndexHNSWFlat (and hnswlib where it is installed): build time at the
+same M and efConstruction, then QPS and recall@10 over an efSearch sweep, and the best QPS
+that reaches recall 0.90 / 0.95 / 0.99; memory per vector.
+
+    python -m bench.hnsw [--n 100000] [--dim 128] [--M 32] [--efc 40] [--nq 1000] [--threads 2]
+                         [--unit-norm]
+
+The data are anisotropic Gaussian vectors (variance decaying over a random basis, as
+embeddings have). Builds alternate vq, faiss(, hnswlib) ``--build-rounds`` times (best kept);
+searches alternate at each efSearch (best of 3). Writes bench/results/hnsw.csv (the sweep) and
+hnsw_summary.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from bench.common import alternate, report, set_threads
+
+EF = (10, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+TARGETS = (0.90, 0.95, 0.99)
+
+
+def recall(found: np.ndarray, truth: np.ndarray) -> float:
+    k = truth.shape[1]
+    return float(np.mean([len(set(a) & set(b)) for a, b in zip(found, truth, strict=True)]) / k)
+
+
+def builders(x: np.ndarray, M: int, efc: int, threads: int) -> dict:
+    import faiss
+
+    import vq
+
+    def build_vq():
+        index = vq.HNSW(x.shape[1], M, efConstruction=efc)
+        index.add(x)
+        return index
+
+    def build_vq_int8():
+        index = vq.HNSW(x.shape[1], M, efConstruction=efc, traversal="int8")
+        index.add(x)
+        return index
+
+    def build_faiss():
+        index = faiss.IndexHNSWFlat(x.shape[1], M)
+        index.hnsw.efConstruction = efc
+        index.add(x)
+        return index
+
+    out = {"vq": build_vq, "vq-int8": build_vq_int8, "faiss": build_faiss}
+    try:
+        import hnswlib
+    except ImportError:
+        return out
+
+    def build_hnswlib():
+        index = hnswlib.Index("l2", x.shape[1])
+        index.init_index(x.shape[0], M=M, ef_construction=efc, random_seed=1)
+        index.set_num_threads(threads)
+        index.add_items(x)
+        return index
+
+    out["hnswlib"] = build_hnswlib
+    return out
+
+
+def searchers(built: dict, q: np.ndarray, k: int) -> dict:
+    def vq_search(ef, name="vq"):
+        return lambda: built[name].search(q, k, efSearch=ef)[1]
+
+    def faiss_search(ef):
+        def run():
+            built["faiss"].hnsw.efSearch = ef
+            return built["faiss"].search(q, k)[1]
+
+        return run
+
+    def hnswlib_search(ef):
+        def run():
+            built["hnswlib"].set_ef(max(ef, k))
+            return built["hnswlib"].knn_query(q, k)[0]
+
+        return run
+
+    table = {"vq": vq_search, "vq-int8": lambda ef: vq_search(ef, "vq-int8"),
+             "faiss": faiss_search, "hnswlib": hnswlib_search}  # fmt: skip
+    return {name: table[name] for name in built}
+
+
+def bytes_per_vector(name: str, index, n: int, dim: int, M: int) -> float:
+    if name.startswith("vq"):
+        return sum(t.numel() * t.element_size() for t in index.state_dict().values()) / n
+    if name == "faiss":
+        import faiss
+
+        h = index.hnsw
+        graph = faiss.vector_to_array(h.neighbors).nbytes + 4 * n + 8 * (n + 1)
+        return dim * 4 + graph / n
+    return dim * 4 + (2 * M * 4 + 4) + 8 + 8  # hnswlib's level-0 block, label, link lists
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=100_000)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--M", type=int, default=32)
+    p.add_argument("--efc", type=int, default=40)
+    p.add_argument("--nq", type=int, default=1000)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--build-rounds", type=int, default=1)
+    p.add_argument("--unit-norm", action="store_true", help="normalise (as sentence embeddings)")
+    args = p.parse_args(argv)
+
+    import faiss
+
+    import vq
+    from vq.datasets import anisotropic_vectors
+
+    set_threads(args.threads)
+    data = anisotropic_vectors(args.n + args.nq, args.dim, decay=0.95, seed=0)
+    if args.unit_norm:
+        data /= np.linalg.norm(data, axis=1, keepdims=True)
+    x, q = np.ascontiguousarray(data[: args.n]), np.ascontiguousarray(data[args.n :])
+    truth = faiss.knn(q, x, 10)[1]
+    vq.HNSW(args.dim, args.M).add(x[:2000])  # compile (or load) the kernels first
+    fns = builders(x, args.M, args.efc, args.threads)
+    build_s, built = {name: float("inf") for name in fns}, {}
+    for _ in range(args.build_rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            built[name] = fn()
+            build_s[name] = min(build_s[name], time.perf_counter() - start)
+    runs = searchers(built, q, 10)
+    rows = []
+    for ef in EF:
+        found = {name: make(ef)() for name, make in runs.items()}
+        seconds = alternate({name: make(ef) for name, make in runs.items()}, min_seconds=0.2)
+        for name in runs:
+            r = recall(found[name], truth)
+            rows.append(
+                {"system": name, "efSearch": ef, "recall@10": r, "QPS": args.nq / seconds[name]}
+            )
+    title = f"HNSW{args.M}, efConstruction {args.efc}, {args.n} x {args.dim}, {args.nq} queries"
+    report("hnsw", title, args.threads, rows, ["system", "efSearch", "recall@10", "QPS"])
+    summary = []
+    for name in runs:
+        size = bytes_per_vector(name, built[name], args.n, args.dim, args.M)
+        row = {"system": name, "build s": build_s[name], "bytes/vector": size}
+        for t in TARGETS:
+            ok = [r["QPS"] for r in rows if r["system"] == name and r["recall@10"] >= t]
+            row[f"QPS@{t:.2f}"] = max(ok) if ok else float("nan")
+        summary.append(row)
+    columns = ["system", "build s", "bytes/vector", *[f"QPS@{t:.2f}" for t in TARGETS]]
+    print()
+    report("hnsw_summary", "best QPS reaching each recall@10", args.threads, summary, columns)
+
+
+if __name__ == "__main__":
+    main()

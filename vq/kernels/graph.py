@@ -1,0 +1,372 @@
+"""Graph search (HNSW): greedy descent on the upper levels, then a beam search on level 0.
+
+Reference: Yu. A. Malkov, D. A. Yashunin, "Efficient and robust approximate nearest neighbor
+search using Hierarchical Navigable Small World graphs", IEEE TPAMI 2018; faiss ``HNSW::search``
+(``greedy_update_nearest``, ``search_from_candidates`` with its ``MinimaxHeap``).
+
+The graph, as plain arrays (what :mod:`vq.kernels.graph_build` writes):
+
+- ``data`` float32 [n, d]: the vectors, read by :func:`node_distance` only;
+- ``nbr0`` int32 [n, 2M]: each node's level-0 neighbours, -1 after the last;
+- ``up_off`` int64 [n + 1] and ``up_nbr`` int32 [rows, M]: node v's neighbours at level
+  l >= 1 are row ``up_off[v] + l - 1`` (v has ``up_off[v + 1] - up_off[v]`` upper levels);
+- ``entry``: the entry point, a node of the top level ``max_level``.
+
+The beam is faiss's: one max-heap of the ``cap`` = max(efSearch, k) nearest nodes seen, each
+marked expanded or not; the nearest unexpanded one is expanded next, and the search stops
+when none is left (or, for efSearch < k, when efSearch of them are nearer than the one to
+expand), so that the same graph gives faiss's ids (ties aside). Visited nodes are stamped
+with an epoch in a uint16 array per thread (``seen`` [n + 1], the epoch in its last slot),
+reused from query to query and cleared once every 65,534 searches.
+
+:func:`node_distance` is the only function that reads the vectors: a traversal on
+compressed codes replaces it (and re-ranks the survivors exactly).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.extending import overload
+
+from vq.kernels.cache import kernel
+from vq.kernels.simd import borrow, prefetch_line
+from vq.kernels.threads import get_num_threads, parallel_for
+
+_EPOCHS = 65535
+
+
+@njit(inline="always", fastmath=True)
+def exact_distance(x, data, i, inner_product):
+    """Squared L2 distance of the float32 vector x to row i of ``data``, or their negated
+    inner product (smaller is nearer in both cases)."""
+    d = np.float32(0.0)
+    if inner_product:
+        for j in range(x.shape[0]):
+            d -= x[j] * data[i, j]
+    else:
+        for j in range(x.shape[0]):
+            diff = x[j] - data[i, j]
+            d += diff * diff
+    return d
+
+
+@njit(inline="always", fastmath=True)
+def int8_distance(x, store, i, inner_product):
+    """:func:`exact_distance` estimated from int8 codes with a scale per vector:
+    ``store`` = (codes int8 [n, d], factors float32 [n, 2]: the scale s and s²‖c‖²),
+    ``x`` = (query float32 [d], ‖q‖²)."""
+    q, qn = x
+    codes, factors = store
+    dot = np.float32(0.0)
+    for j in range(q.shape[0]):
+        dot += q[j] * np.float32(codes[i, j])
+    s = factors[i, 0]
+    if inner_product:
+        return -s * dot
+    return qn - np.float32(2.0) * s * dot + factors[i, 1]
+
+
+def node_distance(x, store, i, inner_product):
+    """The distance the traversal ranks by: :func:`exact_distance` for a float32 ``store``
+    [n, d], :func:`int8_distance` for a tuple of int8 codes and factors (the one function
+    a compressed layout replaces; a numba overload, resolved by the store's type)."""
+
+
+def prepare_query(q, store):
+    """The query as :func:`node_distance` takes it for ``store``: ``q`` itself, or
+    ``(q, ‖q‖²)`` for int8 codes."""
+
+
+def prefetch_node(store, i):
+    """Ask the CPU for the cache lines of node i in ``store``."""
+
+
+@overload(node_distance, jit_options={"fastmath": True})
+def _node_distance(x, store, i, inner_product):
+    if isinstance(store, types.Array):
+        return lambda x, store, i, inner_product: exact_distance(x, store, i, inner_product)
+    return lambda x, store, i, inner_product: int8_distance(x, store, i, inner_product)
+
+
+@overload(prepare_query, jit_options={"fastmath": True})
+def _prepare_query(q, store):
+    if isinstance(store, types.Array):
+        return lambda q, store: q
+
+    def impl(q, store):
+        qn = np.float32(0.0)
+        for j in range(q.shape[0]):
+            qn += q[j] * q[j]
+        return q, qn
+
+    return impl
+
+
+@overload(prefetch_node)
+def _prefetch_node(store, i):
+    if isinstance(store, types.Array):
+
+        def impl(store, i):
+            for byte in range(0, store.shape[1] * 4, 64):
+                prefetch_line(store, i, byte)
+
+        return impl
+
+    def impl8(store, i):
+        codes = store[0]
+        for byte in range(0, codes.shape[1], 64):
+            prefetch_line(codes, i, byte)
+
+    return impl8
+
+
+@njit(inline="always", fastmath=True)
+def pair_distance(data, a, b, inner_product):
+    """:func:`node_distance` between rows a and b of ``data``."""
+    d = np.float32(0.0)
+    if inner_product:
+        for j in range(data.shape[1]):
+            d -= data[a, j] * data[b, j]
+    else:
+        for j in range(data.shape[1]):
+            diff = data[a, j] - data[b, j]
+            d += diff * diff
+    return d
+
+
+@njit(inline="always")
+def neighbour(nbr0, up_off, up_nbr, v, level, j):
+    """The j-th neighbour of node v at ``level`` (-1: none)."""
+    if level == 0:
+        return nbr0[v, j]
+    return up_nbr[up_off[v] + level - 1, j]
+
+
+@njit(inline="always")
+def degree(nbr0, up_nbr, level):
+    """Neighbour slots per node at ``level``: 2M on level 0, M above."""
+    return nbr0.shape[1] if level == 0 else up_nbr.shape[1]
+
+
+@njit(inline="always")
+def next_epoch(seen):
+    """A fresh visit stamp for ``seen`` (uint16 [n + 1], the last slot holding the epoch)."""
+    n = seen.shape[0] - 1
+    e = np.int64(seen[n]) + 1
+    if e >= _EPOCHS:
+        for i in range(n):
+            seen[i] = 0
+        e = 1
+    seen[n] = e
+    return e
+
+
+# -- the max-heap of the beam (size given, as it grows) ------------------------------------
+@njit(inline="always")
+def sift_down(hd, hi, size, pos, d, i):
+    """Put (d, i) at ``pos`` of the max-heap ``hd[:size]``/``hi[:size]`` and sift it down."""
+    while True:
+        child = 2 * pos + 1
+        if child >= size:
+            break
+        if child + 1 < size and hd[child + 1] > hd[child]:
+            child += 1
+        if hd[child] <= d:
+            break
+        hd[pos] = hd[child]
+        hi[pos] = hi[child]
+        pos = child
+    hd[pos] = d
+    hi[pos] = i
+
+
+@njit(inline="always")
+def heap_push(hd, hi, size, d, i):
+    """Add (d, i) to the max-heap of ``size`` entries (room for one more)."""
+    pos = size
+    while pos > 0:
+        parent = (pos - 1) >> 1
+        if hd[parent] >= d:
+            break
+        hd[pos] = hd[parent]
+        hi[pos] = hi[parent]
+        pos = parent
+    hd[pos] = d
+    hi[pos] = i
+
+
+@njit(inline="always")
+def sort_heap(hd, hi, size):
+    """Sort a max-heap of ``size`` entries in place, ascending (a heap sort)."""
+    for end in range(size - 1, 0, -1):
+        d, i = hd[end], hi[end]
+        hd[end], hi[end] = hd[0], hi[0]
+        sift_down(hd, hi, end, 0, d, i)
+
+
+@njit(inline="always")
+def heapify(hd, hi, size):
+    for pos in range(size // 2 - 1, -1, -1):
+        sift_down(hd, hi, size, pos, hd[pos], hi[pos])
+
+
+# -- traversal --------------------------------------------------------------------------------
+@njit(inline="always", fastmath=True)
+def greedy(x, data, ip, nbr0, up_off, up_nbr, level, v, dv):
+    """faiss's ``greedy_update_nearest``: move to a nearer neighbour at ``level`` until none
+    is; returns the node and its distance."""
+    deg = degree(nbr0, up_nbr, level)
+    while True:
+        prev = v
+        for j in range(deg):
+            w = neighbour(nbr0, up_off, up_nbr, prev, level, j)
+            if w < 0:
+                break
+            d = node_distance(x, data, w, ip)
+            if d < dv:
+                v, dv = w, d
+        if v == prev:
+            return v, dv
+
+
+@njit(inline="always", fastmath=True)
+def beam(x, data, ip, nbr0, up_off, up_nbr, level, entry, d_entry, cap, ef, seen, hd, hi,
+         scratch):  # fmt: skip
+    """Beam search at ``level`` from ``entry``: the ``cap`` nearest nodes seen, in the
+    max-heap ``hd``/``hi`` [>= cap] (ids encoded: expanded node v is ``-v - 2``); returns
+    their number. ``ef`` is faiss's stopping efSearch (see the module docstring);
+    ``scratch`` int64 [>= 2M] holds a node's unvisited neighbours."""
+    epoch = next_epoch(seen)
+    deg = degree(nbr0, up_nbr, level)
+    hd[0], hi[0] = d_entry, entry
+    size, valid = 1, 1
+    seen[entry] = epoch
+    while valid > 0:
+        best, bd = -1, np.float32(np.inf)
+        for j in range(size - 1, -1, -1):  # the nearest unexpanded (faiss's pop_min)
+            if hi[j] >= 0 and (best < 0 or hd[j] < bd):
+                best, bd = j, hd[j]
+        v = hi[best]
+        hi[best] = -v - 2
+        valid -= 1
+        if ef < cap:  # faiss's stop for efSearch < k
+            below = 0
+            for j in range(size):
+                below += hd[j] < bd
+            if below >= ef:
+                break
+        fresh = 0  # the unvisited neighbours, their vectors fetched ahead of the distances
+        for j in range(deg):
+            w = neighbour(nbr0, up_off, up_nbr, v, level, j)
+            if w < 0:
+                break
+            if seen[w] != epoch:
+                seen[w] = epoch
+                scratch[fresh] = w
+                fresh += 1
+                prefetch_node(data, w)
+        for j in range(fresh):
+            w = scratch[j]
+            d = node_distance(x, data, w, ip)
+            if size == cap:
+                if d >= hd[0]:
+                    continue
+                if hi[0] >= 0:
+                    valid -= 1
+                sift_down(hd, hi, size, 0, d, w)
+            else:
+                heap_push(hd, hi, size, d, w)
+                size += 1
+            valid += 1
+    return size
+
+
+@njit(inline="always")
+def decode_sorted(hd, hi, size):
+    """The beam's ``size`` entries ascending by distance, ids decoded, in place."""
+    for j in range(size):
+        if hi[j] < 0:
+            hi[j] = -hi[j] - 2
+    sort_heap(hd, hi, size)
+
+
+@njit(inline="always", fastmath=True)
+def descend(x, data, ip, nbr0, up_off, up_nbr, entry, max_level, stop):
+    """Greedy descent from ``entry`` through levels ``max_level`` .. ``stop + 1``: the node
+    reached on level ``stop`` and its distance."""
+    v, dv = entry, node_distance(x, data, entry, ip)
+    for level in range(max_level, stop, -1):
+        v, dv = greedy(x, data, ip, nbr0, up_off, up_nbr, level, v, dv)
+    return v, dv
+
+
+@kernel(nogil=True, fastmath=True)
+def hnsw_search_range(s0, s1, slices, queries, store, data, rerank, ip, nbr0, up_off, up_nbr,
+                      entry, max_level, ef, seen, out_dist, out_idx):  # fmt: skip
+    """:func:`hnsw_search` for slices ``s0..s1`` of ``slices`` (slice s: queries
+    ``nq * s // slices`` .. and the visit stamps ``seen[s]``) on the calling thread."""
+    queries, data, nbr0 = borrow(queries), borrow(data), borrow(nbr0)
+    out_dist, out_idx = borrow(out_dist), borrow(out_idx)
+    nq, k = out_dist.shape
+    cap = max(ef, k)
+    hd = np.empty(cap, dtype=np.float32)
+    hi = np.empty(cap, dtype=np.int64)
+    scratch = np.empty(nbr0.shape[1], dtype=np.int64)
+    for s in range(s0, s1):
+        stamps = seen[s]
+        for q in range(nq * s // slices, nq * (s + 1) // slices):
+            x = prepare_query(queries[q], store)
+            v, dv = descend(x, store, ip, nbr0, up_off, up_nbr, entry, max_level, 0)
+            size = beam(x, store, ip, nbr0, up_off, up_nbr, 0, v, dv, cap, ef, stamps, hd, hi,
+                        scratch)  # fmt: skip
+            decode_sorted(hd, hi, size)
+            if rerank:  # the beam's nodes by their exact distances
+                for j in range(size):
+                    hd[j] = exact_distance(queries[q], data, hi[j], ip)
+                heapify(hd, hi, size)
+                sort_heap(hd, hi, size)
+            for j in range(k):
+                if j < size:
+                    out_dist[q, j], out_idx[q, j] = hd[j], hi[j]
+                else:
+                    out_dist[q, j], out_idx[q, j] = np.inf, -1
+
+
+def new_seen(slots: int, n: int) -> np.ndarray:
+    """Visit stamps for ``slots`` threads over a graph of ``n`` nodes: uint16 [slots, n + 1]."""
+    return np.zeros((slots, n + 1), dtype=np.uint16)
+
+
+def hnsw_search(queries, data, inner_product, nbr0, up_off, up_nbr, entry, max_level, ef, seen,
+                out_dist, out_idx, codes=None):  # fmt: skip
+    """The ``k`` nearest nodes of each query by HNSW search; threads split the queries.
+
+    Args:
+        queries: float32 [nq, d]; the graph arrays as in the module docstring (``entry`` a
+            node of level ``max_level``; a non-empty graph).
+        codes: None (the traversal reads ``data``), or (int8 [n, d], float32 [n, 2]) codes
+            with a scale per vector (:func:`int8_codes`): the traversal reads them, and the
+            beam's nodes are re-ranked on ``data``.
+        inner_product: rank by negated inner products instead of squared L2 distances.
+        ef: efSearch (the beam holds max(ef, k) nodes).
+        seen: uint16 [slots, n + 1] visit stamps (:func:`new_seen`), one row per thread,
+            owned by this call; at most ``slots`` threads are used.
+        out_dist: float32 [nq, k] ascending (+inf padding); out_idx: int64 [nq, k] nodes
+            (-1 padding).
+    """
+    slices = max(1, min(get_num_threads(), seen.shape[0], queries.shape[0]))
+    store = data if codes is None else tuple(codes)
+    parallel_for(hnsw_search_range, slices, slices, queries, store, data, codes is not None,
+                 bool(inner_product), nbr0, up_off, up_nbr, int(entry), int(max_level), int(ef),
+                 seen, out_dist, out_idx)  # fmt: skip
+
+
+def int8_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int8 codes with one scale per vector, for the traversal: codes int8 [n, d] =
+    round(x / s) with s = max|x| / 127, and factors float32 [n, 2] = (s, s² ‖c‖²)."""
+    s = np.abs(x).max(axis=1) / 127.0
+    s = np.where(s > 0, s, 1.0).astype(np.float32)
+    codes = np.clip(np.rint(x / s[:, None]), -127, 127).astype(np.int8)
+    norms = (codes.astype(np.float32) ** 2).sum(1) * s * s
+    return codes, np.stack([s, norms], axis=1).astype(np.float32)

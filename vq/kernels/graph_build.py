@@ -1,0 +1,238 @@
+"""HNSW construction: level assignment and batched parallel insertion.
+
+Reference: Malkov & Yashunin, TPAMI 2018 (levels, neighbour selection by heuristic: hnswlib's
+``getNeighborsByHeuristic2``, faiss's ``shrink_neighbor_list``); the batched insertion is the
+lock-free scheme of ParlayANN (M. D. Manohar et al., "ParlayANN: Scalable and Deterministic
+Parallel Graph-Based Approximate Nearest Neighbor Search Algorithms", PPoPP 2024).
+
+Nodes are inserted highest level first (as faiss does), in batches. Within a batch, each new
+node searches the graph as it was before the batch (read-only: threads split the batch) and
+writes its own neighbour lists; then the reverse links are grouped by target node and each
+target's list is extended, or, when full, re-chosen by the heuristic among its old and new
+neighbours (threads split the targets). No two threads ever write the same list, no lock is
+taken, and the graph does not depend on the number of threads. Batches grow with the graph
+(a fraction :data:`BATCH_FRACTION` of it, at most :data:`MAX_BATCH` nodes), so that a new node
+misses few neighbours by not seeing the rest of its batch; a node that raises the top level
+is inserted alone and becomes the entry point.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from vq.kernels.cache import kernel
+from vq.kernels.graph import (
+    beam,
+    decode_sorted,
+    degree,
+    descend,
+    heapify,
+    pair_distance,
+    sort_heap,
+)
+from vq.kernels.simd import borrow
+from vq.kernels.threads import get_num_threads, parallel_for
+
+#: a batch holds at most this fraction of the nodes already in the graph (and at least one)
+BATCH_FRACTION = 0.02
+#: and at most this many nodes
+MAX_BATCH = 4096
+
+
+def level_probabilities(M: int) -> np.ndarray:
+    """faiss's ``set_default_probas(M, 1 / ln M)``: the probability of each top level."""
+    mult = 1.0 / math.log(M)
+    probas = []
+    level = 0
+    while True:
+        p = math.exp(-level / mult) * (1 - math.exp(-1 / mult))
+        if p < 1e-9:
+            break
+        probas.append(p)
+        level += 1
+    return np.array(probas)
+
+
+def random_levels(n: int, M: int, rng: np.random.Generator) -> np.ndarray:
+    """int32 [n]: a top level per node, drawn as faiss's ``random_level`` draws them."""
+    probas = level_probabilities(M)
+    u = rng.random(n)
+    levels = np.searchsorted(np.cumsum(probas), u, side="right")
+    return np.minimum(levels, len(probas) - 1).astype(np.int32)
+
+
+@njit(inline="always", fastmath=True)
+def select_neighbours(data, ip, cand_d, cand_i, size, out_rows, row, m):
+    """Row ``row`` of ``out_rows`` := at most m of the ``size`` candidates (ascending by
+    distance to the node) chosen by the heuristic: a candidate is kept unless a kept one is
+    nearer to it than the node is; -1 after them. Returns how many were kept. As faiss's
+    ``shrink_neighbor_list``, at most m candidates are all kept (no pruning)."""
+    count = 0
+    if size <= m:
+        for c in range(size):
+            out_rows[row, c] = cand_i[c]
+        for r in range(size, out_rows.shape[1]):
+            out_rows[row, r] = -1
+        return size
+    for c in range(size):
+        w = cand_i[c]
+        dq = cand_d[c]
+        good = True
+        for r in range(count):
+            if pair_distance(data, w, out_rows[row, r], ip) < dq:
+                good = False
+                break
+        if good:
+            out_rows[row, count] = w
+            count += 1
+            if count == m:
+                break
+    for r in range(count, out_rows.shape[1]):
+        out_rows[row, r] = -1
+    return count
+
+
+@kernel(nogil=True, fastmath=True)
+def insert_range(s0, s1, slices, nodes, data, ip, levels, nbr0, up_off, up_nbr, entry,
+                 max_level, ef, seen):  # fmt: skip
+    """Phase one of a batch, for slices ``s0..s1`` of ``slices`` of ``nodes``: each node's
+    own neighbour lists, from a search of the graph without the batch."""
+    data = borrow(data)
+    hd = np.empty(ef, dtype=np.float32)
+    hi = np.empty(ef, dtype=np.int64)
+    scratch = np.empty(nbr0.shape[1], dtype=np.int64)
+    nb = nodes.shape[0]
+    for s in range(s0, s1):
+        stamps = seen[s]
+        for b in range(nb * s // slices, nb * (s + 1) // slices):
+            u = nodes[b]
+            x = data[u]
+            top = min(np.int64(levels[u]), max_level)
+            v, dv = descend(x, data, ip, nbr0, up_off, up_nbr, entry, max_level, top)
+            for level in range(top, -1, -1):
+                size = beam(x, data, ip, nbr0, up_off, up_nbr, level, v, dv, ef, ef, stamps,
+                            hd, hi, scratch)  # fmt: skip
+                decode_sorted(hd, hi, size)
+                m = degree(nbr0, up_nbr, level)
+                if level == 0:
+                    select_neighbours(data, ip, hd, hi, size, nbr0, u, m)
+                else:
+                    select_neighbours(data, ip, hd, hi, size, up_nbr, up_off[u] + level - 1, m)
+                v, dv = hi[0], hd[0]
+
+
+@njit(inline="always", fastmath=True)
+def _link(data, ip, rows, row, v, sources, s0, s1, cd, ci):
+    """Add the nodes ``sources[s0:s1]`` to row ``row`` of ``rows`` (node v's list): appended
+    while there is room, else the list re-chosen by the heuristic among old and new."""
+    m = rows.shape[1]
+    count = 0
+    while count < m and rows[row, count] >= 0:
+        count += 1
+    if count + (s1 - s0) <= m:
+        for s in range(s0, s1):
+            rows[row, count] = sources[s]
+            count += 1
+        return
+    size = 0
+    for j in range(count):
+        w = rows[row, j]
+        cd[size], ci[size] = pair_distance(data, v, w, ip), w
+        size += 1
+    for s in range(s0, s1):
+        w = sources[s]
+        cd[size], ci[size] = pair_distance(data, v, w, ip), w
+        size += 1
+    heapify(cd, ci, size)
+    sort_heap(cd, ci, size)
+    select_neighbours(data, ip, cd, ci, size, rows, row, m)
+
+
+@kernel(nogil=True, fastmath=True)
+def link_range(g0, g1, targets, target_levels, starts, sources, data, ip, nbr0, up_off, up_nbr,
+               width):  # fmt: skip
+    """Phase two of a batch for groups ``g0..g1``: group g adds ``sources[starts[g]:
+    starts[g + 1]]`` to the list of node ``targets[g]`` at level ``target_levels[g]``;
+    ``width`` bounds a list plus its group."""
+    data = borrow(data)
+    cd = np.empty(width, dtype=np.float32)
+    ci = np.empty(width, dtype=np.int64)
+    for g in range(g0, g1):
+        v, level = targets[g], target_levels[g]
+        if level == 0:
+            _link(data, ip, nbr0, v, v, sources, starts[g], starts[g + 1], cd, ci)
+        else:
+            row = up_off[v] + level - 1
+            _link(data, ip, up_nbr, row, v, sources, starts[g], starts[g + 1], cd, ci)
+
+
+def _reverse_links(batch, levels, nbr0, up_off, up_nbr):
+    """The links the batch's lists point at, grouped by (level, target), in batch order:
+    targets, their levels, group starts [groups + 1], sources."""
+    n = nbr0.shape[0]
+    lists = [nbr0[batch]]
+    owners = [batch]
+    lvl = [np.zeros(len(batch), np.int64)]
+    high = batch[levels[batch] > 0]
+    if len(high):
+        count = up_off[high + 1] - up_off[high]
+        within = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+        lists.append(up_nbr[np.repeat(up_off[high], count) + within])
+        owners.append(np.repeat(high, count))
+        lvl.append(within + 1)
+    out_t, out_l, out_s = [], [], []
+    for nb, own, lv in zip(lists, owners, lvl, strict=True):
+        mask = nb >= 0
+        out_t.append(nb[mask].astype(np.int64))
+        out_s.append(np.broadcast_to(own[:, None], nb.shape)[mask])
+        out_l.append(np.broadcast_to(lv[:, None], nb.shape)[mask])
+    t, lv, s = np.concatenate(out_t), np.concatenate(out_l), np.concatenate(out_s)
+    order = np.argsort(lv * n + t, kind="stable")
+    t, lv, s = t[order], lv[order], s[order].astype(np.int64)
+    first = np.flatnonzero(np.diff(lv * n + t, prepend=-1)) if len(t) else np.zeros(0, np.int64)
+    starts = np.append(first, len(t)).astype(np.int64)
+    return t[first], lv[first], starts, s
+
+
+def hnsw_insert(nodes, data, inner_product, levels, nbr0, up_off, up_nbr, entry, max_level,
+                ef_construction):  # fmt: skip
+    """Insert ``nodes`` into the graph, in place; returns the new ``(entry, max_level)``.
+
+    Args:
+        nodes: int64 [b], every row of ``data`` not yet in the graph, in insertion order:
+            by decreasing level (see the module docstring).
+        data, nbr0, up_off, up_nbr: the graph arrays of :mod:`vq.kernels.graph`, sized for
+            every node; the new nodes' rows hold -1.
+        levels: int32 [n], each node's top level.
+        entry, max_level: the entry point and top level (-1, -1 for an empty graph).
+        ef_construction: the beam of the insertion searches.
+    """
+    nodes = np.ascontiguousarray(nodes, dtype=np.int64)
+    ip = bool(inner_product)
+    ef = int(ef_construction)
+    seen = np.zeros((get_num_threads(), data.shape[0] + 1), np.uint16)
+    inserted, pos = data.shape[0] - len(nodes), 0
+    while pos < len(nodes):
+        u = int(nodes[pos])
+        if entry < 0:
+            entry, max_level, pos, inserted = u, int(levels[u]), pos + 1, inserted + 1
+            continue
+        size = 1
+        if levels[u] <= max_level:
+            size = int(min(max(1, inserted * BATCH_FRACTION), MAX_BATCH))
+        batch = nodes[pos : pos + size]
+        slices = max(1, min(len(seen), len(batch)))
+        parallel_for(insert_range, slices, slices, batch, data, ip, levels, nbr0, up_off, up_nbr,
+                     int(entry), int(max_level), ef, seen)  # fmt: skip
+        targets, tlevels, starts, sources = _reverse_links(batch, levels, nbr0, up_off, up_nbr)
+        width = nbr0.shape[1] + int(np.diff(starts).max(initial=0))
+        parallel_for(link_range, len(targets), targets, tlevels, starts, sources, data, ip, nbr0,
+                     up_off, up_nbr, width)  # fmt: skip
+        if levels[u] > max_level:
+            entry, max_level = u, int(levels[u])
+        pos += len(batch)
+        inserted += len(batch)
+    return entry, max_level
