@@ -34,10 +34,10 @@ import torch
 
 from vq import _cpu, kernels
 from vq._checks import check_int, check_positive
-from vq.index.base import Index, shape_problem
+from vq.index.base import Index
 from vq.index.faiss_build import faiss_metric, import_faiss, with_id_map
 from vq.index.hnsw_static import HNSWSearch
-from vq.index.searching import NO_IDS
+from vq.index.searching import NO_IDS, shape_problem
 from vq.index.static import search_in_chunks
 from vq.kernels import graph, graph_build
 
@@ -232,7 +232,12 @@ class HNSW(Index):
         :mod:`vq.export` writes out)."""
         return HNSWSearch(self, k, efSearch, steps, width, upper_steps, copy)
 
-    def _search_ids(self, q: torch.Tensor, k: int, efSearch: int | None = None):
+    def _search_ids(self, q: torch.Tensor, k: int, efSearch: int | None = None, allowed=None):
+        if allowed is not None:
+            raise NotImplementedError(
+                "HNSW has no filtered search yet (allowed=): filter with a FlatIndex or an IVF "
+                "index, or search HNSW with a larger k and drop the ids you do not want"
+            )
         if self.ntotal == 0 or _cpu.fast_path(q):
             return super()._search_ids(q, k, efSearch=efSearch)
         return search_in_chunks(HNSWSearch(self, k, efSearch, copy=False), q, k)
