@@ -12,7 +12,7 @@ from vq.index.faiss_build import faiss_metric, import_faiss, with_id_map
 from vq.index.filters import IdFilter, kernel_mask, torch_mask
 from vq.index.ranges import RANGE_SLOTS, counted
 from vq.index.searching import NO_IDS, shape_problem
-from vq.index.static import Searcher, kept, search_in_chunks, top_rows
+from vq.index.static import Searcher, kept, search_in_chunks
 from vq.kernels import threads
 
 _NO_NORMS = np.zeros(0, np.float32)
@@ -200,16 +200,7 @@ class FlatSearch(Searcher):
 
     def search(self, queries: torch.Tensor, k: int, allowed: torch.Tensor | None = None):
         """``allowed``: bool [ntotal], False for stored rows a filtered search skips."""
-        if self.metric == "ip":
-            scores = -(queries @ self.vectors.T)
-        else:  # ranked by ||x||² - 2⟨q, x⟩; ||q||² is added to the k kept
-            scores = torch.addmm(self.norms, queries, self.vectors.T, alpha=-2.0)
-        if allowed is not None:
-            scores = scores + self.row_bias(allowed)
-        val, rows = top_rows(scores, k)
-        if self.metric == "l2":
-            val = (val + (queries * queries).sum(dim=1, keepdim=True)).clamp_min(0.0)
-        return self.results(val, rows, k)
+        return self.exhaustive(queries, k, self.vectors, self.norms, allowed)
 
     def chunk_rows(self, k: int) -> int:
         return max(1, (1 << 26) // max(1, self.ntotal))

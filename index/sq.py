@@ -19,7 +19,7 @@ from vq.index.base import Index
 from vq.index.faiss_build import faiss_metric, import_faiss, with_id_map
 from vq.index.filters import NO_FILTER, IdFilter, kernel_mask, torch_mask
 from vq.index.searching import NO_IDS, shape_problem
-from vq.index.static import Searcher, kept, search_in_chunks, top_rows
+from vq.index.static import Searcher, kept, search_in_chunks
 from vq.kernels import sq as sq_kernels
 from vq.quantizers import ScalarQuantizer
 from vq.quantizers.scalar_codes import decode_stored, float16_values, stored_values
@@ -225,16 +225,7 @@ class SQSearch(Searcher):
     def search(self, queries: torch.Tensor, k: int, allowed: torch.Tensor | None = None):
         """``allowed``: bool [ntotal], False for stored rows a filtered search skips."""
         x = decode_stored(self.values, self.vmin, self.vdiff, self.bits)
-        if self.metric == "ip":
-            scores = -(queries @ x.T)
-        else:  # ranked by ||x||² - 2⟨q, x⟩; ||q||² is added to the k kept
-            scores = torch.addmm((x * x).sum(dim=1), queries, x.T, alpha=-2.0)
-        if allowed is not None:
-            scores = scores + self.row_bias(allowed)
-        val, rows = top_rows(scores, k)
-        if self.metric == "l2":
-            val = (val + (queries * queries).sum(dim=1, keepdim=True)).clamp_min(0.0)
-        return self.results(val, rows, k)
+        return self.exhaustive(queries, k, x, (x * x).sum(dim=1), allowed)
 
     def chunk_rows(self, k: int) -> int:
         return max(1, (1 << 26) // max(1, self.ntotal))

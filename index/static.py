@@ -76,6 +76,22 @@ class Searcher(nn.Module):
         those a filtered search skips (added to their scores: they never win)."""
         return torch.where(allowed, 0.0, INF)
 
+    def exhaustive(self, queries, k: int, x: torch.Tensor, norms: torch.Tensor, allowed=None):
+        """Every stored row scored exactly: float32 vectors ``x`` [ntotal, dim] (their squared
+        norms ``norms`` [ntotal] ranking L2 as ``||x||² - 2⟨q, x⟩``, ``||q||²`` added to the k
+        kept), ``allowed`` bool [ntotal] or None; search results (Flat, and the SQ kinds on
+        their decoded codes)."""
+        if self.metric == "ip":
+            scores = -(queries @ x.T)
+        else:
+            scores = torch.addmm(norms, queries, x.T, alpha=-2.0)
+        if allowed is not None:
+            scores = scores + self.row_bias(allowed)
+        val, rows = top_rows(scores, k)
+        if self.metric == "l2":
+            val = (val + (queries * queries).sum(dim=1, keepdim=True)).clamp_min(0.0)
+        return self.results(val, rows, k)
+
     def results(self, val: torch.Tensor, rows: torch.Tensor, k: int):
         """Candidates best first → search results (:func:`to_results` with this search's
         metric and id table)."""

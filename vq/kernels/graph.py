@@ -30,6 +30,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from vq.kernels.cache import kernel
+from vq.kernels.heaps import heapify_pair, push_pair, sift_down_pair, sort_pair_heap
 from vq.kernels.simd import borrow, prefetch_line
 from vq.kernels.threads import get_num_threads, parallel_for
 
@@ -162,55 +163,6 @@ def next_epoch(seen):
     return e
 
 
-# -- the max-heap of the beam (size given, as it grows) ------------------------------------
-@njit(inline="always")
-def sift_down(hd, hi, size, pos, d, i):
-    """Put (d, i) at ``pos`` of the max-heap ``hd[:size]``/``hi[:size]`` and sift it down."""
-    while True:
-        child = 2 * pos + 1
-        if child >= size:
-            break
-        if child + 1 < size and hd[child + 1] > hd[child]:
-            child += 1
-        if hd[child] <= d:
-            break
-        hd[pos] = hd[child]
-        hi[pos] = hi[child]
-        pos = child
-    hd[pos] = d
-    hi[pos] = i
-
-
-@njit(inline="always")
-def heap_push(hd, hi, size, d, i):
-    """Add (d, i) to the max-heap of ``size`` entries (room for one more)."""
-    pos = size
-    while pos > 0:
-        parent = (pos - 1) >> 1
-        if hd[parent] >= d:
-            break
-        hd[pos] = hd[parent]
-        hi[pos] = hi[parent]
-        pos = parent
-    hd[pos] = d
-    hi[pos] = i
-
-
-@njit(inline="always")
-def sort_heap(hd, hi, size):
-    """Sort a max-heap of ``size`` entries in place, ascending (a heap sort)."""
-    for end in range(size - 1, 0, -1):
-        d, i = hd[end], hi[end]
-        hd[end], hi[end] = hd[0], hi[0]
-        sift_down(hd, hi, end, 0, d, i)
-
-
-@njit(inline="always")
-def heapify(hd, hi, size):
-    for pos in range(size // 2 - 1, -1, -1):
-        sift_down(hd, hi, size, pos, hd[pos], hi[pos])
-
-
 # -- traversal --------------------------------------------------------------------------------
 @njit(inline="always", fastmath=True)
 def greedy(x, data, ip, nbr0, up_off, up_nbr, level, v, dv):
@@ -274,9 +226,9 @@ def beam(x, data, ip, nbr0, up_off, up_nbr, level, entry, d_entry, cap, ef, seen
                     continue
                 if hi[0] >= 0:
                     valid -= 1
-                sift_down(hd, hi, size, 0, d, w)
+                sift_down_pair(hd, hi, size, 0, d, w)
             else:
-                heap_push(hd, hi, size, d, w)
+                push_pair(hd, hi, size, d, w)
                 size += 1
             valid += 1
     return size
@@ -288,7 +240,7 @@ def decode_sorted(hd, hi, size):
     for j in range(size):
         if hi[j] < 0:
             hi[j] = -hi[j] - 2
-    sort_heap(hd, hi, size)
+    sort_pair_heap(hd, hi, size)
 
 
 @njit(inline="always", fastmath=True)
@@ -324,8 +276,8 @@ def hnsw_search_range(s0, s1, slices, queries, store, data, rerank, ip, nbr0, up
             if rerank:  # the beam's nodes by their exact distances
                 for j in range(size):
                     hd[j] = exact_distance(queries[q], data, hi[j], ip)
-                heapify(hd, hi, size)
-                sort_heap(hd, hi, size)
+                heapify_pair(hd, hi, size)
+                sort_pair_heap(hd, hi, size)
             for j in range(k):
                 if j < size:
                     out_dist[q, j], out_idx[q, j] = hd[j], hi[j]

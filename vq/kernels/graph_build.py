@@ -29,10 +29,9 @@ from vq.kernels.graph import (
     decode_sorted,
     degree,
     descend,
-    heapify,
     pair_distance,
-    sort_heap,
 )
+from vq.kernels.heaps import heapify_pair, sort_pair_heap
 from vq.kernels.simd import borrow
 from vq.kernels.threads import get_num_threads, parallel_for
 
@@ -146,8 +145,8 @@ def _link(data, ip, rows, row, v, sources, s0, s1, cd, ci):
         w = sources[s]
         cd[size], ci[size] = pair_distance(data, v, w, ip), w
         size += 1
-    heapify(cd, ci, size)
-    sort_heap(cd, ci, size)
+    heapify_pair(cd, ci, size)
+    sort_pair_heap(cd, ci, size)
     select_neighbours(data, ip, cd, ci, size, rows, row, m)
 
 

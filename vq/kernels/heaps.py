@@ -68,9 +68,8 @@ def float_key(bits, index):
 
 
 @njit(inline="always")
-def _sift_down_pair(dist, idx, size, d, i):
-    """Put (d, i) at the root of the max-heap ``dist[:size]``/``idx[:size]`` and sift it down."""
-    pos = 0
+def sift_down_pair(dist, idx, size, pos, d, i):
+    """Put (d, i) at ``pos`` of the max-heap ``dist[:size]``/``idx[:size]`` and sift it down."""
     while True:
         child = 2 * pos + 1
         if child >= size:
@@ -87,9 +86,40 @@ def _sift_down_pair(dist, idx, size, d, i):
 
 
 @njit(inline="always")
+def push_pair(dist, idx, size, d, i):
+    """Add (d, i) to the max-heap of ``size`` entries (room for one more: a heap that grows)."""
+    pos = size
+    while pos > 0:
+        parent = (pos - 1) >> 1
+        if dist[parent] >= d:
+            break
+        dist[pos] = dist[parent]
+        idx[pos] = idx[parent]
+        pos = parent
+    dist[pos] = d
+    idx[pos] = i
+
+
+@njit(inline="always")
+def heapify_pair(dist, idx, size):
+    """Make ``dist[:size]``/``idx[:size]`` a max-heap in place."""
+    for pos in range(size // 2 - 1, -1, -1):
+        sift_down_pair(dist, idx, size, pos, dist[pos], idx[pos])
+
+
+@njit(inline="always")
+def sort_pair_heap(dist, idx, size):
+    """Sort a max-heap of ``size`` entries in place, ascending (a heap sort)."""
+    for end in range(size - 1, 0, -1):
+        d, i = dist[end], idx[end]
+        dist[end], idx[end] = dist[0], idx[0]
+        sift_down_pair(dist, idx, end, 0, d, i)
+
+
+@njit(inline="always")
 def heap_replace_top(dist, idx, d, i):
     """Replace the root of a max-heap (``dist``/``idx``, size k) by (d, i) and sift it down."""
-    _sift_down_pair(dist, idx, dist.shape[0], d, i)
+    sift_down_pair(dist, idx, dist.shape[0], 0, d, i)
 
 
 @njit(inline="always")
@@ -122,7 +152,7 @@ def heap_sorted(dist, idx, out_dist, out_idx):
     for size in range(k, 0, -1):
         out_dist[size - 1] = dist[0]
         out_idx[size - 1] = idx[0]
-        _sift_down_pair(dist, idx, size - 1, dist[size - 1], idx[size - 1])
+        sift_down_pair(dist, idx, size - 1, 0, dist[size - 1], idx[size - 1])
     # equal distances: order by index, as a stable full sort of (distance, index) would
     j = 0
     while j < k:
