@@ -29,6 +29,8 @@ from vq.index.filters import allowed_per_list, kernel_mask, probe_further, torch
 from vq.index.ivfsearch import IVFSearch, padded_rows, probe  # noqa: F401 (re-exported)
 from vq.index.searching import NO_IDS
 from vq.index.static import search_in_chunks
+from vq.index.storage import move_lists, reserve, set_rows
+from vq.kernels import rows as row_kernels
 from vq.quantizers import VectorQuantizer
 
 _NO_NORMS = np.zeros(0, np.float32)
@@ -174,44 +176,82 @@ class IVFIndex(Index):
             )
         return torch.from_numpy(scores), torch.from_numpy(lists)
 
-    # -- storage --------------------------------------------------------------------------
-    def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
-        """Insert the new rows at the end of their lists (CSR merge, O(ntotal))."""
-        lists = encoded.pop("lists")
-        old_sizes = self.list_sizes()
-        new_sizes = torch.bincount(lists, minlength=self.nlist)
-        order = torch.argsort(lists, stable=True)
-        sorted_lists = lists[order]
-        new_offsets = self.offsets.clone()
-        new_offsets[1:] += torch.cumsum(new_sizes, 0)
-        # old row r of list l moves by the new rows inserted in lists before l; the j-th new row
-        # (sorted by list) lands after the old rows of its list: j + old offsets[l + 1]
-        arange_lists = torch.arange(self.nlist, device=self.device)
-        old_lists = torch.repeat_interleave(arange_lists, old_sizes)
-        old_pos = torch.arange(self.ntotal, device=self.device) + (
-            new_offsets[:-1] - self.offsets[:-1]
-        ).index_select(0, old_lists)
-        new_pos = torch.arange(lists.shape[0], device=self.device) + self.offsets[1:].index_select(
-            0, sorted_lists
-        )
-        total = self.ntotal + lists.shape[0]
-        encoded["ids"] = ids
-        for name in (*self._row_buffers, "ids"):
-            old, new = getattr(self, name), encoded[name].to(getattr(self, name).dtype)
-            merged = old.new_empty((total, *old.shape[1:]))
-            merged[old_pos] = old
-            merged[new_pos] = new[order]
-            setattr(self, name, merged)
-        self.offsets = new_offsets
+    # -- storage (in place: see vq.index.storage) -------------------------------------------
+    def data_buffers(self) -> tuple[str, ...]:
+        return (*super().data_buffers(), "offsets")
 
-    def _keep(self, rows: torch.Tensor) -> None:
-        lists = torch.repeat_interleave(
-            torch.arange(self.nlist, device=self.device), self.list_sizes()
-        )
-        sizes = torch.bincount(lists[rows], minlength=self.nlist)
-        self.offsets = torch.cat([self.offsets[:1], torch.cumsum(sizes, 0)])
-        for name in self._row_buffers:
-            setattr(self, name, getattr(self, name)[rows])
+    def _encode_rows(self, x: torch.Tensor, lists: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What to store for float32 vectors ``x`` [b, dim] routed to ``lists`` int64 [b]:
+        the kind's ``_row_buffers``, b rows each."""
+        raise NotImplementedError
+
+    def _add(self, x: torch.Tensor, ids: torch.Tensor) -> None:
+        """Route every vector (int64 [n] lists, the only array of the whole call), make room
+        at the ends of the lists, then encode a chunk at a time into its rows."""
+        self._require_trained("add")
+        n, step = x.shape[0], self.add_batch_size
+        lists = torch.empty(n, dtype=torch.int64, device=self.device)
+        x = x.to(self.device)
+        with torch.no_grad():
+            for s in range(0, n, step):
+                lists[s : s + step] = self._assign(x[s : s + step])
+            self._insert(lists, lambda s, e: self._encode_rows(x[s:e], lists[s:e]), ids)
+
+    def _merge(self, other, shift: int) -> None:
+        ids = self._merged_ids(other, shift)
+        sizes = other.list_sizes().to(self.device)
+        lists = torch.repeat_interleave(torch.arange(self.nlist, device=self.device), sizes)
+        names = self._row_buffers
+
+        def rows(s: int, e: int) -> dict[str, torch.Tensor]:
+            return {name: other._buffers[name][s:e].to(self.device) for name in names}
+
+        self._insert(lists, rows, ids)
+
+    def _insert(self, lists: torch.Tensor, rows: Callable, ids: torch.Tensor) -> None:
+        """Store new rows at the ends of their ``lists`` (int64 [n]): every buffer grown in
+        place (:func:`vq.index.storage.reserve`), the lists after the first that grows moved
+        towards the end (last first), then ``rows(s, e)`` (the ``_row_buffers`` of new rows
+        s..e) and ``ids`` written into their slots, ``add_batch_size`` at a time; on an error
+        the lists move back (nothing half-added)."""
+        n0, n = self.ntotal, lists.shape[0]
+        old = self.offsets
+        new = old.clone()
+        new[1:] += torch.cumsum(torch.bincount(lists, minlength=self.nlist), 0)
+        names = (*self._row_buffers, "ids")
+        before = {name: self._buffers[name] for name in names}
+        full = {name: reserve(self, name, n0 + n) for name in names}
+        for name in names:
+            move_lists(full[name], old, new)
+        cursors = (new[:-1] + old.diff()).cpu().numpy()
+        slots = np.empty(min(n, self.add_batch_size), np.int64)
+        try:
+            for s in range(0, n, self.add_batch_size):
+                e = min(n, s + self.add_batch_size)
+                row_kernels.list_slots(lists[s:e].cpu().numpy(), cursors, slots[: e - s])
+                at = torch.from_numpy(slots[: e - s]).to(self.device)
+                for name, t in {**rows(s, e), "ids": ids[s:e]}.items():
+                    full[name][at] = t.to(full[name].dtype)
+        except BaseException:
+            for name in names:
+                move_lists(full[name], new, old)
+            self._buffers.update(before)
+            raise
+        for name in names:
+            set_rows(self, name, n0 + n)
+        self.offsets = new
+
+    def _drop_rows(self, drop: np.ndarray, first: int, removed: int) -> None:
+        rows = np.flatnonzero(drop[first:]) + first
+        lists = np.searchsorted(self.offsets.cpu().numpy(), rows, side="right") - 1
+        gone = torch.from_numpy(np.bincount(lists, minlength=self.nlist)).to(self.device)
+        offsets = self.offsets.clone()
+        offsets[1:] -= torch.cumsum(gone, 0)
+        super()._drop_rows(drop, first, removed)
+        self.offsets = offsets
+
+    def _row_lists(self, rows: torch.Tensor) -> torch.Tensor:  # the list of each stored row
+        return torch.searchsorted(self.offsets, rows.to(self.device), right=True) - 1
 
     # -- search ---------------------------------------------------------------------------
     def _torch_searcher(self) -> IVFSearch:

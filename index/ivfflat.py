@@ -35,8 +35,11 @@ class IVFFlat(IVFIndex):
     def _train(self, x: torch.Tensor) -> None:
         self._train_coarse(x)
 
-    def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"lists": self._assign(x), "vectors": x.float()}
+    def _encode_rows(self, x: torch.Tensor, lists: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"vectors": x}
+
+    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.vectors[rows.to(self.device)].float()
 
     def _rows_problem(self) -> str | None:
         return shape_problem("vectors", self.vectors, (self.ntotal, self.dim))

@@ -131,10 +131,16 @@ class IVFPQ(IVFIndex):
     def _residuals(self, x: torch.Tensor, lists: torch.Tensor) -> torch.Tensor:
         return x - self.quantizer.codebook.float().index_select(0, lists)
 
-    def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        lists = self._assign(x)
+    def _encode_rows(self, x: torch.Tensor, lists: torch.Tensor) -> dict[str, torch.Tensor]:
         target = self._residuals(x, lists) if self.by_residual else x
-        return {"lists": lists, "codes": self.pq.encode_rows(target)}
+        return {"codes": self.pq.encode_rows(target)}
+
+    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        rows = rows.to(self.device)
+        x = pq_decode(self.codes[rows], self.pq.codebooks.float())
+        if self.by_residual:
+            x = x + self.quantizer.codebook.float()[self._row_lists(rows)]
+        return x
 
     # -- look-up tables -------------------------------------------------------------------
     def _uses_precomputed(self) -> bool:

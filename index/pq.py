@@ -21,7 +21,7 @@ from vq.index.filters import IdFilter, kernel_mask, torch_mask
 from vq.index.searching import NO_IDS, shape_problem
 from vq.index.static import Searcher, kept, search_in_chunks, top_rows
 from vq.quantizers import ProductQuantizer
-from vq.quantizers.product import lookup_tables
+from vq.quantizers.product import lookup_tables, pq_decode
 
 
 class PQIndex(Index):
@@ -45,6 +45,8 @@ class PQIndex(Index):
         pq: the :class:`vq.ProductQuantizer`; codes: [ntotal, M] (uint8 for nbits <= 8);
         ids: int64 [ntotal].
     """
+
+    _row_buffers = ("codes",)
 
     def __init__(
         self,
@@ -76,18 +78,14 @@ class PQIndex(Index):
         self.pq.fit(x)
 
     def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"codes": self.pq.encode(x)}
+        return {"codes": self.pq.encode_rows(x)}
 
     @property
     def ntotal(self) -> int:
         return int(self.codes.shape[0])
 
-    def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
-        self._append_ids(ids)
-        self.codes = torch.cat([self.codes, encoded["codes"]])
-
-    def _keep(self, rows: torch.Tensor) -> None:
-        self.codes = self.codes[rows]
+    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        return pq_decode(self.codes[rows.to(self.device)], self.pq.codebooks.float())
 
     def growing_buffers(self) -> tuple[str, ...]:
         return (*super().growing_buffers(), "codes")

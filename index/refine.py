@@ -13,6 +13,7 @@ from vq.index.faiss_build import import_faiss, keep_alive, with_id_map
 from vq.index.filters import IdFilter, torch_mask
 from vq.index.searching import NO_IDS, shape_problem
 from vq.index.static import INF, Searcher, kept, search_in_chunks, top_rows
+from vq.index.storage import append_rows
 from vq.index.wrapper import Wrapper
 
 
@@ -30,6 +31,8 @@ class Refine(Wrapper):
     Submodules and buffers:
         index; vectors: float32 [ntotal, dim]; ids: int64 [ntotal].
     """
+
+    _row_buffers = ("vectors",)
 
     def __init__(self, index: Index, k_factor: int = 1, k: int | None = None):
         super().__init__(index.dim, index.metric, index.k if k is None else k, index.verbose)
@@ -84,18 +87,22 @@ class Refine(Wrapper):
         rows = torch.arange(self.ntotal, self.ntotal + x.shape[0], device=self.device)
         self.index._add(x, rows)
         self._append_ids(ids)
-        self.vectors = torch.cat([self.vectors, x.to(self.device).float()])
+        append_rows(self, "vectors", x.to(self.device))
 
-    def _remove(self, ids: torch.Tensor) -> int:
-        stored = self.stored_ids()
-        keep = ~torch.isin(stored, ids)
-        removed = self.ntotal - int(keep.sum())
-        if removed:
-            self.index._remove(torch.nonzero(~keep).flatten())
-            self.index._renumber(torch.cumsum(keep, 0) - 1)  # old row -> new row
-            rows = torch.nonzero(keep).flatten()
-            self.vectors, self.ids = self.vectors[rows], stored[rows]
-        return removed
+    def _merge(self, other, shift: int) -> None:
+        ids = self._merged_ids(other, shift)
+        self.index._merge(other.index, self.ntotal)  # its ids: this index's new rows
+        self._append_ids(ids)
+        append_rows(self, "vectors", other.vectors.to(self.device))
+
+    def _drop_rows(self, drop: np.ndarray, first: int, removed: int) -> None:
+        self.index._remove(torch.from_numpy(np.flatnonzero(drop)).to(self.device))
+        keep = torch.from_numpy(drop == 0).to(self.device)
+        self.index._renumber(torch.cumsum(keep, 0) - 1)  # old row -> new row
+        super()._drop_rows(drop, first, removed)
+
+    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.vectors[rows.to(self.device)].float()
 
     def _search_work(self, nq: int, k: int, k_factor: int | None = None, **params) -> float:
         candidates = k * (self.k_factor if k_factor is None else k_factor)

@@ -111,6 +111,13 @@ class PreTransform(Wrapper):
     def _remove(self, ids: torch.Tensor) -> int:
         return self.index._remove(ids)
 
+    def _merge(self, other, shift: int) -> None:
+        self.index._merge(other.index, shift)
+
+    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """The wrapped index's reconstructions rotated back, ``x̂ R`` (R orthonormal)."""
+        return self.index._decode_rows(rows) @ self.transform.rotation.float()
+
     def _renumber(self, mapping: torch.Tensor) -> None:
         self.index._renumber(mapping)
 
