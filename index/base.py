@@ -41,7 +41,7 @@ from vq.index.searching import (
     results_by_id,
     search_steps,
 )
-from vq.index.storage import check_new_ids
+from vq.index.storage import IdRange, check_new_ids
 from vq.index.updates import Updates
 
 METRICS = ("l2", "ip")
@@ -192,7 +192,7 @@ class Index(Updates, nn.Module):
         """Add vectors [n, dim] with ids ``ntotal, ntotal + 1, …`` (faiss's sequential ids)."""
         t = as_vectors(x, self.dim, "x")
         with self._writing():
-            ids = torch.arange(self.ntotal, self.ntotal + t.shape[0], device=self.device)
+            ids = IdRange(self.ntotal, t.shape[0], self.device)  # made a chunk at a time
             check_new_ids(self, ids, "add: the sequential ids")
             self._add(t, ids)
 

@@ -181,32 +181,31 @@ class IVFIndex(Index):
         return (*super().data_buffers(), "offsets")
 
     def _encode_rows(self, x: torch.Tensor, lists: torch.Tensor) -> dict[str, torch.Tensor]:
-        """What to store for float32 vectors ``x`` [b, dim] routed to ``lists`` int64 [b]:
-        the kind's ``_row_buffers``, b rows each."""
-        raise NotImplementedError
+        raise NotImplementedError  # x [b, dim] in lists [b] → the kind's _row_buffers, b rows
 
-    def _add(self, x: torch.Tensor, ids: torch.Tensor) -> None:
+    def _add(self, x: torch.Tensor, ids, prepare: Callable | None = None) -> None:
         """Route every vector (int64 [n] lists, the only array of the whole call), make room
-        at the ends of the lists, then encode a chunk at a time into its rows."""
+        at the ends of the lists, then encode a chunk at a time into its rows (``prepare``:
+        a wrapper's transform, applied a chunk at a time, twice)."""
         self._require_trained("add")
         n, step = x.shape[0], self.add_batch_size
         lists = torch.empty(n, dtype=torch.int64, device=self.device)
-        x = x.to(self.device)
+
+        def chunk(s: int, e: int) -> torch.Tensor:
+            part = x[s:e].to(self.device)
+            return part if prepare is None else prepare(part)
+
         with torch.no_grad():
             for s in range(0, n, step):
-                lists[s : s + step] = self._assign(x[s : s + step])
-            self._insert(lists, lambda s, e: self._encode_rows(x[s:e], lists[s:e]), ids)
+                lists[s : s + step] = self._assign(chunk(s, s + step))
+            self._insert(lists, lambda s, e: self._encode_rows(chunk(s, e), lists[s:e]), ids)
 
     def _merge(self, other, shift: int) -> None:
         ids = self._merged_ids(other, shift)
         sizes = other.list_sizes().to(self.device)
         lists = torch.repeat_interleave(torch.arange(self.nlist, device=self.device), sizes)
-        names = self._row_buffers
-
-        def rows(s: int, e: int) -> dict[str, torch.Tensor]:
-            return {name: other._buffers[name][s:e].to(self.device) for name in names}
-
-        self._insert(lists, rows, ids)
+        buffers = {name: other._buffers[name] for name in self._row_buffers}
+        self._insert(lists, lambda s, e: {k: v[s:e] for k, v in buffers.items()}, ids)
 
     def _insert(self, lists: torch.Tensor, rows: Callable, ids: torch.Tensor) -> None:
         """Store new rows at the ends of their ``lists`` (int64 [n]): every buffer grown in
@@ -231,7 +230,7 @@ class IVFIndex(Index):
                 row_kernels.list_slots(lists[s:e].cpu().numpy(), cursors, slots[: e - s])
                 at = torch.from_numpy(slots[: e - s]).to(self.device)
                 for name, t in {**rows(s, e), "ids": ids[s:e]}.items():
-                    full[name][at] = t.to(full[name].dtype)
+                    full[name][at] = t.to(full[name].device, full[name].dtype)
         except BaseException:
             for name in names:
                 move_lists(full[name], new, old)

@@ -13,7 +13,7 @@ from vq.index.faiss_build import import_faiss, keep_alive, with_id_map
 from vq.index.filters import IdFilter, torch_mask
 from vq.index.searching import NO_IDS, shape_problem
 from vq.index.static import INF, Searcher, kept, search_in_chunks, top_rows
-from vq.index.storage import append_rows
+from vq.index.storage import IdRange, append_rows, reserve
 from vq.index.wrapper import Wrapper
 
 
@@ -82,12 +82,15 @@ class Refine(Wrapper):
     def _train(self, x: torch.Tensor) -> None:
         self.index.train(x)
 
-    def _add(self, x: torch.Tensor, ids: torch.Tensor) -> None:
+    def _add(self, x: torch.Tensor, ids, prepare=None) -> None:
         self._require_trained("add")
-        rows = torch.arange(self.ntotal, self.ntotal + x.shape[0], device=self.device)
-        self.index._add(x, rows)
-        self._append_ids(ids)
-        append_rows(self, "vectors", x.to(self.device))
+        n0, step = self.ntotal, self.add_batch_size
+        self.index._add(x, IdRange(n0, x.shape[0], self.device), prepare)  # ids: our rows
+        self._append_ids(ids if isinstance(ids, IdRange) else ids.to(self.device))
+        reserve(self, "vectors", n0 + x.shape[0])
+        for s in range(0, x.shape[0], step):
+            chunk = x[s : s + step].to(self.device)
+            append_rows(self, "vectors", chunk if prepare is None else prepare(chunk))
 
     def _merge(self, other, shift: int) -> None:
         ids = self._merged_ids(other, shift)

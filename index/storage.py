@@ -26,9 +26,37 @@ from vq.kernels import rows as row_kernels
 GROWTH = 1.25
 
 
-def check_new_ids(index, ids: torch.Tensor, what: str) -> None:
+class IdRange:
+    """The ids ``start … start + n - 1`` (``add``'s sequential ids), made a slice at a time:
+    ``ids[s:e]`` is an int64 tensor, so an add of n vectors holds no int64 [n] array of them."""
+
+    def __init__(self, start: int, n: int, device: torch.device):
+        self.start, self.n, self.device = start, n, device
+        self.shape = (n,)
+
+    def __getitem__(self, part: slice) -> torch.Tensor:
+        s, e, _ = part.indices(self.n)
+        return torch.arange(self.start + s, self.start + max(s, e), device=self.device)
+
+    def to(self, device) -> IdRange:
+        return IdRange(self.start, self.n, device)
+
+
+def check_new_ids(index, ids: torch.Tensor | IdRange, what: str) -> None:
     """Refuse ids (non-negative, distinct) that ``index`` already stores."""
-    if not index.ntotal or not ids.numel():
+    if not index.ntotal or not ids.shape[0]:
+        return
+    if isinstance(ids, IdRange):  # a range: compare the stored ids with its ends
+        if index._sequential_ids() and ids.start >= index.ntotal:
+            return
+        stored = index.stored_ids()
+        inside = (stored >= ids.start) & (stored < ids.start + ids.n)
+        if bool(inside.any()):
+            first = int(stored[inside].min())
+            raise ValueError(
+                f"{what}: {int(inside.sum())} of them are already in the index (first: "
+                f"{first}); remove_ids them first, or add with new ids (add_with_ids)"
+            )
         return
     if index._sequential_ids():  # the stored ids are 0 … ntotal - 1: no search needed
         taken = ids < index.ntotal

@@ -8,6 +8,7 @@ place: see :mod:`vq.index.storage`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ from tqdm.auto import tqdm
 
 from vq._checks import as_ids
 from vq.index.storage import (
+    IdRange,
     append_rows,
     check_new_ids,
     compact,
@@ -139,6 +141,10 @@ class Updates:
     def _append_ids(self, ids: torch.Tensor) -> None:
         """Record the ids of rows about to be appended (call before the storage grows)."""
         n0 = self.ntotal
+        if isinstance(ids, IdRange):
+            if self.ids.shape[0] == 0 and ids.start == n0:
+                return
+            ids = ids[:]
         if self.ids.shape[0] == 0 and torch.equal(
             ids, torch.arange(n0, n0 + ids.shape[0], device=ids.device)
         ):
@@ -150,9 +156,10 @@ class Updates:
         self.ids = mapping[self.stored_ids()]
 
     # -- adding and removing (in place: see vq.index.storage) ---------------------------------
-    def _add(self, x: torch.Tensor, ids: torch.Tensor) -> None:
-        """Encode ``add_batch_size`` rows at a time straight into room reserved for all of
-        them; on an error, the index as it was (nothing half-added)."""
+    def _add(self, x: torch.Tensor, ids, prepare: Callable | None = None) -> None:
+        """Encode ``add_batch_size`` rows at a time (``prepare``d first: a wrapper's
+        transform, a chunk at a time) straight into room reserved for all of them; on an
+        error, the index as it was (nothing half-added)."""
         self._require_trained("add")
         n0, n, step = self.ntotal, x.shape[0], self.add_batch_size
         before = {name: self._buffers[name] for name in (*self._row_buffers, "ids")}
@@ -163,7 +170,8 @@ class Updates:
         with torch.no_grad(), bar:
             try:
                 for s in range(0, n, step):
-                    encoded = self._encode_batch(x[s : s + step].to(self.device))
+                    chunk = x[s : s + step].to(self.device)
+                    encoded = self._encode_batch(chunk if prepare is None else prepare(chunk))
                     self._store(encoded, ids[s : s + step])
                     bar.update(min(step, n - s))
             except BaseException:
