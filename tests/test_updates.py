@@ -254,3 +254,44 @@ def test_merge_from_refuses_indexes_not_trained_alike(trained, data):
         a.merge_from(same)
     for k, v in _storage(a).items():
         assert torch.equal(v, before[k])
+
+
+@pytest.mark.parametrize("name", ["flat", "pq-fs", "ivfflat", "ivfpq", "refine-ivfpq", "opq-ivfpq"])
+def test_a_memory_mapped_index_searches_as_a_loaded_one_and_copies_before_writing(
+    trained, data, name, tmp_path
+):
+    x, q = data
+    path = tmp_path / "index.vq"
+    _filled(trained, name, x, np.arange(N) * 2).save(path)
+    raw = path.read_bytes()
+    loaded, mapped = vq.load_index(path), vq.load_index(path, mmap=True)
+    for a, b in zip(loaded.search(q, K), mapped.search(q, K), strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(mapped.reconstruct([0, 10]), loaded.reconstruct([0, 10]))
+    mapped.remove_ids(np.arange(0, 400, 2))
+    mapped.add_with_ids(x[:10], np.arange(10) * 2 + 1)
+    loaded.remove_ids(np.arange(0, 400, 2))
+    loaded.add_with_ids(x[:10], np.arange(10) * 2 + 1)
+    _assert_same_storage(mapped, loaded)
+    assert path.read_bytes() == raw  # the file never changes
+
+
+def test_a_mapped_load_refuses_a_truncated_file_and_verify_catches_a_tampered_one(
+    trained, data, tmp_path
+):
+    x, _ = data
+    path = tmp_path / "index.vq"
+    _filled(trained, "ivfpq", x, np.arange(N)).save(path)
+    raw = path.read_bytes()
+    (tmp_path / "short.vq").write_bytes(raw[:-100])
+    with pytest.raises(ValueError, match="truncated or corrupted"):
+        vq.load_index(tmp_path / "short.vq", mmap=True)
+    tampered = bytearray(raw)
+    tampered[-50] ^= 0xFF  # a byte of the stored data
+    (tmp_path / "bad.vq").write_bytes(bytes(tampered))
+    with pytest.raises(ValueError, match="checksum mismatch"):
+        vq.load_index(tmp_path / "bad.vq", mmap=True, verify=True)
+    with pytest.raises(ValueError, match="checksum mismatch"):
+        vq.load_index(tmp_path / "bad.vq")
+    with pytest.raises(ValueError, match="verify=False needs mmap=True"):
+        vq.load_index(path, verify=False)
