@@ -80,7 +80,7 @@ def load_index(
     _check_finite({k: v for k, v in tensors.items() if verify or k not in growing}, path)
     index = _build(config, path)
     try:
-        index.load_state_dict(tensors, strict=True, assign=mmap)
+        index.load_state_dict(tensors, strict=True, assign=True)  # the file's tensors, no copy
     except RuntimeError as err:
         raise ValueError(
             f"{path}: the tensors do not match a {config.get('class')}: {err}"

@@ -156,10 +156,12 @@ class IVFPQ(IVFIndex):
         key = (id(c), c._version, id(cb), cb._version, c.device)
         if self._table_key != key or self.precomputed_table.shape[0] != self.nlist:
             cbf = cb.float()
-            subs = c.float().reshape(self.nlist, self.pq.M, self.pq.dsub).transpose(0, 1)
-            dots = torch.bmm(subs, cbf.transpose(1, 2))  # [M, nlist, ksub]
-            table = (2.0 * dots + (cbf * cbf).sum(-1)[:, None, :]).transpose(0, 1)
-            self.precomputed_table = table.contiguous()
+            subs = c.float().reshape(self.nlist, self.pq.M, self.pq.dsub)
+            norms = (cbf * cbf).sum(-1)  # [M, ksub]
+            table = torch.empty(self.nlist, self.pq.M, self.pq.ksub, device=c.device)
+            for m in range(self.pq.M):  # one sub-quantizer at a time: no temporary of its size
+                torch.addmm(norms[m], subs[:, m], cbf[m].T, alpha=2.0, out=table[:, m])
+            self.precomputed_table = table
             self._table_key = key
         return self.precomputed_table
 

@@ -1,8 +1,8 @@
 """In-place moves of stored rows: what ``add``, ``remove_ids`` and ``merge_from`` do to an
 index's buffers without allocating copies of them.
 
-Every buffer is seen as bytes, uint8 [capacity, row_bytes] (a row of codes, of a vector, an
-int64 id), so one kernel serves codes, vectors and ids alike. Inverted lists are CSR (list l
+Every buffer is seen as rows of unsigned words, [capacity, words] (a row of codes, of a vector,
+an int64 id), so one kernel serves codes, vectors and ids alike. Inverted lists are CSR (list l
 holds rows ``offsets[l]:offsets[l + 1]``): growing a list moves the lists after it towards the
 end (last list first, so that no row is overwritten before it has moved), removing rows moves
 the rows after them towards the start.
@@ -18,7 +18,7 @@ from vq.kernels.cache import kernel
 @kernel(nogil=True)
 def move_lists(buf, src, dst, backward):
     """Move list l's rows ``src[l]:src[l + 1]`` to start at ``dst[l]``, in place, for every l
-    (buf uint8 [capacity, row_bytes]; src, dst int64 [nlist + 1]). ``backward``: the lists
+    (buf [capacity, words], unsigned; src, dst int64 [nlist + 1]). ``backward``: the lists
     move towards the end (dst[l] >= src[l] for every l: a list grows), so the last list moves
     first and each list's rows last to first; otherwise towards the start, first to last."""
     nlist = src.shape[0] - 1
@@ -36,7 +36,7 @@ def move_lists(buf, src, dst, backward):
 
 @kernel(nogil=True)
 def compact_rows(buf, drop, first):
-    """Keep the rows ``i >= first`` of buf (uint8 [capacity, row_bytes]) whose ``drop[i]``
+    """Keep the rows ``i >= first`` of buf ([capacity, words], unsigned) whose ``drop[i]``
     (uint8 [n]) is 0, moved down in order to start at row ``first``; returns the number of
     rows now held (rows before ``first`` stay)."""
     w = first
