@@ -6,7 +6,8 @@ against the in-memory load, and what verifying the checksum costs.
 Builds the index once and saves it; then each mode loads the file and searches ``--nq`` queries
 in a fresh Python process, so that its peak RSS is its own. The child first searches a small
 throwaway index of the same kind (numba loads its compiled kernels and LLVM once per process,
-a cost of the process rather than of the index), then reads its RSS, loads, searches, and
+a cost of the process rather than of the index; IVFPQ's precomputed table, nlist × M × 256
+floats, is built again for the big index), then reads its RSS, loads, searches, and
 reads the peak. The peak is VmHWM from /proc, not ``ru_maxrss``: on Linux a child keeps the
 ``ru_maxrss`` of the process that forked it across exec (see bench/memory.py). Prints a table
 (load s, search s, peak RSS increase, ratio to the in-memory load, identical results); writes
@@ -40,7 +41,8 @@ def child(mode: str, path: str, small: str, queries: str, out: str, nprobe: int)
     set_threads(1)
     q = np.load(queries)
     warm = vq.load_index(small)
-    warm.search(q[:10], 10, nprobe=nprobe)
+    warm.search(q, 10, nprobe=nprobe)  # the kernels of this search loaded, its tables built
+    warm.search(q[:1], 10, nprobe=nprobe)
     del warm
     before = _rss_kib()
     t0 = time.perf_counter()
