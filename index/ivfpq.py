@@ -18,8 +18,10 @@ import torch
 from vq import kernels
 from vq.index.faiss_build import code_bytes, copy_codebooks, faiss_metric, import_faiss, keep_alive
 from vq.index.fastscan import PackedCodes, check_fast_scan
+from vq.index.filters import kernel_mask
 from vq.index.ivf import IVFIndex, IVFSearch
 from vq.index.pq import codes_problem, stored_codes
+from vq.index.ranges import probed_hits
 from vq.index.static import INF, kept, top_rows
 from vq.kernels import fastscan as fastscan_kernels
 from vq.kernels.fastscan_ivf import ivf_fastscan_lean, ivf_fastscan_lists
@@ -237,6 +239,23 @@ class IVFPQ(IVFIndex):
             out_dist.numpy(),
             out_rows.numpy(),
         )
+
+    def _range_hits(self, q, radius: float, allowed=None, nprobe=None, max_codes=None) -> list:
+        """The probed lists' hits by the ADC values of the top-k scan (fast-scan indexes too,
+        with float tables: exact ADC distances, not the quantized ones), a block of queries
+        at a time."""
+        args, coarse_base = self._kernel_args()
+        coarse, lists = self._probe_numba(q, self._nprobe(nprobe))
+        base = coarse.numpy() if coarse_base else np.zeros(tuple(coarse.shape), np.float32)
+        lists, qn, offsets = lists.numpy(), q.contiguous().numpy(), self.offsets.numpy()
+        codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)
+        hits, mask = kernels.ivfpq_hits(self.pq.M, words, self.pq.dsub), kernel_mask(self, allowed)
+
+        def call(s, e, starts, t, rows, vals, counts):
+            hits(qn[s:e], *args, np.ascontiguousarray(base[s:e]), np.ascontiguousarray(lists[s:e]),
+                 codes, offsets, starts, t, mask, rows, vals, counts)  # fmt: skip
+
+        return probed_hits(radius, self.metric == "ip", lists, self.list_sizes().numpy(), call)
 
     def _lean_kernel(self) -> tuple:
         args, coarse_base = self._kernel_args()

@@ -18,6 +18,7 @@ from vq.index.faiss_build import (
 )
 from vq.index.fastscan import PackedCodes, check_fast_scan
 from vq.index.filters import IdFilter, kernel_mask, torch_mask
+from vq.index.ranges import probed_hits
 from vq.index.searching import NO_IDS, shape_problem
 from vq.index.static import Searcher, kept, search_in_chunks, top_rows
 from vq.quantizers import ProductQuantizer
@@ -142,6 +143,29 @@ class PQIndex(Index):
         flat = tables.reshape(q.shape[0], -1).contiguous().numpy()
         kernels.adc_scanner(self.pq.M, words)(flat, codes, mask, dist.numpy(), rows.numpy())
         return dist, rows
+
+    def _range_hits(self, q: torch.Tensor, radius: float, allowed: IdFilter | None = None):
+        """The hits by ADC values (fast-scan indexes too, with float tables: exact ADC
+        distances, not the quantized ones): the IVF-PQ hits kernel over one list of every
+        code, a block of queries at a time."""
+        ip, n, pq = self.metric == "ip", self.ntotal, self.pq
+        kind = kernels.IP_TABLE if ip else kernels.L2_TABLE
+        no_lists = np.zeros((0, pq.M * pq.ksub), np.float32)
+        args = (*self._codebook_arrays(), np.zeros((0, self.dim), np.float32), no_lists, kind)
+        lists, offsets = np.zeros((q.shape[0], 1), np.int64), np.array([0, n], np.int64)
+        codes, words = kernels.code_view(self.codes.contiguous().numpy(), pq.ksub)
+        hits, mask, qn = (
+            kernels.ivfpq_hits(pq.M, words, pq.dsub),
+            kernel_mask(self, allowed),
+            q.numpy(),
+        )
+
+        def call(s, e, starts, t, rows, vals, counts):
+            base = np.zeros((e - s, 1), np.float32)
+            hits(qn[s:e], *args, np.float32(-1.0), base, lists[s:e], codes, offsets, starts, t,
+                 mask, rows, vals, counts)  # fmt: skip
+
+        return probed_hits(radius, ip, lists, np.array([n], np.int64), call)
 
     def _lean_search(self):
         """One kernel call for a few queries on the calling thread: tables, scan, ids (the

@@ -104,6 +104,24 @@ class Refine(Wrapper):
         self.index._renumber(torch.cumsum(keep, 0) - 1)  # old row -> new row
         super()._drop_rows(drop, first, removed)
 
+    def _range_hits(self, q, radius: float, allowed=None, k_factor=None, **params) -> list:
+        """The wrapped index's hits at the same radius (its approximate distances), kept where
+        the exact distance is within it too, with the exact distances (faiss's
+        ``IndexRefineFlat`` has no range search): a vector whose approximate distance is past
+        the radius is not found, however near it is."""
+        ip = self.metric == "ip"
+        inner_filter = None if allowed is None else IdFilter(allowed.row_mask(self).view(bool))
+        mine_of = self.index.stored_ids().cpu()  # the wrapped index's ids are this one's rows
+        parts = []
+        for qs, rows, _ in self.index._range_hits(q, radius, inner_filter, **params):
+            for s in range(0, qs.shape[0], 1 << 16):  # [hits, dim] temporaries, bounded
+                qi, mine = torch.from_numpy(qs[s : s + (1 << 16)]), mine_of[rows[s : s + (1 << 16)]]
+                qv, xv = q[qi], self.vectors[mine.to(self.device)].float().cpu()
+                d = -(qv * xv).sum(1) if ip else ((qv - xv) ** 2).sum(1)
+                keep = (d < (-radius if ip else radius)).numpy()
+                parts.append((qi.numpy()[keep], mine.numpy()[keep], d.numpy()[keep]))
+        return parts
+
     def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         return self.vectors[rows.to(self.device)].float()
 
