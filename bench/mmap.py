@@ -8,10 +8,11 @@ in a fresh Python process, so that its peak RSS is its own. The child first sear
 throwaway index of the same kind (numba loads its compiled kernels and LLVM once per process,
 a cost of the process rather than of the index; IVFPQ's precomputed table, nlist × M × 256
 floats, is built again for the big index), then reads its RSS, loads, searches, and
-reads the peak (and the anonymous memory still held after the search, RssAnon: the mapped file's
-pages the search touched are file-backed, clean, and given back under memory pressure, the
-anonymous ones are not). A search of nq queries at nprobe p touches about min(1, nq·p/nlist) of
-the lists: 100 queries at nprobe 16 of 1024 lists page in most of the file. The peak is VmHWM
+reads the peak, and the anonymous memory (RssAnon) held after the search: the mapped file's
+pages a search touches are file-backed and clean — the kernel maps them 64 KiB around each fault,
+so a few probes of small lists show much of the file in RSS — and are given back under memory
+pressure; the anonymous ones (the precomputed IVF-PQ table, nlist × M × 256 floats, whatever n
+is) are not. The peak is VmHWM
 from /proc, not ``ru_maxrss``: on Linux a child keeps the
 ``ru_maxrss`` of the process that forked it across exec (see bench/memory.py). Prints a table
 (load s, search s, peak RSS increase, ratio to the in-memory load, identical results); writes
@@ -127,6 +128,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 "peak RSS increase MiB": increase,
                 "increase / in-memory": increase
                 / max(1e-9, (base["peak"] - base["before"]) / 1024),
+                "anonymous increase MiB": r["anon"] / 1024,
+                "anonymous / in-memory": r["anon"] / max(1, base["anon"]),
                 "same ids": bool(np.array_equal(r["ids"], base["ids"])),
             }
         )
