@@ -48,7 +48,9 @@ def load_index(
             (CPU): only the pages a search touches become resident, so an index larger than
             memory can be searched; results are those of an in-memory load. The mapping is
             copy-on-write: the index never writes to the file; ``add``, ``remove_ids`` and
-            ``merge_from`` copy the buffers they change into memory first.
+            ``merge_from`` copy the buffers they change into memory first. While mapped, the
+            file must not be truncated or rewritten in place (``index.save`` writes a new file
+            and renames it, which is safe); a search would then fault.
         verify: check the tensors' checksum, which reads every byte (default: True, and
             False with ``mmap``, whose point is not to read everything; the header, the
             configuration's checksum, every shape and byte range and the consistency of the
@@ -80,7 +82,9 @@ def load_index(
     _check_finite({k: v for k, v in tensors.items() if verify or k not in growing}, path)
     index = _build(config, path)
     try:
-        index.load_state_dict(tensors, strict=True, assign=True)  # the file's tensors, no copy
+        # mapped: the file's tensors become the buffers; otherwise copied into the index's own
+        # memory (safetensors' tensors are themselves views of a mapping of the file)
+        index.load_state_dict(tensors, strict=True, assign=mmap)
     except RuntimeError as err:
         raise ValueError(
             f"{path}: the tensors do not match a {config.get('class')}: {err}"
