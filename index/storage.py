@@ -17,6 +17,8 @@ from the first removed row on), with no copy of the buffers.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -73,7 +75,7 @@ def check_new_ids(index, ids: torch.Tensor | IdRange, what: str) -> None:
 def byte_rows(t: torch.Tensor) -> np.ndarray:
     """[rows, words]: a numpy view of the rows of a contiguous CPU tensor as the widest
     unsigned words that divide a row (uint64 for ids and 16-byte codes), for the row kernels."""
-    flat = t.reshape(t.shape[0], -1).view(torch.uint8).numpy()
+    flat = t.reshape(t.shape[0], math.prod(t.shape[1:])).view(torch.uint8).numpy()
     width = next(w for w in (8, 4, 2, 1) if flat.shape[1] % w == 0)
     return flat.view(f"u{width}")
 

@@ -295,3 +295,11 @@ def test_a_mapped_load_refuses_a_truncated_file_and_verify_catches_a_tampered_on
         vq.load_index(tmp_path / "bad.vq")
     with pytest.raises(ValueError, match="verify=False needs mmap=True"):
         vq.load_index(path, verify=False)
+
+
+@pytest.mark.parametrize("name", ["ivfflat", "ivfpq", "pq", "refine-ivfpq"])
+def test_adding_nothing_to_an_empty_index_and_removing_from_it_change_nothing(trained, name):
+    index = copy.deepcopy(trained[name])
+    index.add(np.zeros((0, index.dim), np.float32))
+    assert index.ntotal == 0 and index.remove_ids([1, 2]) == 0
+    index.check_consistent()
