@@ -6,12 +6,15 @@ are buffers that grow with ``add``, so ``state_dict()``/``load_state_dict`` and 
 work as for any module. Each class knows itself (``config``, ``growing_buffers``,
 ``consistency_problem``, search options, ``to_faiss``, ``searcher``); this base class knows none
 of its subclasses, and the modules above the kinds (io, faiss_interop, factory) only call those
-methods. ``save`` writes through :mod:`vq.index.fileformat`, below every index.
+methods. Writes to the stored rows (add, remove, merge) and reading them back (reconstruct)
+are the :class:`vq.index.updates.Updates` mixin's. ``save`` writes through
+:mod:`vq.index.fileformat`, below every index.
 
 Threads: ``search`` and ``save`` may run from many threads at once; ``train``, ``add``,
-``add_with_ids``, ``remove_ids`` and ``load_state_dict`` wait for running searches and hold the
-index alone, and searches started meanwhile wait for them (:mod:`vq.index.locking`). Moving an
-index (``.to``) or assigning its buffers directly is not locked.
+``add_with_ids``, ``remove_ids``, ``merge_from`` and ``load_state_dict`` wait for running
+searches and hold the index alone, and searches started meanwhile wait for them
+(:mod:`vq.index.locking`). Moving an index (``.to``) or assigning its buffers directly is not
+locked.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from vq._checks import as_ids, as_vectors, check_int, check_positive, check_vectors, like_input
 from vq._cpu import serial_if_small
@@ -39,16 +41,17 @@ from vq.index.searching import (
     results_by_id,
     search_steps,
 )
-from vq.index.storage import check_new_ids
+from vq.index.storage import IdRange, check_new_ids
+from vq.index.updates import Updates
 
 METRICS = ("l2", "ip")
 
 
-class Index(nn.Module):
-    """Base class. Subclasses implement ``_encode_batch`` (what to store per vector), ``_store``
-    (append it), ``_keep`` (drop rows), ``_search_rows`` (top-k row numbers) and, if they learn
-    anything, ``_train``; and extend ``growing_buffers`` and ``consistency_problem`` for the
-    buffers they add.
+class Index(Updates, nn.Module):
+    """Base class. Subclasses name their per-vector buffers (``_row_buffers``), implement
+    ``_encode_batch`` (what to store per vector), ``_search_rows`` (top-k row numbers) and, if
+    they learn anything, ``_train``; and extend ``growing_buffers`` and ``consistency_problem``
+    for the buffers they add.
 
     Args:
         dim: vector dimension.
@@ -59,7 +62,9 @@ class Index(nn.Module):
     """
 
     #: vectors encoded per step of ``add`` (bounds the temporary memory of encoding)
-    add_batch_size = 1 << 16
+    add_batch_size = 1 << 14
+    #: buffers with one row per stored vector besides ``ids`` (grown and shrunk in place)
+    _row_buffers: tuple[str, ...] = ()
     #: queries per step of ``search``: beyond the results, memory does not grow with the batch
     search_batch_size = 1 << 12
 
@@ -90,13 +95,6 @@ class Index(nn.Module):
 
     def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """What to store for the float32 vectors ``x`` [b, dim]: named tensors with b rows."""
-        raise NotImplementedError
-
-    def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
-        """Append encoded rows (all of an ``add`` call) and their ids."""
-        raise NotImplementedError
-
-    def _keep(self, rows: torch.Tensor) -> None:
         raise NotImplementedError
 
     def _search_rows(self, q: torch.Tensor, k: int, **params) -> tuple[torch.Tensor, torch.Tensor]:
@@ -194,7 +192,7 @@ class Index(nn.Module):
         """Add vectors [n, dim] with ids ``ntotal, ntotal + 1, …`` (faiss's sequential ids)."""
         t = as_vectors(x, self.dim, "x")
         with self._writing():
-            ids = torch.arange(self.ntotal, self.ntotal + t.shape[0], device=self.device)
+            ids = IdRange(self.ntotal, t.shape[0], self.device)  # made a chunk at a time
             check_new_ids(self, ids, "add: the sequential ids")
             self._add(t, ids)
 
@@ -276,44 +274,6 @@ class Index(nn.Module):
     def _sequential_ids(self) -> bool:
         """Whether the stored ids are the row numbers 0 … ntotal - 1 (kept implicit)."""
         return self.ids.shape[0] != self.ntotal
-
-    def _append_ids(self, ids: torch.Tensor) -> None:
-        """Record the ids of rows about to be appended (call before the storage grows)."""
-        n0 = self.ntotal
-        if self.ids.shape[0] == 0 and torch.equal(
-            ids, torch.arange(n0, n0 + ids.shape[0], device=ids.device)
-        ):
-            return
-        self.ids = torch.cat([self.stored_ids(), ids.to(self.ids.device)])
-
-    def _renumber(self, mapping: torch.Tensor) -> None:  # id i → mapping[i] (see Refine)
-        self.ids = mapping[self.stored_ids()]
-
-    # -- adding and removing ------------------------------------------------------------------
-    def _add(self, x: torch.Tensor, ids: torch.Tensor) -> None:
-        self._require_trained("add")
-        step = self.add_batch_size
-        parts: dict[str, list[torch.Tensor]] = {}
-        desc = f"{type(self).__name__}.add"
-        bar = tqdm(total=x.shape[0], desc=desc, disable=not self.verbose, leave=False, unit="vec")
-        with torch.no_grad(), bar:
-            for s in range(0, x.shape[0], step):
-                for name, t in self._encode_batch(x[s : s + step].to(self.device)).items():
-                    parts.setdefault(name, []).append(t)
-                bar.update(min(step, x.shape[0] - s))
-            if x.shape[0] == 0:
-                return
-            self._store({name: torch.cat(ts) for name, ts in parts.items()}, ids)
-
-    def _remove(self, ids: torch.Tensor) -> int:
-        stored = self.stored_ids()
-        keep = ~torch.isin(stored, ids)
-        removed = self.ntotal - int(keep.sum())
-        if removed:
-            rows = torch.nonzero(keep).flatten()
-            self._keep(rows)
-            self.ids = stored[rows]
-        return removed
 
     @contextmanager
     def _writing(self) -> Iterator[None]:

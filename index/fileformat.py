@@ -22,6 +22,7 @@ import json
 import struct
 from pathlib import Path
 
+import numpy as np
 import safetensors.torch
 import torch
 from safetensors import SafetensorError
@@ -146,6 +147,54 @@ def read_tensors(path: Path, meta: dict) -> dict[str, torch.Tensor]:
     except SafetensorError as err:
         raise ValueError(f"{path}: corrupted vq index file ({err})") from err
     if tensors_checksum(tensors) != meta.get("checksum"):
+        raise ValueError(f"{path}: checksum mismatch: the file is corrupted or was modified")
+    return tensors
+
+
+#: safetensors dtype names → the numpy dtype read and the torch dtype it is viewed as
+_DTYPES = {
+    "F64": (np.float64, torch.float64),
+    "F32": (np.float32, torch.float32),
+    "F16": (np.float16, torch.float16),
+    "BF16": (np.uint16, torch.bfloat16),
+    "I64": (np.int64, torch.int64),
+    "I32": (np.int32, torch.int32),
+    "I16": (np.int16, torch.int16),
+    "I8": (np.int8, torch.int8),
+    "U8": (np.uint8, torch.uint8),
+    "BOOL": (np.bool_, torch.bool),
+}
+
+
+def map_tensors(path: Path, meta: dict, verify: bool) -> dict[str, torch.Tensor]:
+    """The tensors of an index file memory-mapped, not read: each a view of the file's bytes
+    (copy-on-write, ``numpy.memmap`` mode "c": writing to one copies the pages it touches and
+    never changes the file), so only the pages a search reads become resident. ``verify``:
+    compute the checksum now (reads every byte once); otherwise the data are not read here
+    (ranges and shapes are checked from the header alone).
+
+    Raises:
+        ValueError: a tensor whose dtype, shape and byte range disagree, or (``verify``) a
+            checksum mismatch.
+    """
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    data = np.memmap(path, dtype=np.uint8, mode="c")
+    base = 8 + n
+    tensors = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        kind, shape = _DTYPES.get(entry.get("dtype")), entry.get("shape")
+        start, end = entry["data_offsets"]
+        if kind is None or not isinstance(shape, list) or not all(type(d) is int for d in shape):
+            raise ValueError(f"{path}: corrupted vq index file (tensor {name!r}: bad dtype/shape)")
+        if int(np.prod(shape, dtype=np.int64)) * np.dtype(kind[0]).itemsize != end - start:
+            raise ValueError(f"{path}: corrupted vq index file (tensor {name!r}: bad byte range)")
+        array = data[base + start : base + end].view(kind[0]).reshape(shape)
+        tensors[name] = torch.from_numpy(array).view(kind[1])
+    if verify and tensors_checksum(tensors) != meta.get("checksum"):
         raise ValueError(f"{path}: checksum mismatch: the file is corrupted or was modified")
     return tensors
 

@@ -30,6 +30,8 @@ class FlatIndex(Index):
         vectors: float32 [ntotal, dim]; ids: int64 [ntotal].
     """
 
+    _row_buffers = ("vectors",)
+
     def __init__(self, dim: int, metric: str = "l2", k: int = 10, verbose: bool = False):
         super().__init__(dim, metric, k, verbose)
         self.register_buffer("vectors", torch.zeros(0, dim))
@@ -41,12 +43,8 @@ class FlatIndex(Index):
     def ntotal(self) -> int:
         return int(self.vectors.shape[0])
 
-    def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
-        self._append_ids(ids)
-        self.vectors = torch.cat([self.vectors, encoded["vectors"]])
-
-    def _keep(self, rows: torch.Tensor) -> None:
-        self.vectors = self.vectors[rows]
+    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.vectors[rows.to(self.device)].float()
 
     def growing_buffers(self) -> tuple[str, ...]:
         return (*super().growing_buffers(), "vectors")

@@ -21,6 +21,7 @@ from vq.index.base import Index
 from vq.index.factory import from_config
 from vq.index.fileformat import (
     check_config_checksum,
+    map_tensors,
     read_config,
     read_metadata,
     read_tensors,
@@ -35,12 +36,26 @@ def save_index(index: Index, path) -> None:
     index.save(path)
 
 
-def load_index(path, device: str | torch.device = "cpu") -> Index:
+def load_index(
+    path, device: str | torch.device = "cpu", *, mmap: bool = False, verify: bool | None = None
+) -> Index:
     """Read an index written by ``index.save(path)``.
 
     Args:
         path: the file.
         device: where to put its buffers (search then runs there).
+        mmap: map the stored data (codes, vectors, ids) from the file instead of reading them
+            (CPU): only the pages a search touches become resident, so an index larger than
+            memory can be searched; results are those of an in-memory load. The mapping is
+            copy-on-write: the index never writes to the file; ``add``, ``remove_ids`` and
+            ``merge_from`` copy the buffers they change into memory first. While mapped, the
+            file must not be truncated or rewritten in place (``index.save`` writes a new file
+            and renames it, which is safe); a search would then fault.
+        verify: check the tensors' checksum, which reads every byte (default: True, and
+            False with ``mmap``, whose point is not to read everything; the header, the
+            configuration's checksum, every shape and byte range and the consistency of the
+            stored data that searches index with — offsets, ids, code ranges — are checked
+            either way).
 
     Raises:
         FileNotFoundError: no such file.
@@ -52,16 +67,24 @@ def load_index(path, device: str | torch.device = "cpu") -> Index:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no index file at {path}")
+    verify = not mmap if verify is None else bool(verify)
     meta = read_metadata(path)
-    tensors = read_tensors(path, meta)
+    if mmap:
+        tensors = map_tensors(path, meta, verify)
+    elif not verify:
+        raise ValueError("verify=False needs mmap=True: a load that reads the file checks it")
+    else:
+        tensors = read_tensors(path, meta)
     config = read_config(path, meta)
     _check_nesting(config, path)
-    _check_shapes(config, tensors, path)
+    growing = _check_shapes(config, tensors, path)
     check_config_checksum(path, meta)
-    _check_finite(tensors, path)
+    _check_finite({k: v for k, v in tensors.items() if verify or k not in growing}, path)
     index = _build(config, path)
     try:
-        index.load_state_dict(tensors, strict=True)
+        # mapped: the file's tensors become the buffers; otherwise copied into the index's own
+        # memory (safetensors' tensors are themselves views of a mapping of the file)
+        index.load_state_dict(tensors, strict=True, assign=mmap)
     except RuntimeError as err:
         raise ValueError(
             f"{path}: the tensors do not match a {config.get('class')}: {err}"
@@ -103,12 +126,12 @@ def _check_finite(tensors: dict[str, torch.Tensor], path: Path) -> None:
             )
 
 
-def _check_shapes(config: dict, tensors: dict[str, torch.Tensor], path: Path) -> None:
+def _check_shapes(config: dict, tensors: dict[str, torch.Tensor], path: Path) -> set[str]:
     """Build the configured index on the meta device (no memory) and compare its fixed-size
     tensors with the file's, so that a forged config (a huge nlist or dim) cannot make the
     real construction allocate more than the file holds. The buffers that grow with the data
     (each index's ``growing_buffers()``) may have any size here; ``check_consistent`` checks
-    them once loaded."""
+    them once loaded. Returns their names."""
     with torch.device("meta"):
         index = _build(config, path)
     built = {"class": type(index).__name__, **index.config()}
@@ -134,6 +157,7 @@ def _check_shapes(config: dict, tensors: dict[str, torch.Tensor], path: Path) ->
                 f"{path}: the tensors do not match a {config.get('class')}: {name!r} is {got}, "
                 f"its configuration needs {tuple(t.shape)}"
             )
+    return growing
 
 
 def _settings_not_taken(saved: dict, built: dict, where: str = "") -> list[str]:

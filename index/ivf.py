@@ -28,19 +28,20 @@ from vq.index.faiss_build import ivf_to_faiss
 from vq.index.filters import kernel_mask, probes_for_filter, torch_mask
 from vq.index.hnsw import HNSW
 from vq.index.ivfsearch import IVFSearch, padded_rows, probe
+from vq.index.ivfstorage import IVFStorage
 from vq.index.lean import ivf_lean_search
 from vq.index.searching import results_by_id
-from vq.index.spill import SPILL_COPIES, soar_assign
+from vq.index.spill import SPILL_COPIES
 from vq.index.static import INF, search_in_chunks
 from vq.quantizers import VectorQuantizer
 
 _NO_NORMS = np.zeros(0, np.float32)
 
 
-class IVFIndex(Index):
+class IVFIndex(IVFStorage, Index):
     """Shared by :class:`IVFFlat`, :class:`IVFPQ` and :class:`IVFSQ`: the coarse quantizer, the
     CSR inverted lists, spilling and the probe step. Subclasses name their per-row buffers in
-    ``_row_buffers`` and fill them in ``_encode_in_lists``.
+    ``_row_buffers`` and fill them in ``_encode_rows``.
 
     Args:
         dim: vector dimension.
@@ -141,13 +142,7 @@ class IVFIndex(Index):
         return results_by_id(val, rows, k, self.metric, self.ids)
 
     def _remove(self, ids: torch.Tensor) -> int:
-        keep = ~torch.isin(self.ids, ids)
-        removed = int(self.ids.shape[0]) - int(keep.sum())
-        if removed:
-            rows = torch.nonzero(keep).flatten()
-            self._keep(rows)
-            self.ids = self.ids[rows]
-        return removed // self.copies
+        return super()._remove(ids) // self.copies  # vectors removed, not rows
 
     def list_sizes(self) -> torch.Tensor:
         """int64 [nlist]: vectors stored in each inverted list."""
@@ -199,22 +194,6 @@ class IVFIndex(Index):
             self.coarse_graph = HNSW(self.dim, self.coarse_hnsw, self.metric)
             self.coarse_graph.add(result.centroids)
 
-    def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The list of each row and what it stores (the kind's ``_encode_in_lists``): one row
-        per vector, or, spilled, two per vector (its primary list, then its SOAR list)."""
-        lists = self._assign(x)
-        if self.spill:
-            c = self.quantizer.codebook.float()
-            second = soar_assign(x, c, lists, self.soar_lambda)
-            lists = torch.stack([lists, second], dim=1).reshape(-1)
-            x = x.repeat_interleave(SPILL_COPIES, dim=0)
-        return {"lists": lists, **self._encode_in_lists(x, lists)}
-
-    def _encode_in_lists(self, x: torch.Tensor, lists: torch.Tensor) -> dict[str, torch.Tensor]:
-        """What rows of float32 vectors ``x`` [b, dim] store in ``lists`` int64 [b]: the
-        kind's row buffers, b rows each."""
-        raise NotImplementedError
-
     def _assign(self, x: torch.Tensor) -> torch.Tensor:
         """int64 [n]: the list of each vector (nearest centroid, or largest inner product)."""
         if self.coarse_hnsw:
@@ -251,47 +230,6 @@ class IVFIndex(Index):
                 products, chunk.numpy(), norms, ip, scores[s : s + step], lists[s : s + step]
             )
         return torch.from_numpy(scores), torch.from_numpy(lists)
-
-    # -- storage --------------------------------------------------------------------------
-    def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
-        """Insert the new rows at the end of their lists (CSR merge, O(ntotal))."""
-        lists = encoded.pop("lists")
-        ids = ids.repeat_interleave(self.copies)
-        n_rows = int(self.ids.shape[0])
-        old_sizes = self.list_sizes()
-        new_sizes = torch.bincount(lists, minlength=self.nlist)
-        order = torch.argsort(lists, stable=True)
-        sorted_lists = lists[order]
-        new_offsets = self.offsets.clone()
-        new_offsets[1:] += torch.cumsum(new_sizes, 0)
-        # old row r of list l moves by the new rows inserted in lists before l; the j-th new row
-        # (sorted by list) lands after the old rows of its list: j + old offsets[l + 1]
-        arange_lists = torch.arange(self.nlist, device=self.device)
-        old_lists = torch.repeat_interleave(arange_lists, old_sizes)
-        old_pos = torch.arange(n_rows, device=self.device) + (
-            new_offsets[:-1] - self.offsets[:-1]
-        ).index_select(0, old_lists)
-        new_pos = torch.arange(lists.shape[0], device=self.device) + self.offsets[1:].index_select(
-            0, sorted_lists
-        )
-        total = n_rows + lists.shape[0]
-        encoded["ids"] = ids
-        for name in (*self._row_buffers, "ids"):
-            old, new = getattr(self, name), encoded[name].to(getattr(self, name).dtype)
-            merged = old.new_empty((total, *old.shape[1:]))
-            merged[old_pos] = old
-            merged[new_pos] = new[order]
-            setattr(self, name, merged)
-        self.offsets = new_offsets
-
-    def _keep(self, rows: torch.Tensor) -> None:
-        lists = torch.repeat_interleave(
-            torch.arange(self.nlist, device=self.device), self.list_sizes()
-        )
-        sizes = torch.bincount(lists[rows], minlength=self.nlist)
-        self.offsets = torch.cat([self.offsets[:1], torch.cumsum(sizes, 0)])
-        for name in self._row_buffers:
-            setattr(self, name, getattr(self, name)[rows])
 
     # -- search ---------------------------------------------------------------------------
     def _torch_searcher(self) -> IVFSearch:

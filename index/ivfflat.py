@@ -11,7 +11,7 @@ from vq import kernels
 from vq.index.faiss_build import faiss_metric, import_faiss
 from vq.index.filters import kernel_mask
 from vq.index.ivf import IVFIndex, IVFSearch
-from vq.index.ranges import RANGE_SLOTS, counted
+from vq.index.ranges import probed_hits
 from vq.index.searching import shape_problem
 from vq.index.static import kept
 
@@ -35,8 +35,11 @@ class IVFFlat(IVFIndex):
     def _train(self, x: torch.Tensor) -> None:
         self._train_coarse(x)
 
-    def _encode_in_lists(self, x: torch.Tensor, lists: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"vectors": x.float()}
+    def _encode_rows(self, x: torch.Tensor, lists: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"vectors": x}
+
+    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.vectors[rows.to(self.device)].float()
 
     def _rows_problem(self) -> str | None:
         return shape_problem("vectors", self.vectors, (self.n_rows, self.dim))
@@ -60,25 +63,14 @@ class IVFFlat(IVFIndex):
     def _range_hits(self, q, radius: float, allowed=None, nprobe=None, max_codes=None) -> list:
         """The probed lists' hits, a block of queries (bounded probed rows) at a time."""
         ip, mask = self.metric == "ip", kernel_mask(self, allowed)
-        _, lists = self._probe_numba(q, self._nprobe(nprobe))
-        lists = lists.numpy()
-        sizes = self.list_sizes().numpy()
-        per_query = sizes[lists].sum(1)
-        x, offsets = self.vectors.numpy(), self.offsets.numpy()
-        parts, s = [], 0
-        while s < q.shape[0]:
-            e = s + max(1, int(np.searchsorted(np.cumsum(per_query[s:]), RANGE_SLOTS)))
-            starts = np.zeros(e - s, np.int64)
-            np.cumsum(per_query[s : e - 1], out=starts[1:])
-            total = int(per_query[s:e].sum())
-            rows, vals = np.empty(total, np.int64), np.empty(total, np.float32)
-            counts = np.empty(e - s, np.int64)
-            t = np.full(e - s, -radius if ip else radius, np.float32)
-            kernels.ivf_flat_range_search(q[s:e].contiguous().numpy(), x, lists[s:e], offsets,
-                                          starts, t, mask, ip, rows, vals, counts)  # fmt: skip
-            parts.append(counted(counts, starts, rows, vals, s))
-            s = e
-        return parts
+        lists = self._probe_numba(q, self._nprobe(nprobe))[1].numpy()
+        x, offsets, qn = self.vectors.numpy(), self.offsets.numpy(), q.contiguous().numpy()
+
+        def call(s, e, starts, t, rows, vals, counts):
+            kernels.ivf_flat_range_search(qn[s:e], x, lists[s:e], offsets, starts, t, mask, ip,
+                                          rows, vals, counts)  # fmt: skip
+
+        return probed_hits(radius, ip, lists, self.list_sizes().numpy(), call)
 
     def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked, allowed) -> None:
         kernels.ivf_flat_scan(

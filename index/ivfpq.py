@@ -18,8 +18,10 @@ import torch
 from vq import kernels
 from vq.index.faiss_build import code_bytes, copy_codebooks, faiss_metric, import_faiss, keep_alive
 from vq.index.fastscan import PackedCodes, check_fast_scan
+from vq.index.filters import kernel_mask
 from vq.index.ivf import IVFIndex, IVFSearch
 from vq.index.pq import codes_problem, stored_codes
+from vq.index.ranges import probed_hits
 from vq.index.static import INF, kept
 from vq.kernels import fastscan as fastscan_kernels
 from vq.kernels.fastscan_ivf import ivf_fastscan_lean, ivf_fastscan_lists
@@ -137,9 +139,16 @@ class IVFPQ(IVFIndex):
     def _residuals(self, x: torch.Tensor, lists: torch.Tensor) -> torch.Tensor:
         return x - self.quantizer.codebook.float().index_select(0, lists)
 
-    def _encode_in_lists(self, x: torch.Tensor, lists: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _encode_rows(self, x: torch.Tensor, lists: torch.Tensor) -> dict[str, torch.Tensor]:
         target = self._residuals(x, lists) if self.by_residual else x
         return {"codes": self.pq.encode_rows(target)}
+
+    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        rows = rows.to(self.device)
+        x = pq_decode(self.codes[rows], self.pq.codebooks.float())
+        if self.by_residual:
+            x = x + self.quantizer.codebook.float()[self._row_lists(rows)]
+        return x
 
     # -- look-up tables -------------------------------------------------------------------
     def _uses_precomputed(self) -> bool:
@@ -155,10 +164,12 @@ class IVFPQ(IVFIndex):
         key = (id(c), c._version, id(cb), cb._version, c.device)
         if self._table_key != key or self.precomputed_table.shape[0] != self.nlist:
             cbf = cb.float()
-            subs = c.float().reshape(self.nlist, self.pq.M, self.pq.dsub).transpose(0, 1)
-            dots = torch.bmm(subs, cbf.transpose(1, 2))  # [M, nlist, ksub]
-            table = (2.0 * dots + (cbf * cbf).sum(-1)[:, None, :]).transpose(0, 1)
-            self.precomputed_table = table.contiguous()
+            subs = c.float().reshape(self.nlist, self.pq.M, self.pq.dsub)
+            norms = (cbf * cbf).sum(-1)  # [M, ksub]
+            table = torch.empty(self.nlist, self.pq.M, self.pq.ksub, device=c.device)
+            for m in range(self.pq.M):  # one sub-quantizer at a time: no temporary of its size
+                torch.addmm(norms[m], subs[:, m], cbf[m].T, alpha=2.0, out=table[:, m])
+            self.precomputed_table = table
             self._table_key = key
         return self.precomputed_table
 
@@ -234,6 +245,23 @@ class IVFPQ(IVFIndex):
             out_dist.numpy(),
             out_rows.numpy(),
         )
+
+    def _range_hits(self, q, radius: float, allowed=None, nprobe=None, max_codes=None) -> list:
+        """The probed lists' hits by the ADC values of the top-k scan (fast-scan indexes too,
+        with float tables: exact ADC distances, not the quantized ones), a block of queries
+        at a time."""
+        args, coarse_base = self._kernel_args()
+        coarse, lists = self._probe_numba(q, self._nprobe(nprobe))
+        base = coarse.numpy() if coarse_base else np.zeros(tuple(coarse.shape), np.float32)
+        lists, qn, offsets = lists.numpy(), q.contiguous().numpy(), self.offsets.numpy()
+        codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)
+        hits, mask = kernels.ivfpq_hits(self.pq.M, words, self.pq.dsub), kernel_mask(self, allowed)
+
+        def call(s, e, starts, t, rows, vals, counts):
+            hits(qn[s:e], *args, np.ascontiguousarray(base[s:e]), np.ascontiguousarray(lists[s:e]),
+                 codes, offsets, starts, t, mask, rows, vals, counts)  # fmt: skip
+
+        return probed_hits(radius, self.metric == "ip", lists, self.list_sizes().numpy(), call)
 
     def _lean_kernel(self) -> tuple:
         args, coarse_base = self._kernel_args()

@@ -101,7 +101,7 @@ class IVFSQ(IVFIndex):
     def _residuals(self, x: torch.Tensor, lists: torch.Tensor) -> torch.Tensor:
         return x - self.quantizer.codebook.float().index_select(0, lists)
 
-    def _encode_in_lists(self, x: torch.Tensor, lists: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _encode_rows(self, x: torch.Tensor, lists: torch.Tensor) -> dict[str, torch.Tensor]:
         target = self._residuals(x, lists) if self.by_residual else x
         return {"codes": self.sq.encode_rows(target)}
 

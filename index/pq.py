@@ -18,10 +18,11 @@ from vq.index.faiss_build import (
 )
 from vq.index.fastscan import PackedCodes, check_fast_scan
 from vq.index.filters import IdFilter, kernel_mask, torch_mask
+from vq.index.ranges import probed_hits
 from vq.index.searching import NO_IDS, shape_problem
 from vq.index.static import Searcher, kept, search_in_chunks, top_rows
 from vq.quantizers import ProductQuantizer
-from vq.quantizers.product import lookup_tables
+from vq.quantizers.product import lookup_tables, pq_decode
 
 
 class PQIndex(Index):
@@ -45,6 +46,8 @@ class PQIndex(Index):
         pq: the :class:`vq.ProductQuantizer`; codes: [ntotal, M] (uint8 for nbits <= 8);
         ids: int64 [ntotal].
     """
+
+    _row_buffers = ("codes",)
 
     def __init__(
         self,
@@ -76,18 +79,14 @@ class PQIndex(Index):
         self.pq.fit(x)
 
     def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"codes": self.pq.encode(x)}
+        return {"codes": self.pq.encode_rows(x)}
 
     @property
     def ntotal(self) -> int:
         return int(self.codes.shape[0])
 
-    def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
-        self._append_ids(ids)
-        self.codes = torch.cat([self.codes, encoded["codes"]])
-
-    def _keep(self, rows: torch.Tensor) -> None:
-        self.codes = self.codes[rows]
+    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        return pq_decode(self.codes[rows.to(self.device)], self.pq.codebooks.float())
 
     def growing_buffers(self) -> tuple[str, ...]:
         return (*super().growing_buffers(), "codes")
@@ -145,6 +144,29 @@ class PQIndex(Index):
         kernels.adc_scanner(self.pq.M, words)(flat, codes, mask, dist.numpy(), rows.numpy())
         return dist, rows
 
+    def _range_hits(self, q: torch.Tensor, radius: float, allowed: IdFilter | None = None):
+        """The hits by ADC values (fast-scan indexes too, with float tables: exact ADC
+        distances, not the quantized ones): the IVF-PQ hits kernel over one list of every
+        code, a block of queries at a time."""
+        ip, n, pq = self.metric == "ip", self.ntotal, self.pq
+        kind = kernels.IP_TABLE if ip else kernels.L2_TABLE
+        no_lists = np.zeros((0, pq.M * pq.ksub), np.float32)
+        args = (*self._codebook_arrays(), np.zeros((0, self.dim), np.float32), no_lists, kind)
+        lists, offsets = np.zeros((q.shape[0], 1), np.int64), np.array([0, n], np.int64)
+        codes, words = kernels.code_view(self.codes.contiguous().numpy(), pq.ksub)
+        hits, mask, qn = (
+            kernels.ivfpq_hits(pq.M, words, pq.dsub),
+            kernel_mask(self, allowed),
+            q.numpy(),
+        )
+
+        def call(s, e, starts, t, rows, vals, counts):
+            base = np.zeros((e - s, 1), np.float32)
+            hits(qn[s:e], *args, np.float32(-1.0), base, lists[s:e], codes, offsets, starts, t,
+                 mask, rows, vals, counts)  # fmt: skip
+
+        return probed_hits(radius, ip, lists, np.array([n], np.int64), call)
+
     def _lean_search(self):
         """One kernel call for a few queries on the calling thread: tables, scan, ids (the
         fast-scan layout: see :func:`vq.index.fastscan.pq_lean_search`)."""
@@ -186,6 +208,8 @@ def codes_problem(codes: torch.Tensor, n: int, pq) -> str | None:
     """``consistency_problem``'s words for stored PQ codes that are not [n, M] or not all in
     ``[0, ksub)`` of the :class:`vq.ProductQuantizer` ``pq`` (PQIndex and IVFPQ)."""
     problem = shape_problem("codes", codes, (n, pq.M))
+    if codes.dtype == torch.uint8 and pq.ksub == 256:  # every byte is a code: no pass
+        return problem
     if problem is None and n and not 0 <= int(codes.min()) <= int(codes.max()) < pq.ksub:
         problem = f"codes outside [0, {pq.ksub})"
     return problem

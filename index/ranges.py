@@ -74,3 +74,32 @@ def counted(counts, starts, rows, vals, q0: int) -> tuple:
     np.cumsum(counts[:-1], out=before[1:])
     take = np.repeat(starts - before, counts) + np.arange(int(counts.sum()))
     return np.repeat(np.arange(q0, q0 + counts.shape[0]), counts), rows[take], vals[take]
+
+
+def query_blocks(per_query: np.ndarray):
+    """Blocks of consecutive queries whose candidate rows (``per_query`` int64 [nq]) fit in
+    RANGE_SLOTS (a query with more is a block alone): ``(s, e, starts, total)``, ``starts``
+    int64 [e - s] each query's region in the block's ``total`` slots."""
+    s = 0
+    while s < per_query.shape[0]:
+        e = s + max(1, int(np.searchsorted(np.cumsum(per_query[s:]), RANGE_SLOTS, side="right")))
+        starts = np.zeros(e - s, np.int64)
+        np.cumsum(per_query[s : e - 1], out=starts[1:])
+        yield s, e, starts, int(per_query[s:e].sum())
+        s = e
+
+
+def probed_hits(radius: float, inner_product: bool, lists: np.ndarray, sizes: np.ndarray, call):
+    """The hits of a scan of probed lists (``lists`` int64 [nq, nprobe], -1: none; ``sizes``
+    int64 [nlist]), a block of queries at a time: ``call(s, e, starts, thresholds, rows,
+    values, counts)`` runs the kind's hits kernel on queries s..e; thresholds are on the
+    ranked values (the radius, or minus it for inner products)."""
+    per_query = np.where(lists >= 0, sizes[lists.clip(0)], 0).sum(1)
+    parts = []
+    for s, e, starts, total in query_blocks(per_query):
+        rows, vals = np.empty(total, np.int64), np.empty(total, np.float32)
+        counts = np.empty(e - s, np.int64)
+        t = np.full(e - s, -radius if inner_product else radius, np.float32)
+        call(s, e, starts, t, rows, vals, counts)
+        parts.append(counted(counts, starts, rows, vals, s))
+    return parts

@@ -13,6 +13,7 @@ from vq.index.faiss_build import import_faiss, keep_alive, with_id_map
 from vq.index.filters import IdFilter, torch_mask
 from vq.index.searching import NO_IDS, shape_problem
 from vq.index.static import INF, Searcher, kept, search_in_chunks, top_rows
+from vq.index.storage import IdRange, append_rows, reserve
 from vq.index.wrapper import Wrapper
 
 
@@ -30,6 +31,8 @@ class Refine(Wrapper):
     Submodules and buffers:
         index; vectors: float32 [ntotal, dim]; ids: int64 [ntotal].
     """
+
+    _row_buffers = ("vectors",)
 
     def __init__(self, index: Index, k_factor: int = 1, k: int | None = None):
         super().__init__(index.dim, index.metric, index.k if k is None else k, index.verbose)
@@ -79,23 +82,48 @@ class Refine(Wrapper):
     def _train(self, x: torch.Tensor) -> None:
         self.index.train(x)
 
-    def _add(self, x: torch.Tensor, ids: torch.Tensor) -> None:
+    def _add(self, x: torch.Tensor, ids, prepare=None) -> None:
         self._require_trained("add")
-        rows = torch.arange(self.ntotal, self.ntotal + x.shape[0], device=self.device)
-        self.index._add(x, rows)
-        self._append_ids(ids)
-        self.vectors = torch.cat([self.vectors, x.to(self.device).float()])
+        n0, step = self.ntotal, self.add_batch_size
+        self.index._add(x, IdRange(n0, x.shape[0], self.device), prepare)  # ids: our rows
+        self._append_ids(ids if isinstance(ids, IdRange) else ids.to(self.device))
+        reserve(self, "vectors", n0 + x.shape[0])
+        for s in range(0, x.shape[0], step):
+            chunk = x[s : s + step].to(self.device)
+            append_rows(self, "vectors", chunk if prepare is None else prepare(chunk))
 
-    def _remove(self, ids: torch.Tensor) -> int:
-        stored = self.stored_ids()
-        keep = ~torch.isin(stored, ids)
-        removed = self.ntotal - int(keep.sum())
-        if removed:
-            self.index._remove(torch.nonzero(~keep).flatten())
-            self.index._renumber(torch.cumsum(keep, 0) - 1)  # old row -> new row
-            rows = torch.nonzero(keep).flatten()
-            self.vectors, self.ids = self.vectors[rows], stored[rows]
-        return removed
+    def _merge(self, other, shift: int) -> None:
+        ids = self._merged_ids(other, shift)
+        self.index._merge(other.index, self.ntotal)  # its ids: this index's new rows
+        self._append_ids(ids)
+        append_rows(self, "vectors", other.vectors.to(self.device))
+
+    def _drop_rows(self, drop: np.ndarray, first: int, removed: int) -> None:
+        self.index._remove(torch.from_numpy(np.flatnonzero(drop)).to(self.device))
+        keep = torch.from_numpy(drop == 0).to(self.device)
+        self.index._renumber(torch.cumsum(keep, 0) - 1)  # old row -> new row
+        super()._drop_rows(drop, first, removed)
+
+    def _range_hits(self, q, radius: float, allowed=None, k_factor=None, **params) -> list:
+        """The wrapped index's hits at the same radius (its approximate distances), kept where
+        the exact distance is within it too, with the exact distances (faiss's
+        ``IndexRefineFlat`` has no range search): a vector whose approximate distance is past
+        the radius is not found, however near it is."""
+        ip = self.metric == "ip"
+        inner_filter = None if allowed is None else IdFilter(allowed.row_mask(self).view(bool))
+        mine_of = self.index.stored_ids().cpu()  # the wrapped index's ids are this one's rows
+        parts = []
+        for qs, rows, _ in self.index._range_hits(q, radius, inner_filter, **params):
+            for s in range(0, qs.shape[0], 1 << 16):  # [hits, dim] temporaries, bounded
+                qi, mine = torch.from_numpy(qs[s : s + (1 << 16)]), mine_of[rows[s : s + (1 << 16)]]
+                qv, xv = q[qi], self.vectors[mine.to(self.device)].float().cpu()
+                d = -(qv * xv).sum(1) if ip else ((qv - xv) ** 2).sum(1)
+                keep = (d < (-radius if ip else radius)).numpy()
+                parts.append((qi.numpy()[keep], mine.numpy()[keep], d.numpy()[keep]))
+        return parts
+
+    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.vectors[rows.to(self.device)].float()
 
     def _search_work(self, nq: int, k: int, k_factor: int | None = None, **params) -> float:
         candidates = k * (self.k_factor if k_factor is None else k_factor)

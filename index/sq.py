@@ -109,6 +109,8 @@ class SQIndex(Index):
     def config(self) -> dict:
         return {**super().config(), **self.sq.config()}
 
+    _row_buffers = ("codes",)
+
     def _train(self, x: torch.Tensor) -> None:
         self.sq.fit(x)
 
@@ -119,12 +121,8 @@ class SQIndex(Index):
     def ntotal(self) -> int:
         return int(self.codes.shape[0])
 
-    def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
-        self._append_ids(ids)
-        self.codes = torch.cat([self.codes, encoded["codes"].to(torch.uint8)])
-
-    def _keep(self, rows: torch.Tensor) -> None:
-        self.codes = self.codes[rows]
+    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.sq.decode_rows(self.codes[rows.to(self.device)])
 
     def growing_buffers(self) -> tuple[str, ...]:
         return (*super().growing_buffers(), "codes")

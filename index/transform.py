@@ -103,13 +103,21 @@ class PreTransform(Wrapper):
             self.transform.fit(x)
         self.index.train(self.apply(x))
 
-    def _add(self, x: torch.Tensor, ids: torch.Tensor) -> None:
+    def _add(self, x: torch.Tensor, ids, prepare=None) -> None:
         self._require_trained("add")
         with torch.no_grad():
-            self.index._add(self.apply(x.to(self.device)), ids)
+            rotate = self.apply if prepare is None else lambda c: self.apply(prepare(c))
+            self.index._add(x, ids, rotate)  # rotated a chunk at a time
 
     def _remove(self, ids: torch.Tensor) -> int:
         return self.index._remove(ids)
+
+    def _merge(self, other, shift: int) -> None:
+        self.index._merge(other.index, shift)
+
+    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """The wrapped index's reconstructions rotated back, ``x̂ R`` (R orthonormal)."""
+        return self.index._decode_rows(rows) @ self.transform.rotation.float()
 
     def _renumber(self, mapping: torch.Tensor) -> None:
         self.index._renumber(mapping)

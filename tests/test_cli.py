@@ -5,8 +5,16 @@ import re
 import numpy as np
 import pytest
 
+import vq
 from vq.apps import cli
-from vq.datasets import anisotropic_vectors, ground_truth, read_ivecs, write_fvecs, write_ivecs
+from vq.datasets import (
+    anisotropic_vectors,
+    ground_truth,
+    read_fvecs,
+    read_ivecs,
+    write_fvecs,
+    write_ivecs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -209,3 +217,29 @@ def test_export_bad_input_is_one_line_and_exit_2(files, exported_model, capsys, 
     pytest.importorskip("faiss")
     code, _, err = run(capsys, *[a.format(d=files) for a in argv])
     assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and message in err
+
+
+def test_search_with_a_radius_runs_a_range_search_on_a_mapped_index(files, capsys):
+    code, _, _ = run(
+        capsys, "build", "--data", files / "base.fvecs", "--index", "IVF16,PQ8",
+        "-o", files / "range.vq", "--quiet",
+    )  # fmt: skip
+    assert code == 0
+    index = vq.load_index(files / "range.vq")
+    q = read_fvecs(files / "queries.fvecs")
+    radius = float(np.median(index.search(q, 5, nprobe=4)[0][:, -1]))
+    code, out, _ = run(
+        capsys, "search", files / "range.vq", "--queries", files / "queries.fvecs",
+        "--radius", radius, "--nprobe", 4, "--mmap", "--out", files / "hits.npz",
+    )  # fmt: skip
+    lims, D, I = index.range_search(q, radius, nprobe=4)
+    assert code == 0 and out.startswith(f"60 queries, radius {radius:g}")
+    assert f"{int(lims[-1])} results" in out
+    saved = np.load(files / "hits.npz")
+    np.testing.assert_array_equal(saved["lims"], lims)
+    np.testing.assert_array_equal(saved["I"], I)
+    code, _, err = run(
+        capsys, "search", files / "range.vq", "--queries", files / "queries.fvecs",
+        "--radius", radius, "--gt", files / "gt.ivecs",
+    )  # fmt: skip
+    assert code != 0 and "does not apply to --radius" in err

@@ -331,3 +331,24 @@ def test_benchmark_runs_at_a_tiny_size(tmp_path, monkeypatch):
     assert two["max abs centroid diff"] < 1e-4 and abs(two["objective / 1 x 2"] - 1) < 1e-5
     assert (tmp_path / "distributed_kmeans.csv").exists()
     assert (tmp_path / "distributed_kmeans_projection.csv").exists()
+
+
+def test_sharded_range_search_and_filtered_search_equal_one_index_holding_every_shard():
+    x, q = database()[:600], queries()
+    a, b, whole = vq.FlatIndex(DIM), vq.FlatIndex(DIM), vq.FlatIndex(DIM)
+    a.add_with_ids(x[:250], np.arange(250))
+    b.add_with_ids(x[250:], np.arange(250, 600))
+    whole.add(x)
+    sharded = ShardedIndex(a)
+    sharded._init([a, b], [0, 1], 2, None)  # two shards on this process (as load does)
+    radius = float(np.median(whole.search(q, 20)[0][:, -1]))
+    lims, D, ids = sharded.range_search(q, radius)
+    lims0, D0, ids0 = whole.range_search(q, radius)
+    np.testing.assert_array_equal(lims, lims0)
+    for j in range(len(lims) - 1):
+        got, want = ids[lims[j] : lims[j + 1]], ids0[lims0[j] : lims0[j + 1]]
+        np.testing.assert_array_equal(np.sort(got), np.sort(want))
+    allowed = np.arange(0, 600, 7)
+    D1, I1 = sharded.search(q, 5, allowed=allowed)
+    assert_same_neighbours(D1, I1, *whole.search(q, 5, allowed=allowed))
+    assert np.isin(I1, allowed).all()

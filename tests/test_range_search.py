@@ -58,13 +58,79 @@ def test_range_search_refuses_bad_radii_and_kinds(blobs):
             index.range_search(x[:2], bad)
     with pytest.raises(TypeError, match="number"):
         index.range_search(x[:2], "1.0")
-    pq = vq.PQIndex(32, M=8, niter=2)
-    pq.train(x)
-    pq.add(x)
+    lean = vq.index.Index(32)  # a kind without one says so
     with pytest.raises(NotImplementedError, match="no range_search"):
-        pq.range_search(x[:2], 1.0)
+        lean._range_hits(x[:2], 1.0, None)
     lims, D, I = index.range_search(
         x[:3], 1e-2
     )  # each query finds itself (0, give or take rounding)
     np.testing.assert_array_equal(lims, [0, 1, 2, 3])
     np.testing.assert_array_equal(I, [0, 1, 2])
+
+
+def _pq_kind(kind):
+    from vq.index import IVFPQ, PQIndex
+
+    metric = "ip" if kind.endswith("-ip") else "l2"
+    fast = {"nbits": 4, "fast_scan": True} if "fs" in kind else {}
+    if kind.startswith("pq"):
+        return PQIndex(32, M=8, metric=metric, niter=4, **fast)
+    by_residual = "flatcodes" not in kind
+    return IVFPQ(32, 16, M=8, metric=metric, nprobe=4, niter=4, by_residual=by_residual, **fast)
+
+
+@pytest.mark.parametrize("kind", ["pq", "pq-ip", "ivfpq", "ivfpq-ip", "ivfpq-flatcodes"])
+def test_pq_range_search_equals_faiss_on_imported_indexes(blobs, kind):
+    pytest.importorskip("faiss")
+    x, q = np.ascontiguousarray(blobs[:4000]), np.ascontiguousarray(blobs[-30:])
+    index = _pq_kind(kind)
+    index.train(x)
+    index.add_with_ids(x, np.arange(4000) * 2 + 1)
+    source = index.to_faiss()
+    index = vq.index.from_faiss(source)
+    D0, _ = index.search(q, 20)
+    radius = float(np.median(D0[:, -1]))
+    lims, D, I = index.range_search(q, radius)
+    limsf, Df, If = source.range_search(q, radius)
+    assert lims[-1] > 0
+    for (i, d), (i_f, d_f) in zip(
+        _sorted_hits(lims, D, I), _sorted_hits(limsf, Df, If), strict=True
+    ):
+        near = np.abs(d_f - radius) < 1e-4 * max(1.0, abs(radius))
+        common, a, b = np.intersect1d(i, i_f, return_indices=True)
+        assert len(common) >= len(i_f) - near.sum()
+        assert len(i) - len(common) <= near.sum() + 1
+        np.testing.assert_allclose(d[a], d_f[b], rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["pq-fs", "ivfpq-fs", "pq", "ivfpq", "refine"])
+def test_range_search_hits_are_the_decoded_vectors_within_the_radius(blobs, kind):
+    """ADC distances are those to the decoded vectors: the hits are exactly the ids whose
+    reconstruction lies within the radius (fast-scan: float tables, not quantized ones);
+    Refine: those of the wrapped index's hits whose exact distance is within it."""
+    x, q = np.ascontiguousarray(blobs[:3000]), np.ascontiguousarray(blobs[-20:])
+    inner = _pq_kind(kind if kind != "refine" else "ivfpq")
+    index = vq.Refine(inner, k_factor=4) if kind == "refine" else inner
+    index.train(x)
+    ids = np.arange(3000) * 3
+    index.add_with_ids(x, ids)
+    D0, _ = (
+        index.search(q, 30, nprobe=16) if "ivf" in kind or kind == "refine" else index.search(q, 30)
+    )
+    radius = float(np.median(D0[:, -1]))
+    params = {"nprobe": 16} if "ivf" in kind or kind == "refine" else {}
+    lims, D, I = index.range_search(q, radius, **params)
+    assert lims[-1] > 0
+    decoded = index.reconstruct(ids)
+    for j in range(q.shape[0]):
+        d = ((decoded - q[j]) ** 2).sum(1)
+        expect = ids[d < radius]
+        if kind == "refine":  # the wrapped index's hits, filtered by exact distance
+            li, _, ii = inner.range_search(q[j : j + 1], radius, nprobe=16)
+            expect = np.intersect1d(expect, ids[ii])
+        near = ids[np.abs(d - radius) < 1e-3 * radius]
+        got = I[lims[j] : lims[j + 1]]
+        assert set(got.tolist()) ^ set(expect.tolist()) <= set(near.tolist())
+        np.testing.assert_allclose(
+            np.sort(D[lims[j] : lims[j + 1]]), np.sort(d[np.isin(ids, got)]), rtol=1e-4, atol=1e-4
+        )

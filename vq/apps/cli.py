@@ -126,14 +126,26 @@ def search(argv: list[str]) -> int:
         default=None,
         help="exact neighbours (.ivecs, or .hdf5 neighbors) to report recall",
     )
+    p.add_argument(
+        "--radius",
+        type=float,
+        default=None,
+        help="range search: every vector within this squared L2 distance (above this inner "
+        "product); --out then writes lims, D and I as .npz",
+    )
+    p.add_argument("--mmap", action="store_true", help="map the index file instead of reading it")
     p.add_argument("--out", type=Path, default=None, help="write the ids found as .ivecs")
     p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     args = p.parse_args(argv)
     set_threads(args.threads)
     if args.k <= 0:
         raise InputError(f"-k must be positive, got {args.k}")
-    index = vq.load_index(args.index)
+    if args.radius is not None and args.gt is not None:
+        raise InputError("--gt measures top-k recall; it does not apply to --radius")
+    index = vq.load_index(args.index, mmap=args.mmap)
     q = read_vectors(args.queries, "test")
+    if args.radius is not None:
+        return _range_search(index, q, args)
     if args.nprobe is not None:
         _set(index, "nprobe", args.nprobe)
     if args.k_factor is not None:
@@ -143,6 +155,21 @@ def search(argv: list[str]) -> int:
         (_, ids), seconds = timed(lambda: index.search(q, args.k))
     line = f"{len(q)} queries, k={args.k}: {seconds:.3f} s, {len(q) / seconds:.0f} QPS"
     report_search(line, ids, args.k, args.gt, args.out)
+    return 0
+
+
+def _range_search(index, q, args) -> int:
+    params = {} if args.nprobe is None else {"nprobe": args.nprobe}
+    try:
+        (lims, dist, ids), seconds = timed(lambda: index.range_search(q, args.radius, **params))
+    except (ValueError, TypeError, NotImplementedError) as err:
+        raise InputError(str(err)) from err
+    print(
+        f"{len(q)} queries, radius {args.radius:g}: {seconds:.3f} s, {len(q) / seconds:.0f} QPS, "
+        f"{int(lims[-1])} results ({lims[-1] / max(1, len(q)):.1f} per query)"
+    )
+    if args.out is not None:
+        np.savez(args.out, lims=lims, D=dist, I=ids)
     return 0
 
 

@@ -140,7 +140,8 @@ class ShardedIndex:
     # -- search ---------------------------------------------------------------------------
     def search(self, queries: Any, k: int = 10, **params) -> tuple[Any, Any]:
         """The global ``k`` nearest neighbours of ``queries`` (float [nq, dim], the same on
-        every process); ``params`` are the per-call options of the index (``nprobe``, …).
+        every process); ``params`` are the per-call options of the index (``nprobe``, …,
+        and ``allowed=``: filtered search over the global ids, each shard keeping its own).
 
         Returns:
             ``(D, I)`` as :meth:`vq.index.Index.search` returns them (float32 [nq, k] distances,
@@ -173,6 +174,35 @@ class ShardedIndex:
             i = gather_rows(self.group, i[None], counts)
         d, i = merge_topk(d, i, k, self.metric)
         return like_input(d, queries), like_input(i, queries)
+
+    def range_search(self, queries: Any, radius: float, **params) -> tuple[Any, Any, Any]:
+        """Every vector of every shard within ``radius`` of each query (float [nq, dim], the
+        same on every process), as :meth:`vq.index.Index.range_search` returns them: ``(lims,
+        D, I)``, the same on every process, a query's hits in rank order then shard order;
+        ``params`` as :meth:`search`'s (``allowed=`` global ids too)."""
+
+        def local_search():
+            q = as_vectors(queries, self.dim, "queries")
+            return q, [s.range_search(q, radius, **params) for s in self.shards]
+
+        q, parts = self._agreed(local_search, "range_search")
+        self._check_same_queries(q)
+        nq = q.shape[0]
+        rows, dist = [torch.zeros(0, dtype=torch.int64)], [torch.zeros(0)]
+        ids = [torch.zeros(0, dtype=torch.int64)]
+        for lims, d, i in parts:
+            counts = torch.as_tensor(lims).cpu().diff()
+            rows.append(torch.repeat_interleave(torch.arange(nq), counts))
+            dist.append(torch.as_tensor(d).cpu())
+            ids.append(torch.as_tensor(i).cpu())
+        rows, dist, ids = torch.cat(rows), torch.cat(dist), torch.cat(ids)
+        if self.group is not None:  # every process's hits, in rank order
+            counts = tuple(row[0] for row in all_gather_ints(self.group, [rows.shape[0]]))
+            rows, dist, ids = (gather_rows(self.group, t, counts) for t in (rows, dist, ids))
+        order = torch.argsort(rows, stable=True)
+        lims = torch.zeros(nq + 1, dtype=torch.int64)
+        lims[1:] = torch.cumsum(torch.bincount(rows, minlength=nq), 0)
+        return tuple(like_input(t, queries) for t in (lims, dist[order], ids[order]))
 
     def _check_same_queries(self, q: torch.Tensor) -> None:
         if self.group is None:

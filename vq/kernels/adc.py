@@ -172,6 +172,18 @@ def ivfpq_scanner(n_tables: int, words: bool, dsub: int):
 
 
 @functools.cache
+def ivfpq_hits(n_tables: int, words: bool, dsub: int):
+    """Range search over the probed inverted lists (:func:`ivfpq_scanner`'s tables and
+    values): ``ivfpq_hits(queries, codebooks_t, norms, centroids, list_tables, kind, alpha,
+    base, probes, codes, offsets, starts, thresholds, allowed, out_rows, out_dist, counts)``
+    writes query q's rows whose value is below ``thresholds[q]`` (float32 [nq]) and their
+    values from ``starts[q]`` (int64 [nq]: room for every row it probes) of out_rows int64 /
+    out_dist float32 [total], and their number into counts int64 [nq]. A flat PQ code array
+    is one list (offsets [0, n], probes zeros [nq, 1])."""
+    return _ivfpq_module(n_tables, words, dsub).ivfpq_hits
+
+
+@functools.cache
 def ivfpq_lean(n_tables: int, words: bool, dsub: int):
     """A search of a few queries on the calling thread in one call, from the coarse step to
     ids (the lean path): ``lean_search(queries, centroids_t, c_norms, nprobe, codebooks_t,

@@ -41,38 +41,21 @@ def ivfpq_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kin
     """Queries q0..q1 on the calling thread: each one's tables, then its probed lists."""
     queries, list_tables = borrow(queries), borrow(list_tables)  # (views: simd.borrow)
     out_dist, out_idx = borrow(out_dist), borrow(out_idx)
-    nprobe = probes.shape[1]
     k = out_dist.shape[1]
-    size = list_tables.shape[1] if list_tables.shape[0] else norms.size
-    summed = list_tables.shape[0] > 0
     filtered = allowed.shape[0] > 0
     heap_d = np.empty(k, dtype=np.float32)
     heap_i = np.empty(k, dtype=np.int64)
-    table = np.empty(size, dtype=np.float32)
-    buf = np.empty(size, dtype=np.float32)
-    residual = np.empty(queries.shape[1], dtype=np.float32)
+    table, buf, residual = _work_buffers(queries, norms, list_tables)
     for q in range(q0, q1):
         heap_reset(heap_d, heap_i)
         x = queries[q]
-        if kind == IP_TABLE:
-            _inner_product_table(x, codebooks_t, table, N_TABLES, DSUB, alpha)
-        elif kind == L2_TABLE:
-            _l2_table(x, codebooks_t, norms, table, N_TABLES, DSUB)
-        for p in range(nprobe):
+        _query_table(x, codebooks_t, norms, kind, alpha, table)
+        for p in range(probes.shape[1]):
             lst = probes[q, p]
             if lst < 0:
                 continue
-            t = table
-            if kind == RESIDUAL_L2_TABLE:
-                for s in range(x.shape[0]):
-                    residual[s] = x[s] - centroids[lst, s]
-                _l2_table(residual, codebooks_t, norms, buf, N_TABLES, DSUB)
-                t = buf
-            elif summed:
-                lt = list_tables[lst]
-                for j in range(size):
-                    buf[j] = table[j] + lt[j]
-                t = buf
+            t = _probe_table(x, lst, kind, table, buf, residual, centroids, codebooks_t, norms,
+                             list_tables)  # fmt: skip
             b = base[q, p]
             threshold = heap_d[0]
             for i in range(offsets[lst], offsets[lst + 1]):
@@ -83,6 +66,82 @@ def ivfpq_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kin
                     heap_replace_top(heap_d, heap_i, d, i)
                     threshold = heap_d[0]
         heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
+
+
+def ivfpq_hits(queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base, probes,
+               codes, offsets, starts, thresholds, allowed, out_rows, out_dist,
+               counts):  # fmt: skip
+    """Range search: ``ivfpq_scan``'s values below ``thresholds`` float32 [nq] → query q's
+    hits from ``starts[q]`` of out_rows int64 / out_dist float32 [total], counts int64 [nq]
+    (see :mod:`vq.kernels.ranges`). Threads split the queries."""
+    parallel_for(ivfpq_hits_range, probes.shape[0], queries, codebooks_t, norms, centroids,
+                 list_tables, kind, alpha, base, probes, codes, offsets, starts, thresholds,
+                 allowed, out_rows, out_dist, counts)  # fmt: skip
+
+
+@kernel(nogil=True)
+def ivfpq_hits_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind, alpha,
+                     base, probes, codes, offsets, starts, thresholds, allowed, out_rows,
+                     out_dist, counts):  # fmt: skip
+    """:func:`ivfpq_hits` for queries q0..q1 on the calling thread."""
+    queries, list_tables = borrow(queries), borrow(list_tables)
+    filtered = allowed.shape[0] > 0
+    table, buf, residual = _work_buffers(queries, norms, list_tables)
+    for q in range(q0, q1):
+        x = queries[q]
+        limit = thresholds[q]
+        c = starts[q]
+        _query_table(x, codebooks_t, norms, kind, alpha, table)
+        for p in range(probes.shape[1]):
+            lst = probes[q, p]
+            if lst < 0:
+                continue
+            t = _probe_table(x, lst, kind, table, buf, residual, centroids, codebooks_t, norms,
+                             list_tables)  # fmt: skip
+            b = base[q, p]
+            for i in range(offsets[lst], offsets[lst + 1]):
+                if filtered and allowed[i] == 0:
+                    continue
+                d = b + _code_distance(t, codes, i, N_TABLES, WORDS)
+                if d < limit:
+                    out_rows[c] = i
+                    out_dist[c] = d
+                    c += 1
+        counts[q] = c - starts[q]
+
+
+@kernel(nogil=True)
+def _work_buffers(queries, norms, list_tables):
+    size = list_tables.shape[1] if list_tables.shape[0] else norms.size
+    table = np.empty(size, dtype=np.float32)
+    buf = np.empty(size, dtype=np.float32)
+    return table, buf, np.empty(queries.shape[1], dtype=np.float32)
+
+
+@kernel(nogil=True)
+def _query_table(x, codebooks_t, norms, kind, alpha, table):
+    """The query's own table (IP_TABLE, L2_TABLE; RESIDUAL_L2_TABLE builds one per probe)."""
+    if kind == IP_TABLE:
+        _inner_product_table(x, codebooks_t, table, N_TABLES, DSUB, alpha)
+    elif kind == L2_TABLE:
+        _l2_table(x, codebooks_t, norms, table, N_TABLES, DSUB)
+
+
+@kernel(nogil=True)
+def _probe_table(x, lst, kind, table, buf, residual, centroids, codebooks_t, norms, list_tables):
+    """The table of probe ``lst``: the residual's (into ``buf``), the query's plus the list's
+    precomputed terms (into ``buf``), or the query's own."""
+    if kind == RESIDUAL_L2_TABLE:
+        for s in range(x.shape[0]):
+            residual[s] = x[s] - centroids[lst, s]
+        _l2_table(residual, codebooks_t, norms, buf, N_TABLES, DSUB)
+        return buf
+    if list_tables.shape[0] > 0:
+        lt = list_tables[lst]
+        for j in range(buf.shape[0]):
+            buf[j] = table[j] + lt[j]
+        return buf
+    return table
 
 
 @kernel(nogil=True)

@@ -1,0 +1,145 @@
+"""Searching a memory-mapped index: peak RSS of load + search, ``vq.load_index(path, mmap=True)``
+against the in-memory load, and what verifying the checksum costs.
+
+    python -m bench.mmap [--n 1000000] [--dim 128] [--index IVF1024,PQ16] [--nprobe 16]
+
+Builds the index once and saves it; then each mode loads the file and searches ``--nq`` queries
+in a fresh Python process, so that its peak RSS is its own. The child first searches a small
+throwaway index of the same kind (numba loads its compiled kernels and LLVM once per process,
+a cost of the process rather than of the index; IVFPQ's precomputed table, nlist × M × 256
+floats, is built again for the big index), then reads its RSS, loads, searches, and
+reads the peak, and the anonymous memory (RssAnon) held after the search: the mapped file's
+pages a search touches are file-backed and clean — the kernel maps them 64 KiB around each fault,
+so a few probes of small lists show much of the file in RSS — and are given back under memory
+pressure; the anonymous ones (the precomputed IVF-PQ table, nlist × M × 256 floats, whatever n
+is) are not. The peak is VmHWM
+from /proc, not ``ru_maxrss``: on Linux a child keeps the
+``ru_maxrss`` of the process that forked it across exec (see bench/memory.py). Prints a table
+(load s, search s, peak RSS increase, ratio to the in-memory load, identical results); writes
+bench/results/mmap.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import report, set_threads
+from bench.memory import _rss_kib
+
+REPO = Path(__file__).resolve().parent.parent
+MODES = {"in memory": {}, "mmap": {"mmap": True}, "mmap + verify": {"mmap": True, "verify": True}}
+
+
+def child(mode: str, path: str, small: str, queries: str, out: str, nprobe: int) -> None:
+    """Run in a fresh process: warm up, load ``path`` as ``mode`` says, search, report JSON."""
+    import numpy as np
+
+    import vq
+
+    set_threads(1)
+    q = np.load(queries)
+    warm = vq.load_index(small)
+    warm.search(q, 10, nprobe=nprobe)  # the kernels of this search loaded, its tables built
+    warm.search(q[:1], 10, nprobe=nprobe)
+    del warm
+    before, anon = _rss_kib(), _rss_kib("RssAnon")
+    t0 = time.perf_counter()
+    index = vq.load_index(path, **MODES[mode])
+    t1 = time.perf_counter()
+    _, ids = index.search(q, 10, nprobe=nprobe)
+    t2 = time.perf_counter()
+    np.save(out, ids)
+    result = {"before": before, "peak": _rss_kib("VmHWM"), "load": t1 - t0, "search": t2 - t1}
+    result["anon"] = _rss_kib("RssAnon") - anon
+    print(json.dumps(result))
+
+
+def _run(mode: str, *args) -> dict:
+    code = f"from bench.mmap import child; child({mode!r}, " + ", ".join(map(repr, args)) + ")"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{mode} child failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--n", type=int, default=1_000_000, help="vectors stored")
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--index", default="IVF1024,PQ16", help="vq.index_factory description")
+    p.add_argument("--nq", type=int, default=10, help="queries searched")
+    p.add_argument("--nprobe", type=int, default=16)
+    p.add_argument("--ntrain", type=int, default=100_000)
+    args = p.parse_args(argv)
+
+    import numpy as np
+
+    import vq
+    from vq.datasets import anisotropic_vectors
+
+    set_threads(2)
+    x = anisotropic_vectors(args.n + args.nq, args.dim, decay=0.95, seed=0)
+    q, x = x[args.n :], x[: args.n]
+    index = vq.index_factory(args.dim, args.index)
+    index.train(x[: min(args.n, args.ntrain)])
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        small = vq.index_factory(args.dim, args.index)
+        small.load_state_dict(index.state_dict())  # trained, empty
+        small.add(x[:2000])
+        small.save(tmp / "small.vq")
+        index.add(x)
+        index.save(tmp / "index.vq")
+        del index, x
+        np.save(tmp / "q.npy", q)
+        results = {}
+        for mode in MODES:
+            out = tmp / f"ids-{len(results)}.npy"
+            r = _run(mode, str(tmp / "index.vq"), str(tmp / "small.vq"), str(tmp / "q.npy"),
+                     str(out), args.nprobe)  # fmt: skip
+            r["ids"] = np.load(out)
+            results[mode] = r
+        size = (tmp / "index.vq").stat().st_size
+    base = results["in memory"]
+    for mode, r in results.items():
+        increase = (r["peak"] - r["before"]) / 1024
+        rows.append(
+            {
+                "index": args.index,
+                "n": args.n,
+                "mode": mode,
+                "file MiB": size / 2**20,
+                "load s": r["load"],
+                "search s": r["search"],
+                "peak RSS increase MiB": increase,
+                "increase / in-memory": increase
+                / max(1e-9, (base["peak"] - base["before"]) / 1024),
+                "anonymous increase MiB": r["anon"] / 1024,
+                "anonymous / in-memory": r["anon"] / max(1, base["anon"]),
+                "same ids": bool(np.array_equal(r["ids"], base["ids"])),
+            }
+        )
+    title = (
+        f"## Load and search {args.nq} queries (nprobe {args.nprobe}) of a saved {args.index}, "
+        f"n={args.n}: peak RSS increase over the RSS before loading (fresh process per mode)"
+    )
+    report("mmap", title, 1, rows, list(rows[0]))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

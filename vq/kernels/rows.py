@@ -1,0 +1,84 @@
+"""In-place moves of stored rows: what ``add``, ``remove_ids`` and ``merge_from`` do to an
+index's buffers without allocating copies of them.
+
+Every buffer is seen as rows of unsigned words, [capacity, words] (a row of codes, of a vector,
+an int64 id), so one kernel serves codes, vectors and ids alike. Inverted lists are CSR (list l
+holds rows ``offsets[l]:offsets[l + 1]``): growing a list moves the lists after it towards the
+end (last list first, so that no row is overwritten before it has moved), removing rows moves
+the rows after them towards the start.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vq.kernels.cache import kernel
+
+
+@kernel(nogil=True)
+def move_lists(buf, src, dst, backward):
+    """Move list l's rows ``src[l]:src[l + 1]`` to start at ``dst[l]``, in place, for every l
+    (buf [capacity, words], unsigned; src, dst int64 [nlist + 1]). ``backward``: the lists
+    move towards the end (dst[l] >= src[l] for every l: a list grows), so the last list moves
+    first and each list's rows last to first; otherwise towards the start, first to last."""
+    nlist = src.shape[0] - 1
+    width = buf.shape[1]
+    for j in range(nlist):
+        lst = nlist - 1 - j if backward else j
+        s, d, n = src[lst], dst[lst], src[lst + 1] - src[lst]
+        if s == d:
+            continue
+        for i in range(n):
+            r = n - 1 - i if backward else i
+            for b in range(width):
+                buf[d + r, b] = buf[s + r, b]
+
+
+@kernel(nogil=True)
+def compact_rows(buf, drop, first):
+    """Keep the rows ``i >= first`` of buf ([capacity, words], unsigned) whose ``drop[i]``
+    (uint8 [n]) is 0, moved down in order to start at row ``first``; returns the number of
+    rows now held (rows before ``first`` stay)."""
+    w = first
+    width = buf.shape[1]
+    for i in range(first, drop.shape[0]):
+        if drop[i] == 0:
+            if w != i:
+                for b in range(width):
+                    buf[w, b] = buf[i, b]
+            w += 1
+    return w
+
+
+@kernel(nogil=True)
+def mark_ids(stored, sorted_ids, out_drop):
+    """out_drop[i] = 1 where stored[i] (int64 [n]) is in sorted_ids (int64 [m], ascending),
+    else 0 (a binary search per row: O(n log m), no temporary array); returns the first row
+    marked, or n where none is."""
+    m = sorted_ids.shape[0]
+    first = stored.shape[0]
+    for i in range(stored.shape[0]):
+        v = stored[i]
+        lo, hi = 0, m
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if sorted_ids[mid] < v:
+                lo = mid + 1
+            else:
+                hi = mid
+        hit = lo < m and sorted_ids[lo] == v
+        out_drop[i] = np.uint8(1) if hit else np.uint8(0)
+        if hit and i < first:
+            first = i
+    return first
+
+
+@kernel(nogil=True)
+def list_slots(lists, cursors, out_rows):
+    """out_rows[j] = cursors[lists[j]], then that cursor moves on by one: the rows new vectors
+    (routed to ``lists`` int64 [n]) take at the ends of their lists, in order (cursors int64
+    [nlist], updated)."""
+    for j in range(lists.shape[0]):
+        lst = lists[j]
+        out_rows[j] = cursors[lst]
+        cursors[lst] += 1
