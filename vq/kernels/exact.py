@@ -19,7 +19,7 @@ from vq.kernels.threads import parallel_for
 
 
 @njit(inline="always", fastmath=True)
-def _exact_distance(x, vectors, i, inner_product):
+def exact_distance(x, vectors, i, inner_product):
     """Squared L2 distance of the float32 vector x to row i of ``vectors``, or their negated
     inner product (the row indexed in place, not taken as a view: see
     :func:`vq.kernels.heaps.heap_replace_top_row`)."""
@@ -72,7 +72,7 @@ def ivf_flat_range(q0, q1, queries, vectors, probes, offsets, allowed, inner_pro
             for i in range(offsets[lst], offsets[lst + 1]):
                 if filtered and allowed[i] == 0:
                     continue
-                d = _exact_distance(x, vectors, i, inner_product)
+                d = exact_distance(x, vectors, i, inner_product)
                 if d < threshold:
                     heap_replace_top(heap_d, heap_i, d, i)
                     threshold = heap_d[0]
@@ -126,7 +126,7 @@ def refine_range(q0, q1, queries, vectors, candidates, inner_product, out_dist, 
             i = candidates[q, c]
             if i < 0:
                 continue
-            d = _exact_distance(x, vectors, i, inner_product)
+            d = exact_distance(x, vectors, i, inner_product)
             if d < threshold:
                 heap_replace_top(heap_d, heap_i, d, i)
                 threshold = heap_d[0]

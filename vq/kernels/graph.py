@@ -30,26 +30,12 @@ from numba import njit, types
 from numba.extending import overload
 
 from vq.kernels.cache import kernel
+from vq.kernels.exact import exact_distance
 from vq.kernels.heaps import heapify_pair, push_pair, sift_down_pair, sort_pair_heap
 from vq.kernels.simd import borrow, prefetch_line
 from vq.kernels.threads import get_num_threads, parallel_for
 
 _EPOCHS = 65535
-
-
-@njit(inline="always", fastmath=True)
-def exact_distance(x, data, i, inner_product):
-    """Squared L2 distance of the float32 vector x to row i of ``data``, or their negated
-    inner product (smaller is nearer in both cases)."""
-    d = np.float32(0.0)
-    if inner_product:
-        for j in range(x.shape[0]):
-            d -= x[j] * data[i, j]
-    else:
-        for j in range(x.shape[0]):
-            diff = x[j] - data[i, j]
-            d += diff * diff
-    return d
 
 
 @njit(inline="always", fastmath=True)

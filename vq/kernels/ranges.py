@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from vq.kernels.cache import kernel
-from vq.kernels.exact import _exact_distance
+from vq.kernels.exact import exact_distance
 from vq.kernels.simd import borrow
 from vq.kernels.threads import parallel_for
 
@@ -78,7 +78,7 @@ def ivf_flat_range_rows(q0, q1, queries, vectors, probes, offsets, starts, thres
             for i in range(offsets[lst], offsets[lst + 1]):
                 if filtered and allowed[i] == 0:
                     continue
-                d = _exact_distance(x, vectors, i, inner_product)
+                d = exact_distance(x, vectors, i, inner_product)
                 if d < t:
                     out_rows[c] = i
                     out_dist[c] = d
