@@ -6,7 +6,8 @@ each reaches at recall@10 >= 0.80, 0.90, 0.95 and 0.99 (k = 10, same data, same 
 Systems (each where importable; ``make bench`` installs all of them):
 - vq: IVF{nlist},PQ{d/2}x4fs,RFlat (nprobe x k_factor), IVF{nlist},Flat (nprobe), and every
   other --vq description given (an HNSW description sweeps efSearch, an IVF one nprobe;
-  "HNSW32:int8" is vq.HNSW(d, 32, traversal="int8"));
+  "HNSW32:int8" is vq.HNSW(d, 32, traversal="int8"), "HNSW32:int8:efc200" with
+  efConstruction=200, hnswlib's build beam here);
 - faiss: the same fast-scan + RFlat and IVF,Flat, and HNSW32 (efSearch);
 - hnswlib: M=32, ef_construction=200 (ef);
 - ScaNN: tree (num_leaves ~ 2 sqrt(n)) + score_ah(2, 0.2) + reorder (leaves x reorder).
@@ -40,8 +41,11 @@ def vq_points(desc: str, x, train, q, nprobes, k_factors, efs) -> list[tuple[str
     """vq's index of ``desc``, trained and filled, and its sweep."""
     import vq
 
-    if desc.endswith(":int8"):  # an HNSW walking int8 codes (vq.HNSW's traversal="int8")
-        index = vq.HNSW(x.shape[1], int(desc[4:-5]), traversal="int8")
+    if desc.startswith("HNSW") and ":" in desc:  # HNSW32:int8[:efc200]: vq.HNSW's options
+        m, *options = desc[4:].split(":")
+        efc = [int(o[3:]) for o in options if o.startswith("efc")]
+        index = vq.HNSW(x.shape[1], int(m), efConstruction=efc[0] if efc else 40,
+                        traversal="int8" if "int8" in options else "float")  # fmt: skip
     else:
         index = vq.index_factory(x.shape[1], desc)
     index.train(train)
