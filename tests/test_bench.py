@@ -14,6 +14,7 @@ from bench import (  # noqa: E402
     coldstart,
     encode,
     fastscan,
+    frontier,
     ivf_search,
     kmeans,
     latency,
@@ -108,6 +109,27 @@ def test_ann(results):
     refined = [float(r["recall@10"]) for r in csv_rows if r["index"].endswith("RFlat")]
     assert max(refined) > 0.9
     assert (results / "ann.png").exists()
+
+
+def test_frontier(results):
+    argv = (
+        "--data synthetic --n 3000 --nq 30 --dim 16 --nlist 16 --ntrain 2000 --nprobe 4 16 "
+        "--k-factor 2 --ef 16 64 --rounds 1 --min-seconds 0.01 --systems vq faiss "
+        "--vq HNSW16 HNSW16:int8:efc64"
+    )
+    rows = frontier.main(argv.split())
+    points = read_csv(results / "frontier.csv", ["system", "index", "param", "recall@10", "QPS"])
+    assert len(points) == len(rows)
+    indexes = {(r["system"], r["index"]) for r in points}
+    assert {("vq", "HNSW16"), ("vq", "HNSW16:int8:efc64"), ("faiss", "HNSW32")} <= indexes
+    table = read_csv(results / "frontier-frontier.csv", ["recall@10 >=", "vq", "faiss"])
+    assert [r["recall@10 >="] for r in table] == ["0.8", "0.9", "0.95", "0.99"]
+    # the best vq point at 0.8 is at least as fast as every vq point reaching 0.8
+    best = max(
+        float(r["QPS"]) for r in points if r["system"] == "vq" and float(r["recall@10"]) >= 0.8
+    )
+    assert table[0]["vq"].startswith(f"{best:,.0f} ")
+    assert (results / "frontier.png").exists()
 
 
 def test_fastscan(results):
