@@ -49,17 +49,9 @@ import numpy as np
 
 from bench.ann import faiss_description
 from bench.common import machine_header, markdown_table, set_threads, write_csv
+from vq.apps.warmup import COMMON
 
-INDEXES = (
-    "Flat",
-    "PQ16",
-    "IVF64,Flat",
-    "IVF64,PQ16",
-    "OPQ16,IVF64,PQ16",
-    "PQ32x4fs",
-    "IVF64,PQ32x4fs",
-    "IVF64,PQ32x4fsr,RFlat",
-)
+INDEXES = COMMON  # the kinds `vq warmup` compiles: what a cold start is measured on
 QUANTIZERS = {  # constructor arguments after dim
     "ProductQuantizer": {"M": 16},
     "OPQ": {"M": 16},
