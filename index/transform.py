@@ -172,7 +172,13 @@ class PreTransformSearch(Searcher):
     def __init__(self, index: PreTransform, inner: Searcher, copy: bool = True):
         super().__init__(index, inner.k, copy, ids=False)
         self.inner = inner
+        self.sequential = inner.sequential  # the rows and ids are ``inner``'s
         self.register_buffer("rotation", kept(index.transform.rotation.float(), copy))
+
+    @property
+    def id_table(self) -> torch.Tensor:
+        """int64 [ntotal]: the id of each stored row (``inner``'s table)."""
+        return self.inner.id_table
 
     def search(self, queries: torch.Tensor, k: int, **options):
         return self.inner.search(rotate(queries, self.rotation), k, **options)

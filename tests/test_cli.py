@@ -188,6 +188,18 @@ def test_export_checks_and_audits(files, exported_model, capsys):
     assert code == 1 and "queries: [batch, 32]" in out  # one model is not static: exit 1
 
 
+def test_export_filtered_search_checks_with_a_mask(exported_model, files, capsys):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    path = files / "filtered.onnx"
+    argv = [exported_model, "-o", path, "--batch-size", "8", "-k", "5", "--nprobe", "4"]
+    code, out, err = run(capsys, "export", *argv, "--filtered", "--check", files / "queries.fvecs")
+    assert code == 0, err
+    assert "queries: float32[8, 32], allowed: bool[3000] -> distances" in out
+    check = re.search(r"identical ids ([0-9.]+), differences not explained by ties (\d+)", out)
+    assert check and float(check[1]) > 0.9 and check[2] == "0"
+
+
 def test_export_reads_faiss_index_files(files, capsys):
     faiss = pytest.importorskip("faiss")
     pytest.importorskip("onnxscript")

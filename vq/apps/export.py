@@ -44,6 +44,11 @@ def main(argv: list[str], prog: str = "vq export") -> int:
         help="dtype of the code tables in the graph (int32 for TensorRT; default: as stored)",
     )
     p.add_argument("--dynamic-batch", action="store_true", help="symbolic batch axis")
+    p.add_argument(
+        "--filtered",
+        action="store_true",
+        help="a second input 'allowed' (bool [largest id + 1]): the ids a search may return",
+    )
     p.add_argument("--opset", type=int, default=None, help="ONNX opset (default 20)")
     p.add_argument(
         "--check",
@@ -106,6 +111,7 @@ def _export(args) -> int:
         code_dtype=args.code_dtype,
         dynamic_batch=args.dynamic_batch,
         opset=args.opset,
+        filtered=args.filtered,
     )
     seconds = time.perf_counter() - start
     report = audit(path)
@@ -129,8 +135,10 @@ def _check(index, path: Path, queries_path: Path) -> str:
     params = {} if nprobe is None else {"nprobe": int(nprobe)}
     if "k_factor" in meta:
         params["k_factor"] = int(meta["k_factor"])
+    if runner.id_space is not None:  # a filtered search: check it with every other id allowed
+        params["allowed"] = np.arange(runner.id_space) % 2 == 0
     start = time.perf_counter()
-    D, I = runner(queries)
+    D, I = runner(queries, **({"allowed": params["allowed"]} if "allowed" in params else {}))
     seconds = time.perf_counter() - start
     with torch_only():
         D_ref, I_ref = index.search(queries, k, **params)

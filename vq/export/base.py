@@ -13,11 +13,13 @@ from torch import nn
 
 
 class TensorSpec(NamedTuple):
-    """A named input or output: ``shape`` excludes the leading batch axis."""
+    """A named input or output: ``shape`` excludes the leading batch axis, unless ``batched``
+    is False (an input given once per call, e.g. a search's ``allowed`` mask)."""
 
     name: str
     dtype: torch.dtype
     shape: tuple[int, ...]
+    batched: bool = True
 
 
 class ExportModule(nn.Module):
@@ -39,7 +41,8 @@ class ExportModule(nn.Module):
     Attributes:
         core: the wrapped module (not named ``graph``: an exported program's modules have
             an fx ``graph``).
-        inputs: the single input (name, dtype, shape without the batch axis).
+        inputs: the inputs, in ``forward``'s order: the batch (name, dtype, shape without the
+            batch axis), then any per-call input (a filtered search's ``allowed`` mask).
         outputs: the outputs, in ``forward``'s order.
         metadata: facts written into an exported model (``dim``, ``k``, ``nprobe``, …).
     """
@@ -55,8 +58,8 @@ class ExportModule(nn.Module):
         self.core, self.inputs, self.outputs = core, inputs, outputs
         self.metadata: dict[str, str] = dict(metadata)
 
-    def forward(self, x: torch.Tensor):
-        out = self.core(x)
+    def forward(self, x: torch.Tensor, *extra: torch.Tensor):
+        out = self.core(x, *extra)
         if len(self.outputs) == 1:
             return out.to(self.outputs[0].dtype)
         return tuple(t.to(spec.dtype) for t, spec in zip(out, self.outputs, strict=True))
@@ -71,17 +74,26 @@ class ExportModule(nn.Module):
             return getattr(core, name)
 
     def example_input(self, batch_size: int, seed: int = 0) -> torch.Tensor:
-        """A batch of ``batch_size`` rows of the input's dtype and shape on the module's device
-        (standard normal vectors, or valid codes)."""
-        (spec,) = self.inputs
+        """A batch of ``batch_size`` rows of the first input's dtype and shape on the module's
+        device (standard normal vectors, or valid codes)."""
+        return self.example_inputs(batch_size, seed)[0]
+
+    def example_inputs(self, batch_size: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+        """One tensor per input: the batch (:meth:`example_input`), then per-call inputs (a
+        mask keeping every other id)."""
         gen = torch.Generator().manual_seed(seed)
-        shape = (batch_size, *spec.shape)
-        if spec.dtype.is_floating_point:
-            x = torch.randn(shape, generator=gen, dtype=spec.dtype)
-        else:
-            high = int(self.metadata.get("codebook_size", 2))
-            x = torch.randint(0, high, shape, generator=gen).to(spec.dtype)
-        return x.to(self.device)
+        out = []
+        for spec in self.inputs:
+            shape = (batch_size, *spec.shape) if spec.batched else spec.shape
+            if spec.dtype == torch.bool:
+                x = torch.arange(shape[-1]).remainder(2).eq(0).expand(shape)
+            elif spec.dtype.is_floating_point:
+                x = torch.randn(shape, generator=gen, dtype=spec.dtype)
+            else:
+                high = int(self.metadata.get("codebook_size", 2))
+                x = torch.randint(0, high, shape, generator=gen).to(spec.dtype)
+            out.append(x.to(self.device))
+        return tuple(out)
 
     @property
     def device(self) -> torch.device:

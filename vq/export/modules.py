@@ -24,6 +24,7 @@ def export_module(
     k_factor: int | None = None,
     capacity: int | None = None,
     code_dtype: torch.dtype | str | None = None,
+    filtered: bool = False,
 ) -> ExportModule:
     """A ``torch.nn.Module`` computing ``what`` for ``obj`` with static shapes.
 
@@ -52,6 +53,9 @@ def export_module(
             code tables inside a PQIndex / IVFPQ search graph; default the quantizer's
             ``code_dtype`` (uint8 up to 256 codewords). ``"int32"`` suits runtimes that take
             uint8 for inputs and outputs only (TensorRT).
+        filtered: search only: a second input ``allowed`` bool [id_space], one mask over
+            the ids per call; ids it marks False are never returned (see
+            :func:`vq.export.search.search_module`).
 
     Raises:
         TypeError: ``obj`` is not a supported quantizer or index.
@@ -61,8 +65,12 @@ def export_module(
     if what is not None and what not in WHATS:
         raise ValueError(f"what must be one of {WHATS}, got {what!r}")
     if isinstance(obj, Index):
-        module = _search_module(obj, what, k, nprobe, k_factor, capacity, code_dtype)
+        module = _search_module(obj, what, k, nprobe, k_factor, capacity, code_dtype, filtered)
     elif isinstance(obj, Quantizer):
+        if filtered:
+            raise ValueError(
+                f"filtered applies to the search of an index, not to a {type(obj).__name__}"
+            )
         module = _codec_module(obj, what, k, nprobe, k_factor, capacity, code_dtype)
     else:
         raise TypeError(
@@ -73,7 +81,9 @@ def export_module(
     return module.eval()
 
 
-def _search_module(index, what, k, nprobe, k_factor, capacity, code_dtype) -> ExportModule:
+def _search_module(
+    index, what, k, nprobe, k_factor, capacity, code_dtype, filtered=False
+) -> ExportModule:
     name = type(index).__name__
     if what not in (None, "search"):
         raise ValueError(
@@ -100,7 +110,7 @@ def _search_module(index, what, k, nprobe, k_factor, capacity, code_dtype) -> Ex
         raise ValueError(f"capacity applies to IVF indexes, not to a {name}")
     with torch.no_grad():
         return search_module(
-            index, index.k if k is None else k, nprobe, k_factor, capacity, code_dtype
+            index, index.k if k is None else k, nprobe, k_factor, capacity, code_dtype, filtered
         )
 
 

@@ -34,6 +34,7 @@ def to_onnx(
     code_dtype: torch.dtype | str | None = None,
     dynamic_batch: bool = False,
     opset: int | None = None,
+    filtered: bool = False,
 ) -> Path:
     """Write the ``what`` graph of a quantizer or index to an ONNX file.
 
@@ -46,7 +47,8 @@ def to_onnx(
     ``session.get_modelmeta().custom_metadata_map``.
 
     Inputs and outputs are named: encode ``vectors`` → ``codes``; decode ``codes`` →
-    ``vectors``; search ``queries`` → ``distances``, ``ids``.
+    ``vectors``; search ``queries`` → ``distances``, ``ids``; a filtered search (``filtered``)
+    ``queries``, ``allowed`` (bool [id_space], no batch axis) → ``distances``, ``ids``.
 
     Args:
         obj: a trained quantizer or a trained, filled index (see :func:`export_module`).
@@ -57,6 +59,8 @@ def to_onnx(
         dynamic_batch: make the batch axis symbolic ("batch") for runtimes that handle it;
             shapes that depend on it are then dynamic too (the audit lists them).
         opset: ONNX opset version (default 20).
+        filtered: search only: take the mask ``allowed`` as a second input (see
+            :func:`vq.export.search.search_module`).
 
     Returns:
         The path written.
@@ -67,7 +71,7 @@ def to_onnx(
     batch_size = check_positive(batch_size, "batch_size")
     opset = DEFAULT_OPSET if opset is None else check_positive(opset, "opset")
     options = {"k": k, "nprobe": nprobe, "k_factor": k_factor, "capacity": capacity}
-    module = export_module(obj, what, code_dtype=code_dtype, **options)
+    module = export_module(obj, what, code_dtype=code_dtype, filtered=filtered, **options)
     program = _program(module, batch_size, dynamic_batch, opset)
     program.model.metadata_props.update(
         {
@@ -91,12 +95,16 @@ def _program(module: ExportModule, batch_size: int, dynamic_batch: bool, opset: 
     """The ONNX program of ``module`` traced at ``batch_size`` rows (a symbolic batch axis
     named "batch" when ``dynamic_batch``), inputs and outputs named after its specs."""
     # a symbolic batch cannot be traced from 1 row (torch.export specialises sizes 0 and 1)
-    example = module.example_input(max(batch_size, 2) if dynamic_batch else batch_size)
-    dynamic_shapes = ({0: torch.export.Dim("batch", min=1)},) if dynamic_batch else None
+    examples = module.example_inputs(max(batch_size, 2) if dynamic_batch else batch_size)
+    dynamic_shapes = None
+    if dynamic_batch:
+        batch = torch.export.Dim("batch", min=1)
+        first, *rest = ({0: batch} if s.batched else None for s in module.inputs)
+        dynamic_shapes = (first, tuple(rest)) if rest else (first,)  # forward(x, *extra)
     with _quiet(), torch.no_grad():
         program = _export(
             module,
-            (example,),
+            examples,
             input_names=[spec.name for spec in module.inputs],
             output_names=[spec.name for spec in module.outputs],
             opset_version=opset,

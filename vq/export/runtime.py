@@ -11,6 +11,7 @@ import torch
 
 from vq.export.base import require
 from vq.export.padding import pad_batch
+from vq.index.filters import IdFilter
 
 _ORT_DTYPES = {
     "tensor(float)": np.float32,
@@ -30,6 +31,7 @@ class OnnxRunner:
 
         >>> runner = OnnxRunner("ivfpq.onnx")
         >>> D, I = runner(queries)          # float32 [nq, k], int64 [nq, k]
+        >>> D, I = runner(queries, allowed=ids)   # a model exported with filtered=True
 
     Args:
         model: path of the ``.onnx`` file.
@@ -41,6 +43,7 @@ class OnnxRunner:
         session: the ``onnxruntime.InferenceSession``.
         batch_size: the model's static batch size (None for a dynamic batch axis).
         metadata: the model's metadata (``dim``, ``k``, ``nprobe``, ``vq_version``, …).
+        id_space: a filtered search model's mask length (None for other models).
     """
 
     def __init__(
@@ -60,16 +63,21 @@ class OnnxRunner:
         self.session = ort.InferenceSession(
             str(model), options, providers=providers or ["CPUExecutionProvider"]
         )
-        (spec,) = self.session.get_inputs()
+        spec, *extra = self.session.get_inputs()
         self.input_name, self.input_shape = spec.name, tuple(spec.shape)
+        self.id_space = int(extra[0].shape[0]) if extra else None
         self.input_dtype = _ORT_DTYPES.get(spec.type)
         batch = spec.shape[0]
         self.batch_size = batch if isinstance(batch, int) else None
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.metadata = dict(self.session.get_modelmeta().custom_metadata_map)
 
-    def __call__(self, x: Any) -> Any:
+    def __call__(self, x: Any, allowed: Any = None) -> Any:
         """Outputs for the rows of ``x`` ``[n, *input_shape[1:]]`` (numpy or torch).
+
+        ``allowed`` (filtered search models only, and required there): the ids a search may
+        return, as :class:`vq.IdFilter` takes them (a :class:`vq.IdFilter`, an id array, or
+        a bool mask over the ids), for every row of ``x``.
 
         Returns:
             One array for a single-output model (codes, vectors), else a tuple (distances,
@@ -86,13 +94,14 @@ class OnnxRunner:
             self._check_codes(data)
         if self.input_dtype is not None:
             data = np.ascontiguousarray(data, dtype=self.input_dtype)
+        feed = self._mask_feed(allowed)
         if self.batch_size is None:
-            chunks = [self.session.run(None, {self.input_name: data})] if len(data) else []
+            chunks = [self.session.run(None, {self.input_name: data, **feed})] if len(data) else []
         else:
             chunks = []
             for start in range(0, len(data), self.batch_size):
                 padded, n = pad_batch(data[start : start + self.batch_size], (self.batch_size,))
-                outs = self.session.run(None, {self.input_name: padded})
+                outs = self.session.run(None, {self.input_name: padded, **feed})
                 chunks.append([o[:n] for o in outs])
         if chunks:
             outputs = [np.concatenate(parts) for parts in zip(*chunks, strict=True)]
@@ -107,6 +116,23 @@ class OnnxRunner:
         if isinstance(x, torch.Tensor):
             outputs = [torch.from_numpy(o) for o in outputs]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _mask_feed(self, allowed: Any) -> dict[str, np.ndarray]:
+        """The ``allowed`` input of a filtered search model: bool [id_space]."""
+        if self.id_space is None:
+            if allowed is not None:
+                raise ValueError(
+                    f"{self.path.name} takes no filter; export the search with filtered=True "
+                    "to pass allowed="
+                )
+            return {}
+        if allowed is None:
+            raise ValueError(
+                f"{self.path.name} is a filtered search: pass allowed= (the ids it may return)"
+            )
+        allowed = allowed if isinstance(allowed, IdFilter) else IdFilter(allowed)
+        mask = allowed.contains(np.arange(self.id_space, dtype=np.int64))
+        return {"allowed": mask.view(bool)}
 
     def _check_codes(self, data: np.ndarray) -> None:
         """Integer codes within [0, codebook_size): a cast must not wrap them silently."""
