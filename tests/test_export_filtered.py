@@ -110,3 +110,19 @@ def test_filtered_export_refusals(indexes, data):
     huge.add_with_ids(torch.from_numpy(data[:3]), torch.tensor([0, 1, 1 << 40]))
     with pytest.raises(ValueError, match="renumber the ids below 2"):
         export_module(huge, k=2, filtered=True)
+
+
+@pytest.mark.parametrize("spec", ["SQ8", "IVF8,SQ8", "IVF8(soar),Flat"])
+def test_filtered_graph_of_sq_and_spilled_kinds(data, queries, spec):
+    index = vq.index_factory(DIM, spec)
+    x = torch.from_numpy(data)
+    index.train(x)
+    index.add_with_ids(x, torch.arange(len(x)) * 3 + 7)
+    options = _nprobe(index)
+    mask = _mask(index, 0.3, 4)
+    D, I = export_module(index, k=6, filtered=True, **options)(
+        torch.from_numpy(queries[:16]), torch.from_numpy(mask)
+    )
+    D_ref, I_ref = index.search(torch.from_numpy(queries[:16]), 6, allowed=mask, **options)
+    assert_same_search(D, I, D_ref, I_ref)
+    assert np.isin(I[I >= 0].numpy(), np.flatnonzero(mask)).all()
