@@ -21,7 +21,7 @@ import torch
 
 from vq import kernels
 from vq._checks import check_int
-from vq.index import index_factory
+from vq.index import HNSW, IdFilter, index_factory
 from vq.kernels import cache
 from vq.kernels.threads import set_num_threads
 from vq.quantizers import VectorQuantizer
@@ -36,6 +36,9 @@ COMMON = (
     "PQ32x4fs",
     "IVF64,PQ32x4fs",
     "IVF64,PQ32x4fsr,RFlat",
+    "SQ8",
+    "IVF64,SQ8",
+    "HNSW32",
 )
 
 
@@ -115,12 +118,32 @@ def _warm_one(description: str, metric: str, dim: int, threads: int | None = Non
     for batch in (x[:64], x[:1]):  # the batched and the one-query paths
         index.search(batch, 10)
         index.search(torch.from_numpy(batch), 10)
+    _filtered_and_range(index, x)
     if description == "Flat":  # the lean path's scan split between threads (large indexes)
         heap_d = np.full((2, 1, 10), np.inf, np.float32)
         heap_i = np.full((2, 1, 10), -1, np.int64)
         kernels.flat_parts(x[:1], x, np.zeros(len(x), np.float32), metric == "ip", heap_d, heap_i)
     name = description if metric == "l2" else f"{description} (ip)"
     return Warmed(name, time.perf_counter() - start, cache.compiles() - before)
+
+
+def _filtered_and_range(index, x: np.ndarray) -> None:
+    """The filtered searches (an id filter, a bitmap) and the range search, where the kind
+    has them (HNSW: its int8 traversal instead)."""
+    if isinstance(index, HNSW):
+        int8 = HNSW(index.dim, index.M, index.metric, traversal="int8")
+        int8.add(x)
+        for batch in (x[:64], x[:1]):
+            int8.search(batch, 10)
+        return
+    for allowed in (IdFilter(np.arange(0, len(x), 3)), np.arange(len(x)) % 2 == 0):
+        for batch in (x[:64], x[:1]):
+            index.search(batch, 10, allowed=allowed)
+    radius = float(index.search(x[:64], 10)[0][:, -1].mean())  # about 10 hits per query
+    try:
+        index.range_search(x[:64], radius)
+    except NotImplementedError:  # a kind without range search
+        pass
 
 
 def _layer_step(x: torch.Tensor) -> None:
