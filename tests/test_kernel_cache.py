@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -74,6 +75,33 @@ def test_the_cache_root_follows_the_environment(tmp_path, variable):
     out = _child(code, **env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().startswith(str(tmp_path / "vq" / "kernels-"))
+
+
+def test_a_new_cache_folder_deletes_the_long_unused_ones(tmp_path):
+    root = tmp_path / "vq"
+    old, recent, unrelated = root / "kernels-0.0.1-old", root / "kernels-0.0.2-recent", root / "x"
+    for folder in (old, recent, unrelated):
+        (folder / "specialised").mkdir(parents=True)
+    month = 31 * 86400
+    os.utime(old, (os.path.getmtime(old) - month,) * 2)
+    (recent / ".used").touch()
+    os.utime(unrelated, (os.path.getmtime(unrelated) - month,) * 2)
+    out = _child(
+        "from vq.kernels import cache; print(cache.folder())", NUMBA_CACHE_DIR=str(tmp_path)
+    )
+    assert out.returncode == 0, out.stderr
+    new = out.stdout.strip()
+    assert sorted(p.name for p in root.iterdir()) == sorted([Path(new).name, recent.name, "x"])
+    assert (Path(new) / ".used").exists()
+    stamp = os.path.getmtime(Path(new) / ".used")  # a second process does not touch it again
+    assert _child("import vq.kernels", NUMBA_CACHE_DIR=str(tmp_path)).returncode == 0
+    assert os.path.getmtime(Path(new) / ".used") == stamp
+    kept = root / "kernels-kept"  # prune itself: by the .used stamp, never the folder kept
+    kept.mkdir()
+    os.utime(kept, (os.path.getmtime(kept) - month,) * 2)
+    assert cache.prune(root, keep=kept) == [] and kept.exists()
+    assert sorted(cache.prune(root, keep=Path(new), days=0)) == sorted([kept, recent])
+    assert [p.name for p in root.glob("kernels-*")] == [Path(new).name]
 
 
 def test_an_unwritable_cache_warns_once_and_compiles_in_memory(tmp_path):

@@ -18,7 +18,9 @@ caches like any other. (Closures cannot do this: numba refuses to cache one that
 closures, and misses on every new process for one that holds an intrinsic.)
 
 Where the folder cannot be created or written, kernels compile in memory in every process,
-after one warning.
+after one warning. Folders of other versions, CPUs or sources that no process has used for
+:data:`UNUSED_DAYS` days are deleted when a new folder is created (each folder's ``.used``
+stamp is touched at most once a day).
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ import hashlib
 import importlib.util
 import linecache
 import os
+import shutil
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -49,6 +53,9 @@ from vq._version import __version__
 
 _BEGIN = "# -- specialised constants"
 _END = "# -- end of specialised constants"
+#: a kernel folder unused this long is deleted when another one is created
+UNUSED_DAYS = 30
+_DAY = 86400.0
 _lock = threading.RLock()
 _specialised: dict[tuple, ModuleType] = {}
 
@@ -85,10 +92,14 @@ def _usable_folder() -> Path | None:
     """This machine's and version's folder, created; None (after a warning) if unwritable."""
     path = cache_root() / f"kernels-{__version__}-{cpu_key()}-{_sources_hash()}"
     try:
+        created = not path.exists()
         (path / "specialised").mkdir(parents=True, exist_ok=True)
         probe = path / f".probe-{os.getpid()}-{threading.get_ident()}"
         probe.write_bytes(b"")
         probe.unlink()
+        _mark_used(path)
+        if created:
+            prune(path.parent, keep=path)
     except OSError as err:
         warnings.warn(
             f"vq: cannot use the kernel cache at {path} ({err.strerror or err}); kernels will "
@@ -99,6 +110,37 @@ def _usable_folder() -> Path | None:
         )
         return None
     return path
+
+
+def _mark_used(path: Path) -> None:
+    """Touch ``path/.used`` unless it was touched in the last day."""
+    stamp = path / ".used"
+    try:
+        if time.time() - stamp.stat().st_mtime < _DAY:
+            return
+    except FileNotFoundError:
+        pass
+    stamp.touch()
+
+
+def prune(root: Path, keep: Path, days: float = UNUSED_DAYS) -> list[Path]:
+    """Delete the kernel folders under ``root`` (``kernels-*``) but ``keep`` that no process
+    has used for ``days`` days (their ``.used`` stamp, else the folder's own time); returns
+    those deleted. A folder in use by another process is never that old."""
+    gone = []
+    limit = time.time() - days * _DAY
+    for other in root.glob("kernels-*"):
+        if other == keep or not other.is_dir():
+            continue
+        stamp = other / ".used"
+        try:
+            used = (stamp if stamp.exists() else other).stat().st_mtime
+        except OSError:
+            continue
+        if used < limit:
+            shutil.rmtree(other, ignore_errors=True)
+            gone.append(other)
+    return gone
 
 
 _folder: Path | None = _usable_folder()
