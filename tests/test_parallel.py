@@ -153,3 +153,19 @@ def test_whole_shards_are_the_single_process_sample(blobs):
     )
     assert s.subsample(10**6, torch.Generator()).local is x
     assert Shards.of(x).distributed is False  # no process group
+
+
+def test_atomic_files_get_the_permissions_of_a_plain_write(tmp_path):
+    from vq.parallel.atomic import write_json, write_safetensors
+
+    plain = tmp_path / "plain"
+    plain.write_text("")  # what open(path, "w") gives under this process's umask
+    expected = plain.stat().st_mode & 0o777
+    new = tmp_path / "codebook.safetensors"
+    write_safetensors(new, {"c": torch.zeros(2)}, {"kind": "test"})
+    assert new.stat().st_mode & 0o777 == expected
+    new.chmod(0o640)  # a rewrite keeps the replaced file's mode
+    write_safetensors(new, {"c": torch.ones(2)}, {"kind": "test"})
+    assert new.stat().st_mode & 0o777 == 0o640
+    write_json(tmp_path / "meta.json", {"a": 1})
+    assert (tmp_path / "meta.json").stat().st_mode & 0o777 == expected

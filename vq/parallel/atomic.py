@@ -7,6 +7,10 @@ The temporary file is ``.<name>.tmp-<pid>-<random>``: unique to one write, so th
 process may write the same target at once (the last rename wins). A write killed before its
 rename leaves that file behind; :func:`remove_stale_temporaries` deletes those whose process is
 gone.
+
+The file gets the permissions a plain ``open(path, "w")`` would give it: those of the file it
+replaces, else 0o666 less the process's umask (some writers, safetensors' among them, create
+files readable by their owner only).
 """
 
 from __future__ import annotations
@@ -23,6 +27,11 @@ from typing import IO, Any
 import safetensors.torch
 import torch
 
+# the process's umask, read once at import (reading it means setting it, which is not
+# thread-safe later)
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
 
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
@@ -35,6 +44,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp, _permissions(path))
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -97,6 +107,14 @@ def remove_stale_temporaries(path: Path) -> None:
             (path.parent / name).unlink(missing_ok=True)
         except (PermissionError, OverflowError):  # alive (another user's), or no such pid
             continue
+
+
+def _permissions(path: Path) -> int:
+    """The mode bits of the file ``path`` (if it exists), else 0o666 less the umask."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        return 0o666 & ~_UMASK
 
 
 def _temporary(path: Path) -> Path:
