@@ -18,7 +18,7 @@ import torch
 from vq import kernels
 from vq.index.faiss_build import code_bytes, copy_codebooks, faiss_metric, import_faiss, keep_alive
 from vq.index.fastscan import PackedCodes, check_fast_scan
-from vq.index.filters import kernel_mask
+from vq.index.filters import block_bits, kernel_mask, row_bits
 from vq.index.ivf import IVFIndex, IVFSearch
 from vq.index.pq import codes_problem, stored_codes
 from vq.index.ranges import probed_hits
@@ -227,7 +227,7 @@ class IVFPQ(IVFIndex):
                 packed.list_blocks,
                 self.offsets.numpy(),
                 packed.packed,
-                allowed,
+                block_bits(allowed, self.offsets, packed.list_blocks),
                 out_dist.numpy(),
                 out_rows.numpy(),
                 scale,
@@ -241,7 +241,7 @@ class IVFPQ(IVFIndex):
             *tables,
             codes,
             self.offsets.numpy(),
-            allowed,
+            row_bits(allowed),
             out_dist.numpy(),
             out_rows.numpy(),
         )

@@ -4,6 +4,7 @@ of sub-vectors of DSUB dimensions, codes read a byte (or with WORDS a uint32 wor
 :func:`vq.kernels.cache.specialise` and documents it; never imported as it is)."""
 
 import numpy as np
+from numba import njit
 
 from vq.kernels.adc import (
     IP_TABLE,
@@ -13,6 +14,7 @@ from vq.kernels.adc import (
     _inner_product_table,
     _l2_table,
 )
+from vq.kernels.bitmask import list_word, trailing_zeros
 from vq.kernels.cache import kernel
 from vq.kernels.exact import finish_lean
 from vq.kernels.heaps import heap_replace_top, heap_reset, heap_sorted
@@ -57,15 +59,34 @@ def ivfpq_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kin
             t = _probe_table(x, lst, kind, table, buf, residual, centroids, codebooks_t, norms,
                              list_tables)  # fmt: skip
             b = base[q, p]
+            lo, hi = offsets[lst], offsets[lst + 1]
+            if filtered:
+                if hi > lo:
+                    _scan_allowed(t, codes, lo, hi, b, allowed, heap_d, heap_i)
+                continue
             threshold = heap_d[0]
-            for i in range(offsets[lst], offsets[lst + 1]):
-                if filtered and allowed[i] == 0:
-                    continue
+            for i in range(lo, hi):
                 d = b + _code_distance(t, codes, i, N_TABLES, WORDS)
                 if d < threshold:
                     heap_replace_top(heap_d, heap_i, d, i)
                     threshold = heap_d[0]
         heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
+
+
+@njit(inline="always")
+def _scan_allowed(t, codes, lo, hi, b, bits, heap_d, heap_i):
+    """The rows lo..hi - 1 (hi > lo) that ``bits`` allows, in ascending order (as the
+    unfiltered loop, so ties resolve alike): their set bits walked a word at a time."""
+    threshold = heap_d[0]
+    for w in range(lo >> 6, ((hi - 1) >> 6) + 1):
+        word = list_word(bits, w, lo, hi)
+        while word != np.uint64(0):
+            i = (w << 6) + np.int64(trailing_zeros(word))
+            word &= word - np.uint64(1)
+            d = b + _code_distance(t, codes, i, N_TABLES, WORDS)
+            if d < threshold:
+                heap_replace_top(heap_d, heap_i, d, i)
+                threshold = heap_d[0]
 
 
 def ivfpq_hits(queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base, probes,
@@ -159,7 +180,7 @@ def lean_search(queries, centroids_t, c_norms, nprobe, codebooks_t, norms, centr
     base = coarse if coarse_base else np.zeros((nq, nprobe), dtype=np.float32)
     dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
     ivfpq_range(np.int64(0), np.int64(nq), queries, codebooks_t, norms, centroids, list_tables,
-                kind, alpha, base, probes, codes, offsets, np.zeros(0, dtype=np.uint8), dist,
+                kind, alpha, base, probes, codes, offsets, np.zeros(0, dtype=np.uint64), dist,
                 rows)  # fmt: skip
     finish_lean(queries, dist, rows, ids, inner_product, ref_vectors, ref_ids, out_dist, out_ids)
     return True
