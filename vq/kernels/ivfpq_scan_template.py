@@ -89,24 +89,30 @@ def _scan_allowed(t, codes, lo, hi, b, bits, heap_d, heap_i):
                 threshold = heap_d[0]
 
 
+NO_TERMS = np.zeros(0, dtype=np.float32)
+
+
 def ivfpq_hits(queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base, probes,
-               codes, offsets, starts, thresholds, allowed, out_rows, out_dist,
-               counts):  # fmt: skip
+               codes, offsets, starts, thresholds, allowed, out_rows, out_dist, counts,
+               row_terms=NO_TERMS):  # fmt: skip
     """Range search: ``ivfpq_scan``'s values below ``thresholds`` float32 [nq] → query q's
     hits from ``starts[q]`` of out_rows int64 / out_dist float32 [total], counts int64 [nq]
-    (see :mod:`vq.kernels.ranges`). Threads split the queries."""
+    (see :mod:`vq.kernels.ranges`); ``row_terms`` float32 [n], added to each row's value
+    (faiss's per-vector ``||r||² + 2⟨c, r⟩`` of L2 by residual, with IP tables and no list
+    tables), or [0]. Threads split the queries."""
     parallel_for(ivfpq_hits_range, probes.shape[0], queries, codebooks_t, norms, centroids,
                  list_tables, kind, alpha, base, probes, codes, offsets, starts, thresholds,
-                 allowed, out_rows, out_dist, counts)  # fmt: skip
+                 allowed, out_rows, out_dist, counts, row_terms)  # fmt: skip
 
 
 @kernel(nogil=True)
 def ivfpq_hits_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind, alpha,
                      base, probes, codes, offsets, starts, thresholds, allowed, out_rows,
-                     out_dist, counts):  # fmt: skip
+                     out_dist, counts, row_terms):  # fmt: skip
     """:func:`ivfpq_hits` for queries q0..q1 on the calling thread."""
     queries, list_tables = borrow(queries), borrow(list_tables)
     filtered = allowed.shape[0] > 0
+    by_row = row_terms.shape[0] > 0
     table, buf, residual = _work_buffers(queries, norms, list_tables)
     for q in range(q0, q1):
         x = queries[q]
@@ -124,6 +130,8 @@ def ivfpq_hits_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables
                 if filtered and allowed[i] == 0:
                     continue
                 d = b + _code_distance(t, codes, i, N_TABLES, WORDS)
+                if by_row:
+                    d += row_terms[i]
                 if d < limit:
                     out_rows[c] = i
                     out_dist[c] = d
