@@ -99,15 +99,27 @@ def main(argv: list[str] | None = None) -> None:
             )
             print(rows[-1], flush=True)
             if fraction == 0.01:
-                print(
-                    f"{desc} at 1% selectivity: faiss returned fewer than k={args.k} results "
-                    f"for {rows[-1]['faiss_short_queries']} of {len(q)} queries; vq returned "
-                    f"k for {rows[-1]['faiss_short_vq_k']} of those",
-                    flush=True,
-                )
+                for nprobe in sorted({1, args.nprobe}):
+                    counts = _short_counts(source, index, q, args.k, f, sels["bitmap"], nprobe)
+                    print(f"{desc} at 1% selectivity, nprobe={nprobe}: {counts}", flush=True)
     cols = list(rows[0])
     title = f"Filtered search, {label} n={n} d={dim} nq={len(q)} k={args.k} nprobe={args.nprobe}"
     report(args.name, title, args.threads, rows, cols)
+
+
+def _short_counts(source, index, q, k, allowed, sel, nprobe) -> str:
+    """How many queries faiss answers with fewer than k results, and for how many of those
+    vq returns k (it probes further lists)."""
+    import faiss
+
+    _, If = source.search(q, k, params=faiss.SearchParametersIVF(sel=sel, nprobe=nprobe))
+    _, I = index.search(q, k, allowed=allowed, nprobe=nprobe)
+    short = (If < 0).any(axis=1)
+    full = (I >= 0).all(axis=1)
+    return (
+        f"faiss returned fewer than k={k} results for {int(short.sum())} of {len(q)} queries; "
+        f"vq returned k for {int((short & full).sum())} of those"
+    )
 
 
 if __name__ == "__main__":
