@@ -216,3 +216,23 @@ def test_sq_range_search_equals_faiss_on_imported_indexes(blobs, kind):
         assert len(common) >= len(i_f) - near.sum()
         assert len(i) - len(common) <= near.sum() + 1
         np.testing.assert_allclose(d[a], d_f[b], rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("desc", ["IVF16(soar),Flat", "IVF16(soar),SQ8"])
+def test_spilled_range_search_returns_each_id_once(blobs, desc):
+    """A spilled vector is stored twice; both copies may lie within the radius, its id is
+    returned once (with the nearer copy's distance). Every list probed: the exhaustive answer."""
+    x, q = np.ascontiguousarray(blobs[:3000]), np.ascontiguousarray(blobs[-20:])
+    index = vq.index_factory(32, desc)
+    index.train(x)
+    index.add(x)
+    D0, _ = index.search(q, 30, nprobe=16)
+    radius = float(np.median(D0[:, -1]))
+    lims, D, I = index.range_search(q, radius, nprobe=16)
+    decoded = index.reconstruct(np.arange(3000))
+    for j in range(q.shape[0]):
+        got = I[lims[j] : lims[j + 1]]
+        assert len(set(got.tolist())) == len(got)
+        d = ((decoded - q[j]) ** 2).sum(1)
+        edge = np.flatnonzero(np.abs(d - radius) < 1e-2 * radius)
+        assert set(got.tolist()) ^ set(np.flatnonzero(d < radius).tolist()) <= set(edge.tolist())
