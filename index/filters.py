@@ -6,8 +6,11 @@ indexes). The scans never post-filter a short list: each index turns the filter 
 over its stored rows (:meth:`IdFilter.row_mask`, uint8 [ntotal], kept in the filter for the
 index's current ids) and the numba kernels test it for every row they would keep, so a
 filtered search returns the k nearest *allowed* vectors (faiss ``SearchParameters(sel=...)``
-with ``IDSelectorBatch`` / ``IDSelectorBitmap``). IVF indexes probe further lists until k
-allowed vectors are among the probed ones (see :class:`vq.index.IVFIndex`).
+with ``IDSelectorBatch`` / ``IDSelectorBitmap``). The IVF-PQ and IVF fast-scan kernels take
+the mask as bit words instead (:func:`row_bits`, :func:`block_bits`: 64 rows to a load, the
+set bits walked; blocks of 32 with none allowed skipped), derived once per mask
+(:func:`derived`). IVF indexes probe further lists until k allowed vectors are among the
+probed ones (see :class:`vq.index.IVFIndex`).
 """
 
 from __future__ import annotations
