@@ -5,11 +5,11 @@ results, half fewer).
 
     python -m bench.range [--data synthetic|...] [--n 1000000] [--nq 1000] [--hits 100]
 
-Index types: Flat (on --flat-n vectors: a range search compares every query with every vector),
-IVF{nlist},PQ{dim/8} at --nprobe, PQ{dim/8}. QPS timed alternately (A B A B, each sample at
-least --min-seconds, best of --rounds) with --threads threads for both systems; "same results":
-the fraction of queries whose result ids are identical sets (hits within 1e-4 of the radius
-are rounding's to differ on).
+Index types (--indexes): Flat and SQ8 (on --flat-n vectors: a range search compares every query
+with every vector), IVF{nlist},PQ{dim/8} and IVF{nlist},SQ8 at --nprobe, PQ{dim/8}. QPS timed
+alternately (A B A B, each sample at least --min-seconds, best of --rounds) with --threads
+threads for both systems; "same results": the fraction of queries whose result ids are identical
+sets (hits within 1e-4 of the radius are rounding's to differ on).
 
 Prints a table; writes bench/results/range.csv.
 """
@@ -51,14 +51,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--min-seconds", type=float, default=0.2)
+    p.add_argument(
+        "--indexes",
+        default="Flat,IVF{nlist},PQ{m},PQ{m},SQ8,IVF{nlist},SQ8",
+        help="index types, comma-separated ({nlist}: --nlist or ~4 sqrt(n); {m}: dim / 8)",
+    )
     args = p.parse_args(argv)
     set_threads(args.threads)
     label, x, q = load_data(args)
     n, dim = x.shape
     nlist = args.nlist or default_nlist(n)
     rows = []
-    for desc in ("Flat", f"IVF{nlist},PQ{dim // 8}", f"PQ{dim // 8}"):
-        data = x[: args.flat_n] if desc == "Flat" else x
+    for desc in _index_types(args.indexes.format(nlist=nlist, m=dim // 8)):
+        data = x if desc.startswith(("IVF", "PQ")) else x[: args.flat_n]  # exhaustive: fewer
         source = faiss.index_factory(dim, desc)
         source.train(data[: args.ntrain])
         source.add(data)
@@ -92,6 +97,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     title = f"Range search, {label} d={dim} nq={len(q)} nprobe={args.nprobe}"
     report("range", title, args.threads, rows, list(rows[0]))
     return rows
+
+
+def _index_types(spec: str) -> list[str]:
+    """The index types of a spec: "Flat,IVF1024,PQ16,SQ8" → Flat, IVF1024,PQ16 and SQ8."""
+    parts, out = spec.split(","), []
+    while parts:
+        part = parts.pop(0)
+        out.append(f"{part},{parts.pop(0)}" if part.startswith("IVF") and parts else part)
+    return out
 
 
 if __name__ == "__main__":

@@ -6,19 +6,25 @@ indexes). The scans never post-filter a short list: each index turns the filter 
 over its stored rows (:meth:`IdFilter.row_mask`, uint8 [ntotal], kept in the filter for the
 index's current ids) and the numba kernels test it for every row they would keep, so a
 filtered search returns the k nearest *allowed* vectors (faiss ``SearchParameters(sel=...)``
-with ``IDSelectorBatch`` / ``IDSelectorBitmap``). IVF indexes probe further lists until k
-allowed vectors are among the probed ones (see :class:`vq.index.IVFIndex`).
+with ``IDSelectorBatch`` / ``IDSelectorBitmap``). The IVF-PQ and IVF fast-scan kernels take
+the mask as bit words instead (:func:`row_bits`, :func:`block_bits`: 64 rows to a load, the
+set bits walked; blocks of 32 with none allowed skipped), derived once per mask
+(:func:`derived`). IVF indexes probe further lists until k allowed vectors are among the
+probed ones (see :class:`vq.index.IVFIndex`).
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
 import torch
 
 from vq._checks import check_positive
+from vq.kernels import fastscan_ivf
+from vq.kernels.bitmask import pack_rows
 
 
 class IdFilter:
@@ -147,8 +153,63 @@ def _sorted_ids(a: np.ndarray) -> np.ndarray:
     return ids
 
 
-#: the kernels' ``allowed`` where a search is not filtered
+#: the kernels' ``allowed`` where a search is not filtered (row bytes, and bit words)
 NO_FILTER = np.zeros(0, dtype=np.uint8)
+NO_BITS = np.zeros(0, dtype=np.uint64)
+NO_BLOCKS = np.zeros(0, dtype=np.uint32)
+
+_DERIVED: dict[int, tuple] = {}  # id(row mask) -> (weak reference to it, {name: (key, value)})
+_DERIVED_LOCK = threading.Lock()
+_DERIVED_KEPT = 8  # masks whose derived arrays are kept
+
+
+def derived(mask: np.ndarray, name: str, key: Any, compute) -> Any:
+    """``compute()``, kept for the row ``mask`` (a :meth:`IdFilter.row_mask`, which the filter
+    holds until the index's ids change) under ``name`` while ``key`` stays equal: what a scan
+    derives from a filter (bit words, allowed rows per list, per block) is computed once per
+    filter and index, not per search. The last few masks' arrays are kept."""
+    with _DERIVED_LOCK:
+        entry = _DERIVED.get(id(mask))
+        if entry is not None and entry[0]() is mask and name in entry[1]:
+            held_key, value = entry[1][name]
+            if held_key == key:
+                return value
+    value = compute()
+    with _DERIVED_LOCK:
+        entry = _DERIVED.get(id(mask))
+        if entry is None or entry[0]() is not mask:
+            for stale in [i for i, e in _DERIVED.items() if e[0]() is None]:
+                del _DERIVED[stale]
+            while len(_DERIVED) >= _DERIVED_KEPT:
+                del _DERIVED[next(iter(_DERIVED))]
+            entry = _DERIVED[id(mask)] = (weakref.ref(mask), {})
+        entry[1][name] = (key, value)
+    return value
+
+
+def row_bits(mask: np.ndarray) -> np.ndarray:
+    """The kernels' bit-word filter (uint64 [ceil(n / 64)], see :mod:`vq.kernels.bitmask`)
+    of a row ``mask`` (uint8 [n], or empty: :data:`NO_BITS`), computed once per mask."""
+    if mask.shape[0] == 0:
+        return NO_BITS
+    return derived(mask, "bits", None, lambda: pack_rows(mask))
+
+
+def block_bits(mask: np.ndarray, offsets: torch.Tensor, list_blocks: np.ndarray) -> np.ndarray:
+    """The IVF fast-scan kernel's filter (uint32 [nblocks]: the allowed rows of each block of
+    the packed lists, see :func:`vq.kernels.fastscan_ivf.block_bits`) of a row ``mask``
+    (uint8 [n], or empty: no filter) over CSR lists (``offsets`` int64 [nlist + 1]) packed
+    as ``list_blocks``; computed once per mask and layout."""
+    if mask.shape[0] == 0:
+        return NO_BLOCKS
+
+    def compute():
+        out = np.empty(int(list_blocks[-1]), np.uint32)
+        fastscan_ivf.block_bits(row_bits(mask), offsets.cpu().numpy(), list_blocks, out)
+        return out
+
+    key = (offsets.data_ptr(), offsets._version, list_blocks.ctypes.data, list_blocks.shape)
+    return derived(mask, "blocks", key, compute)
 
 
 def kernel_mask(index, allowed: IdFilter | None) -> np.ndarray:
@@ -216,7 +277,10 @@ def probes_for_filter(index, q, k, coarse, lists, allowed, max_codes, torch_rank
     lists are ranked by the numba probe, or by the torch searcher's if ``torch_ranking``."""
     if max_codes is not None:
         max_codes = check_positive(max_codes, "max_codes")
-    counts = allowed_per_list(allowed.row_mask(index), index.offsets.cpu().numpy())
+    mask, offsets = allowed.row_mask(index), index.offsets
+    key = (offsets.data_ptr(), offsets._version, tuple(offsets.shape))
+    counts = derived(mask, "per_list", key,
+                     lambda: allowed_per_list(mask, offsets.cpu().numpy()))  # fmt: skip
 
     def rank_all(rows):
         if not torch_ranking:

@@ -18,7 +18,7 @@ import torch
 from vq import kernels
 from vq.index.faiss_build import code_bytes, copy_codebooks, faiss_metric, import_faiss, keep_alive
 from vq.index.fastscan import PackedCodes, check_fast_scan
-from vq.index.filters import kernel_mask
+from vq.index.filters import block_bits, kernel_mask, row_bits
 from vq.index.ivf import IVFIndex, IVFSearch
 from vq.index.pq import codes_problem, stored_codes
 from vq.index.ranges import probed_hits
@@ -227,7 +227,7 @@ class IVFPQ(IVFIndex):
                 packed.list_blocks,
                 self.offsets.numpy(),
                 packed.packed,
-                allowed,
+                block_bits(allowed, self.offsets, packed.list_blocks),
                 out_dist.numpy(),
                 out_rows.numpy(),
                 scale,
@@ -241,7 +241,7 @@ class IVFPQ(IVFIndex):
             *tables,
             codes,
             self.offsets.numpy(),
-            allowed,
+            row_bits(allowed),
             out_dist.numpy(),
             out_rows.numpy(),
         )
@@ -251,6 +251,9 @@ class IVFPQ(IVFIndex):
         with float tables: exact ADC distances, not the quantized ones), a block of queries
         at a time."""
         args, coarse_base = self._kernel_args()
+        terms = np.zeros(0, np.float32)
+        if args[3].shape[0]:  # L2 by residual: a term per row, not a table per probe
+            terms, args = self._row_terms(), (*args[:3], args[3][:0], *args[4:])
         coarse, lists = self._probe_numba(q, self._nprobe(nprobe))
         base = coarse.numpy() if coarse_base else np.zeros(tuple(coarse.shape), np.float32)
         lists, qn, offsets = lists.numpy(), q.contiguous().numpy(), self.offsets.numpy()
@@ -259,9 +262,16 @@ class IVFPQ(IVFIndex):
 
         def call(s, e, starts, t, rows, vals, counts):
             hits(qn[s:e], *args, np.ascontiguousarray(base[s:e]), np.ascontiguousarray(lists[s:e]),
-                 codes, offsets, starts, t, mask, rows, vals, counts)  # fmt: skip
+                 codes, offsets, starts, t, mask, rows, vals, counts, terms)  # fmt: skip
 
         return probed_hits(radius, self.metric == "ip", lists, self.list_sizes().numpy(), call)
+
+    def _row_terms(self) -> np.ndarray:
+        """float32 [n_rows]: :func:`residual_terms`, kept until the codes or codebooks change
+        (range search reads a term per row instead of a list's table per probe: 4 bytes a
+        vector, where the table of a probe is M * ksub floats read from nlist of them)."""
+        sources = (self.codes, self.quantizer.codebook, self.pq.codebooks)
+        return self._derived("row_terms", sources, lambda: residual_terms(self).numpy())
 
     def _lean_kernel(self) -> tuple:
         args, coarse_base = self._kernel_args()

@@ -13,10 +13,13 @@ from __future__ import annotations
 import torch
 
 from vq.index.faiss_build import faiss_metric, import_faiss
+from vq.index.filters import kernel_mask
 from vq.index.ivf import IVFIndex, IVFSearch
+from vq.index.ranges import probed_hits
 from vq.index.sq import codes_problem, copy_ranges, kernel_arrays, sq_faiss_type
 from vq.index.static import kept
 from vq.kernels import sq as sq_kernels
+from vq.kernels.ranges import sq_hits
 from vq.quantizers import ScalarQuantizer
 from vq.quantizers.scalar_codes import decode_stored, stored_values
 
@@ -105,6 +108,13 @@ class IVFSQ(IVFIndex):
         target = self._residuals(x, lists) if self.by_residual else x
         return {"codes": self.sq.encode_rows(target)}
 
+    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        rows = rows.to(self.device)
+        x = self.sq.decode(self.codes[rows])
+        if self.by_residual:
+            x = x + self.quantizer.codebook.float()[self._row_lists(rows)]
+        return x
+
     # -- search ---------------------------------------------------------------------------
     def searcher(self, k=None, *, nprobe=None, capacity=None, copy=True) -> IVFSQSearch:
         """The search as a static-shape graph over a snapshot of the lists (``copy=False``:
@@ -130,6 +140,20 @@ class IVFSQ(IVFIndex):
             out_dist.numpy(),
             out_rows.numpy(),
         )
+
+    def _range_hits(self, q, radius: float, allowed=None, nprobe=None, max_codes=None) -> list:
+        """The probed lists' hits by the scan's distances on the codes
+        (:func:`vq.kernels.ranges.sq_hits`), a block of queries (bounded probed rows) at a time."""
+        ip, mask = self.metric == "ip", kernel_mask(self, allowed)
+        lists = self._probe_numba(q, self._nprobe(nprobe))[1].numpy()
+        qn, codes, offsets = q.contiguous().numpy(), self.codes.numpy(), self.offsets.numpy()
+        arrays = (self._centroid_array(), self.by_residual, *kernel_arrays(self, self.sq))
+
+        def call(s, e, starts, t, rows, vals, counts):
+            sq_hits(qn[s:e], lists[s:e], offsets, codes, *arrays, starts, t, mask, ip,
+                               rows, vals, counts)  # fmt: skip
+
+        return probed_hits(radius, ip, lists, self.list_sizes().numpy(), call)
 
     def _lean_kernel(self) -> tuple:
         args = (self.offsets.numpy(), self.codes.numpy(), self._centroid_array(), self.by_residual)

@@ -51,11 +51,19 @@ def range_search(index, queries: Any, radius: Any, allowed: Any, params: dict):
             parts = index._range_hits(q, radius, f, **params)
         qs, rows, vals = join(parts)
         stored = index.stored_ids().cpu().numpy()
-    order = np.argsort(qs, kind="stable")
+    ids = stored[rows] if rows.size else rows
+    if stored.shape[0] > index.ntotal:  # spilled: a vector's two copies may both hit
+        order = np.lexsort((vals, ids, qs))  # by query, id, value: the nearer copy first
+        q_o, i_o = qs[order], ids[order]
+        first = np.ones(order.shape[0], bool)
+        first[1:] = (q_o[1:] != q_o[:-1]) | (i_o[1:] != i_o[:-1])
+        order = order[first]
+    else:
+        order = np.argsort(qs, kind="stable")
     lims = np.zeros(nq + 1, np.int64)
-    np.cumsum(np.bincount(qs, minlength=nq), out=lims[1:])
+    np.cumsum(np.bincount(qs[order], minlength=nq), out=lims[1:])
     dist = -vals[order] if index.metric == "ip" else vals[order]
-    ids = stored[rows[order]] if rows.size else rows
+    ids = ids[order]
     out = (torch.from_numpy(t) for t in (lims, np.ascontiguousarray(dist), ids))
     return tuple(like_input(t, queries) for t in out)
 

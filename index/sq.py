@@ -18,9 +18,11 @@ from vq.faiss_interop import SQ_TYPES
 from vq.index.base import Index
 from vq.index.faiss_build import faiss_metric, import_faiss, with_id_map
 from vq.index.filters import NO_FILTER, IdFilter, kernel_mask, torch_mask
+from vq.index.ranges import probed_hits
 from vq.index.searching import NO_IDS, shape_problem
 from vq.index.static import Searcher, kept, search_in_chunks
 from vq.kernels import sq as sq_kernels
+from vq.kernels.ranges import sq_hits
 from vq.quantizers import ScalarQuantizer
 from vq.quantizers.scalar_codes import decode_stored, float16_values, stored_values
 
@@ -122,7 +124,7 @@ class SQIndex(Index):
         return int(self.codes.shape[0])
 
     def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        return self.sq.decode_rows(self.codes[rows.to(self.device)])
+        return self.sq.decode(self.codes[rows.to(self.device)])
 
     def growing_buffers(self) -> tuple[str, ...]:
         return (*super().growing_buffers(), "codes")
@@ -174,6 +176,20 @@ class SQIndex(Index):
             rows.numpy(),
         )
         return dist, rows
+
+    def _range_hits(self, q: torch.Tensor, radius: float, allowed: IdFilter | None = None):
+        """The hits by the scan's distances on the codes (:func:`vq.kernels.ranges.sq_hits`, the
+        code array as one list), a block of queries at a time."""
+        ip, n = self.metric == "ip", self.ntotal
+        lists, offsets = np.zeros((q.shape[0], 1), np.int64), np.array([0, n], np.int64)
+        qn, codes, mask = q.contiguous().numpy(), self.codes.numpy(), kernel_mask(self, allowed)
+        no_centroids, arrays = np.zeros((0, self.dim), np.float32), kernel_arrays(self, self.sq)
+
+        def call(s, e, starts, t, rows, vals, counts):
+            sq_hits(qn[s:e], lists[s:e], offsets, codes, no_centroids, False, *arrays,
+                               starts, t, mask, ip, rows, vals, counts)  # fmt: skip
+
+        return probed_hits(radius, ip, lists, np.array([n], np.int64), call)
 
     def _lean_search(self):
         """A few queries on the calling thread: the scan (``sq_flat_range``), then ids."""

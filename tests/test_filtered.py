@@ -5,6 +5,7 @@ and bad filters."""
 
 import copy
 
+import numba
 import numpy as np
 import pytest
 import torch
@@ -12,6 +13,8 @@ import torch
 import vq
 from vq import _cpu
 from vq.index import IVFPQ, FlatIndex, IVFFlat, PQIndex, Refine
+from vq.kernels.bitmask import pack_rows, rows_allowed
+from vq.kernels.fastscan_ivf import block_bits
 
 K = 10
 
@@ -75,7 +78,7 @@ def test_filtered_flat_equals_brute_force_over_the_allowed_ids(blobs):
 
 
 @pytest.mark.parametrize("name", list(_kinds(1)))
-@pytest.mark.parametrize("fraction", [0.01, 0.3])
+@pytest.mark.parametrize("fraction", [0.01, 0.3, 0.7])
 def test_filtered_search_equals_the_index_holding_only_the_allowed_vectors(built, blobs, name,
                                                                             fraction):  # fmt: skip
     index = built[name]
@@ -214,3 +217,56 @@ def test_filtered_search_equals_faiss_with_id_selectors_on_imported_indexes(buil
         assert (I >= 0).all(), "vq returns k results for every query (30 allowed exist)"
         if ivf:
             assert (~full).sum() > 0, "at 1% selectivity faiss returns fewer for some queries"
+
+
+@numba.njit
+def _counts(bits, ranges):
+    out = np.empty(ranges.shape[0], np.int64)
+    for r in range(ranges.shape[0]):
+        out[r] = rows_allowed(bits, ranges[r, 0], ranges[r, 1])
+    return out
+
+
+def test_bit_words_and_fast_scan_block_bits_hold_the_row_mask():
+    rng = np.random.default_rng(8)
+    n = 1000
+    mask = (rng.random(n) < 0.3).astype(np.uint8)
+    bits = pack_rows(mask)
+    assert bits.dtype == np.uint64 and bits.shape == (16,)
+    rows = np.arange(n)
+    np.testing.assert_array_equal((bits[rows >> 6] >> (rows & 63).astype(np.uint64)) & 1, mask)
+    assert bits[-1] >> np.uint64(n - 960) == 0  # nothing past n
+    ranges = [(0, 1), (0, 64), (63, 65), (5, 999), (128, 192), (700, 1000), (999, 1000)]
+    counts = _counts(bits, np.array(ranges, np.int64))
+    np.testing.assert_array_equal(counts, [int(mask[lo:hi].sum()) for lo, hi in ranges])
+    # a block's bits: its stored rows (not the padding past a list's end) that are allowed
+    sizes = np.array([0, 31, 32, 33, 100, 7, 797])
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    list_blocks = np.concatenate([[0], np.cumsum(-(-sizes // 32))]).astype(np.int64)
+    out = np.empty(list_blocks[-1], np.uint32)
+    block_bits(bits, offsets, list_blocks, out)
+    expected = []
+    for lst in range(sizes.shape[0]):
+        for b in range(list_blocks[lst + 1] - list_blocks[lst]):
+            row0 = offsets[lst] + 32 * b
+            v = [int(mask[r]) if r < offsets[lst + 1] else 0 for r in range(row0, row0 + 32)]
+            expected.append(sum(bit << i for i, bit in enumerate(v)))
+    np.testing.assert_array_equal(out, np.array(expected, np.uint32))
+
+
+@pytest.mark.parametrize("name", ["ivfpq", "ivfpq-fs"])
+def test_a_filter_kept_across_calls_follows_the_index_when_it_changes(blobs, name):
+    """The arrays a filter derives per index (bit words, blocks, allowed rows per list) are
+    recomputed when vectors are added or removed."""
+    x, q = _data(blobs)
+    index = _kinds(x.shape[1])[name]()
+    index.train(x)
+    index.add(x[:2000])
+    f = vq.IdFilter(_allowed(3000, 0.2, seed=9))
+    index.search(q, K, allowed=f, nprobe=16)
+    index.add(x[2000:])
+    index.remove_ids(np.arange(0, 3000, 5))
+    D, I = index.search(q, K, allowed=f, nprobe=16)
+    D0, I0 = _only(index, f.ids).search(q, K, nprobe=16)
+    np.testing.assert_array_equal(I, I0)
+    assert np.isin(I[I >= 0], f.ids).all()

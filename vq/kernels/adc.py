@@ -162,7 +162,8 @@ def ivfpq_scanner(n_tables: int, words: bool, dsub: int):
         probes: int64 [nq, nprobe], the lists to scan (-1: skip).
         codes: [n, M] in list order (the uint32 view with ``words``, see :func:`code_view`);
             offsets: int64 [nlist + 1].
-        allowed: uint8 [n], 0 for rows a filtered search skips, or [0]: no filter.
+        allowed: uint64 [ceil(n / 64)], the rows a filtered search may return as bit words
+            (:mod:`vq.kernels.bitmask`), or [0]: no filter.
         out_dist: float32 [nq, k], the k smallest distances ascending (+inf padding);
         out_idx: int64 [nq, k], their rows in ``codes`` (-1 padding).
 

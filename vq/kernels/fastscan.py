@@ -150,6 +150,17 @@ def trailing_zeros(typingctx, x):
     return sig, codegen
 
 
+@intrinsic
+def popcount(typingctx, x):
+    """The number of set bits of an unsigned integer (``ctpop``: one instruction)."""
+    sig = x(x)
+
+    def codegen(context, builder, signature, args):
+        return builder.ctpop(args[0])
+
+    return sig, codegen
+
+
 # -- one block of 32 vectors against Q queries ---------------------------------------------------
 @functools.cache
 def has_avx512() -> bool:

@@ -23,7 +23,7 @@ import functools
 import numpy as np
 from numba import njit
 
-from vq.kernels.cache import specialise
+from vq.kernels.cache import kernel, specialise
 from vq.kernels.fastscan import check_isa
 from vq.kernels.heaps import (
     EMPTY_KEY,
@@ -91,8 +91,10 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
     out_offset, ranked)``
     takes the arguments of :func:`vq.kernels.ivfpq_scanner` (16-entry tables; ``kind`` one of
     its IP_TABLE / L2_TABLE / RESIDUAL_L2_TABLE; the tables are built per probe only when the
-    list changes them; ``allowed`` uint8 [n] or [0]) plus the packed lists of
-    :func:`vq.kernels.fastscan.pack_lists`. It
+    list changes them) plus the packed lists of :func:`vq.kernels.fastscan.pack_lists`;
+    ``allowed`` is uint32 [nblocks], the rows of each block a filtered search may return
+    (:func:`block_bits`: a block with none is not read, and only the allowed rows among
+    those that pass the SIMD compare are offered to the heap), or [0]: no filter. It
     finds the k smallest quantized distances d, ties by lower row, and writes their rows (-1
     padding) into ``out_idx`` [nq, k], ``d / scale + offset`` (ascending, +inf padding) into
     ``out_dist`` [nq, k], and each query's ``scale`` and ``offset`` into ``out_scale`` and
@@ -101,6 +103,25 @@ def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
     100 or more).
     """
     return _module(n_pairs, dsub, isa).scan
+
+
+@kernel(nogil=True)
+def block_bits(bits, offsets, list_blocks, out):
+    """The filter of a fast-scan by blocks: bits uint64 [ceil(n / 64)], the allowed rows
+    (:mod:`vq.kernels.bitmask`); CSR ``offsets`` int64 [nlist + 1] and ``list_blocks`` int64
+    [nlist + 1] (:func:`vq.kernels.fastscan.pack_lists`) → out uint32 [nblocks]: bit v of
+    block b is set where the block's vector v is a stored row (not padding) and allowed."""
+    for lst in range(offsets.shape[0] - 1):
+        first, end = offsets[lst], offsets[lst + 1]
+        for b in range(list_blocks[lst], list_blocks[lst + 1]):
+            row0 = first + (b - list_blocks[lst]) * 32
+            w, s = row0 >> 6, row0 & 63
+            v = bits[w] >> np.uint64(s)
+            if s > 32 and w + 1 < bits.shape[0]:
+                v |= bits[w + 1] << np.uint64(64 - s)
+            n = min(end - row0, 32)
+            v &= (np.uint64(1) << np.uint64(n)) - np.uint64(1)
+            out[b] = np.uint32(v & np.uint64(0xFFFFFFFF))
 
 
 @functools.cache

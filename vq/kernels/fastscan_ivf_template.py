@@ -75,6 +75,8 @@ def scan_slice(q0, q1, p0, p1, parts, luts, T, shifts, probes, list_blocks, offs
                 thr[t] = 0  # an empty slot (the portable block reads it): nothing passes
                 lut_rows[t] = 0
             for b in range(b0, b1):
+                if filtered and allowed[b] == 0:
+                    continue  # no allowed row in the block: not read
                 live = False
                 for t in range(size):
                     # distances equal to the k-th best may still win on their row
@@ -96,12 +98,14 @@ def scan_slice(q0, q1, p0, p1, parts, luts, T, shifts, probes, list_blocks, offs
                 row0 = first + (b - b0) * BLOCK
                 for t in range(size):
                     m = np.uint32(mask[t])
+                    if filtered:
+                        m &= allowed[b]
                     qt = query[t]
                     while m != 0:
                         v = trailing_zeros(m)
                         m &= m - np.uint32(1)
                         row = row0 + v
-                        if row < end and (not filtered or allowed[row] != 0):
+                        if row < end:
                             key = row_key(shift[t] + np.int64(dist[t, v]), row)
                             if key < heaps[qt, 0]:
                                 _push(heaps, counts, qt, key)
@@ -127,6 +131,8 @@ def scan_one(q, luts, T, shifts, probes, list_blocks, offsets, packed, allowed, 
         first, end = offsets[lst], offsets[lst + 1]
         b0, b1 = list_blocks[lst], list_blocks[lst + 1]
         for b in range(b0, b1):
+            if filtered and allowed[b] == 0:
+                continue  # no allowed row in the block: not read
             # distances equal to the k-th best may still win on their row
             limit = min(key_value(heaps[q, 0]) + 1, 65535) - shift
             if limit <= 0:
@@ -137,12 +143,14 @@ def scan_one(q, luts, T, shifts, probes, list_blocks, offsets, packed, allowed, 
             else:
                 portable_block(packed, b * N_PAIRS, luts, lut_rows, N_PAIRS, thr, dist, mask)
             m = np.uint32(mask[0])
+            if filtered:
+                m &= allowed[b]
             row0 = first + (b - b0) * BLOCK
             while m != 0:
                 v = trailing_zeros(m)
                 m &= m - np.uint32(1)
                 row = row0 + v
-                if row < end and (not filtered or allowed[row] != 0):
+                if row < end:
                     key = row_key(shift + np.int64(dist[0, v]), row)
                     if key < heaps[q, 0]:
                         _push(heaps, counts, q, key)
@@ -255,7 +263,7 @@ def lean_search(queries, centroids_t, c_norms, nprobe, codebooks_t, norms, centr
     dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
     serve_slice(np.int64(0), np.int64(nq), queries, codebooks_t, norms, centroids, list_tables,
         kind, alpha, base, probes, T, luts, flat_luts, shifts, list_blocks, offsets, packed,
-        np.zeros(0, dtype=np.uint8), heaps, counts, dist, rows, scale_offset[0], scale_offset[1],
+        np.zeros(0, dtype=np.uint32), heaps, counts, dist, rows, scale_offset[0], scale_offset[1],
         ranked,
     )  # fmt: skip
     finish_lean(queries, dist, rows, ids, inner_product, ref_vectors, ref_ids, out_dist, out_ids)

@@ -4,6 +4,7 @@ of sub-vectors of DSUB dimensions, codes read a byte (or with WORDS a uint32 wor
 :func:`vq.kernels.cache.specialise` and documents it; never imported as it is)."""
 
 import numpy as np
+from numba import njit
 
 from vq.kernels.adc import (
     IP_TABLE,
@@ -13,6 +14,7 @@ from vq.kernels.adc import (
     _inner_product_table,
     _l2_table,
 )
+from vq.kernels.bitmask import list_word, trailing_zeros
 from vq.kernels.cache import kernel
 from vq.kernels.exact import finish_lean
 from vq.kernels.heaps import heap_replace_top, heap_reset, heap_sorted
@@ -57,10 +59,13 @@ def ivfpq_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kin
             t = _probe_table(x, lst, kind, table, buf, residual, centroids, codebooks_t, norms,
                              list_tables)  # fmt: skip
             b = base[q, p]
+            lo, hi = offsets[lst], offsets[lst + 1]
+            if filtered:
+                if hi > lo:
+                    _scan_allowed(t, codes, lo, hi, b, allowed, heap_d, heap_i)
+                continue
             threshold = heap_d[0]
-            for i in range(offsets[lst], offsets[lst + 1]):
-                if filtered and allowed[i] == 0:
-                    continue
+            for i in range(lo, hi):
                 d = b + _code_distance(t, codes, i, N_TABLES, WORDS)
                 if d < threshold:
                     heap_replace_top(heap_d, heap_i, d, i)
@@ -68,24 +73,46 @@ def ivfpq_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kin
         heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
 
 
+@njit(inline="always")
+def _scan_allowed(t, codes, lo, hi, b, bits, heap_d, heap_i):
+    """The rows lo..hi - 1 (hi > lo) that ``bits`` allows, in ascending order (as the
+    unfiltered loop, so ties resolve alike): their set bits walked a word at a time."""
+    threshold = heap_d[0]
+    for w in range(lo >> 6, ((hi - 1) >> 6) + 1):
+        word = list_word(bits, w, lo, hi)
+        while word != np.uint64(0):
+            i = (w << 6) + np.int64(trailing_zeros(word))
+            word &= word - np.uint64(1)
+            d = b + _code_distance(t, codes, i, N_TABLES, WORDS)
+            if d < threshold:
+                heap_replace_top(heap_d, heap_i, d, i)
+                threshold = heap_d[0]
+
+
+NO_TERMS = np.zeros(0, dtype=np.float32)
+
+
 def ivfpq_hits(queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base, probes,
-               codes, offsets, starts, thresholds, allowed, out_rows, out_dist,
-               counts):  # fmt: skip
+               codes, offsets, starts, thresholds, allowed, out_rows, out_dist, counts,
+               row_terms=NO_TERMS):  # fmt: skip
     """Range search: ``ivfpq_scan``'s values below ``thresholds`` float32 [nq] → query q's
     hits from ``starts[q]`` of out_rows int64 / out_dist float32 [total], counts int64 [nq]
-    (see :mod:`vq.kernels.ranges`). Threads split the queries."""
+    (see :mod:`vq.kernels.ranges`); ``row_terms`` float32 [n], added to each row's value
+    (faiss's per-vector ``||r||² + 2⟨c, r⟩`` of L2 by residual, with IP tables and no list
+    tables), or [0]. Threads split the queries."""
     parallel_for(ivfpq_hits_range, probes.shape[0], queries, codebooks_t, norms, centroids,
                  list_tables, kind, alpha, base, probes, codes, offsets, starts, thresholds,
-                 allowed, out_rows, out_dist, counts)  # fmt: skip
+                 allowed, out_rows, out_dist, counts, row_terms)  # fmt: skip
 
 
 @kernel(nogil=True)
 def ivfpq_hits_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind, alpha,
                      base, probes, codes, offsets, starts, thresholds, allowed, out_rows,
-                     out_dist, counts):  # fmt: skip
+                     out_dist, counts, row_terms):  # fmt: skip
     """:func:`ivfpq_hits` for queries q0..q1 on the calling thread."""
     queries, list_tables = borrow(queries), borrow(list_tables)
     filtered = allowed.shape[0] > 0
+    by_row = row_terms.shape[0] > 0
     table, buf, residual = _work_buffers(queries, norms, list_tables)
     for q in range(q0, q1):
         x = queries[q]
@@ -103,6 +130,8 @@ def ivfpq_hits_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables
                 if filtered and allowed[i] == 0:
                     continue
                 d = b + _code_distance(t, codes, i, N_TABLES, WORDS)
+                if by_row:
+                    d += row_terms[i]
                 if d < limit:
                     out_rows[c] = i
                     out_dist[c] = d
@@ -159,7 +188,7 @@ def lean_search(queries, centroids_t, c_norms, nprobe, codebooks_t, norms, centr
     base = coarse if coarse_base else np.zeros((nq, nprobe), dtype=np.float32)
     dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
     ivfpq_range(np.int64(0), np.int64(nq), queries, codebooks_t, norms, centroids, list_tables,
-                kind, alpha, base, probes, codes, offsets, np.zeros(0, dtype=np.uint8), dist,
+                kind, alpha, base, probes, codes, offsets, np.zeros(0, dtype=np.uint64), dist,
                 rows)  # fmt: skip
     finish_lean(queries, dist, rows, ids, inner_product, ref_vectors, ref_ids, out_dist, out_ids)
     return True

@@ -168,7 +168,7 @@ _NO_FILTER = np.zeros(0, dtype=np.uint8)
 
 
 @njit(inline="always")
-def _block_distances(codes, r0, r1, qa, scale, table, kind, inner_product, out):
+def block_distances(codes, r0, r1, qa, scale, table, kind, inner_product, out):
     """``out[i - r0]``: the kind's sum (before the constant and the sign) for rows r0..r1."""
     if kind == SQ8:
         for i in range(r0, r1):
@@ -214,7 +214,7 @@ def _push_kind(codes, r0, r1, qa, const, scale, table, kind, inner_product, allo
     threshold = heap_d[0]
     for s in range(r0, r1, BLOCK):
         e = min(s + BLOCK, r1)
-        _block_distances(codes, s, e, qa, scale, table, kind, inner_product, buf)
+        block_distances(codes, s, e, qa, scale, table, kind, inner_product, buf)
         for i in range(s, e):
             acc = buf[i - s]
             dist = -(const + acc) if inner_product else acc
