@@ -37,8 +37,9 @@ REPO = Path(__file__).resolve().parent.parent
 MODES = {"in memory": {}, "mmap": {"mmap": True}, "mmap + verify": {"mmap": True, "verify": True}}
 
 
-def child(mode: str, path: str, small: str, queries: str, out: str, nprobe: int) -> None:
-    """Run in a fresh process: warm up, load ``path`` as ``mode`` says, search, report JSON."""
+def child(mode: str, cache: str, path: str, small: str, queries: str, out: str, nprobe: int):
+    """Run in a fresh process: warm up, load ``path`` as ``mode`` says (``cache`` "cold":
+    the file's pages dropped from the page cache first), search, report JSON."""
     import numpy as np
 
     import vq
@@ -49,20 +50,27 @@ def child(mode: str, path: str, small: str, queries: str, out: str, nprobe: int)
     warm.search(q, 10, nprobe=nprobe)  # the kernels of this search loaded, its tables built
     warm.search(q[:1], 10, nprobe=nprobe)
     del warm
+    if cache == "cold":  # what a file larger than memory, or not read lately, looks like
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
     before, anon = _rss_kib(), _rss_kib("RssAnon")
     t0 = time.perf_counter()
     index = vq.load_index(path, **MODES[mode])
     t1 = time.perf_counter()
+    loaded = _rss_kib()
     _, ids = index.search(q, 10, nprobe=nprobe)
     t2 = time.perf_counter()
     np.save(out, ids)
     result = {"before": before, "peak": _rss_kib("VmHWM"), "load": t1 - t0, "search": t2 - t1}
-    result["anon"] = _rss_kib("RssAnon") - anon
+    result["anon"], result["loaded"] = _rss_kib("RssAnon") - anon, loaded - before
     print(json.dumps(result))
 
 
-def _run(mode: str, *args) -> dict:
-    code = f"from bench.mmap import child; child({mode!r}, " + ", ".join(map(repr, args)) + ")"
+def _run(*args) -> dict:
+    code = "from bench.mmap import child; child(" + ", ".join(map(repr, args)) + ")"
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
@@ -71,7 +79,7 @@ def _run(mode: str, *args) -> dict:
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
     )
     if done.returncode != 0:
-        raise RuntimeError(f"{mode} child failed:\n{done.stderr[-2000:]}")
+        raise RuntimeError(f"{args[:2]} child failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -83,6 +91,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--nq", type=int, default=10, help="queries searched")
     p.add_argument("--nprobe", type=int, default=16)
     p.add_argument("--ntrain", type=int, default=100_000)
+    p.add_argument(
+        "--cache",
+        default="warm,cold",
+        help="page cache states measured: "
+        "warm (the file just written), cold (its pages dropped before the load)",
+    )
     args = p.parse_args(argv)
 
     import numpy as np
@@ -107,30 +121,33 @@ def main(argv: list[str] | None = None) -> list[dict]:
         del index, x
         np.save(tmp / "q.npy", q)
         results = {}
-        for mode in MODES:
-            out = tmp / f"ids-{len(results)}.npy"
-            r = _run(mode, str(tmp / "index.vq"), str(tmp / "small.vq"), str(tmp / "q.npy"),
-                     str(out), args.nprobe)  # fmt: skip
-            r["ids"] = np.load(out)
-            results[mode] = r
+        for cache in args.cache.split(","):
+            for mode in MODES:
+                out = tmp / f"ids-{len(results)}.npy"
+                r = _run(mode, cache, str(tmp / "index.vq"), str(tmp / "small.vq"),
+                         str(tmp / "q.npy"), str(out), args.nprobe)  # fmt: skip
+                r["ids"] = np.load(out)
+                results[mode, cache] = r
         size = (tmp / "index.vq").stat().st_size
-    base = results["in memory"]
-    for mode, r in results.items():
+    for (mode, cache), r in results.items():
+        base = results["in memory", cache]
         increase = (r["peak"] - r["before"]) / 1024
         rows.append(
             {
                 "index": args.index,
                 "n": args.n,
+                "page cache": cache,
                 "mode": mode,
                 "file MiB": size / 2**20,
                 "load s": r["load"],
                 "search s": r["search"],
+                "RSS increase after load MiB": r["loaded"] / 1024,
                 "peak RSS increase MiB": increase,
                 "increase / in-memory": increase
                 / max(1e-9, (base["peak"] - base["before"]) / 1024),
                 "anonymous increase MiB": r["anon"] / 1024,
                 "anonymous / in-memory": r["anon"] / max(1, base["anon"]),
-                "same ids": bool(np.array_equal(r["ids"], base["ids"])),
+                "same ids": bool(np.array_equal(r["ids"], results["in memory", "warm"]["ids"])),
             }
         )
     title = (
