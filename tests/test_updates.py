@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import vq
-from vq.index import IVFPQ, FlatIndex, IVFFlat, PQIndex, PreTransform, Refine
+from vq.kernels import rows as row_kernels
+from vq.index import IVFPQ, IVFSQ, FlatIndex, IVFFlat, PQIndex, PreTransform, Refine
 
 K = 10
 N = 2000
@@ -24,6 +25,9 @@ def _kinds(dim):
         "ivfpq": lambda: IVFPQ(dim, nlist=16, M=8, nprobe=4, niter=4),
         "ivfpq-flat-codes": lambda: IVFPQ(dim, nlist=16, M=8, by_residual=False, niter=4),
         "ivfpq-fs": lambda: IVFPQ(dim, nlist=16, M=8, nbits=4, fast_scan=True, nprobe=4, niter=4),
+        "ivfsq": lambda: IVFSQ(dim, nlist=16, nprobe=4),
+        "ivfpq-spilled": lambda: IVFPQ(dim, nlist=16, M=8, nprobe=4, niter=4, spill=True),
+        "ivfflat-spilled": lambda: IVFFlat(dim, nlist=16, nprobe=4, spill=True),
         "refine-ivfpq": lambda: Refine(IVFPQ(dim, nlist=16, M=8, nprobe=4, niter=4), k_factor=4),
         "opq-ivfpq": lambda: PreTransform(
             vq.OPQ(dim, M=8, niter=2, niter_pq=2), IVFPQ(dim, nlist=16, M=8, nprobe=4, niter=4)
@@ -80,6 +84,41 @@ def test_remove_ids_then_search_equals_an_index_built_without_them(trained, data
     np.testing.assert_array_equal(i, i0)
     np.testing.assert_array_equal(d, d0)
     assert not np.isin(i, gone).any()
+
+
+@pytest.mark.parametrize("name", ["ivfpq", "ivfpq-fs", "ivfsq", "ivfpq-spilled"])
+def test_removals_in_several_calls_then_adds_equal_an_index_built_with_what_is_left(
+    trained, data, name, monkeypatch
+):
+    x, q = data
+    ids = np.arange(N) * 3 + 1
+    index = _filled(trained, name, x, ids)
+    scanned = []
+    real = row_kernels.rows_in_lists
+    monkeypatch.setattr(row_kernels, "rows_in_lists", lambda *a: scanned.append(a[2]) or real(*a))
+    rng = np.random.default_rng(2)
+    gone = [rng.choice(ids, 5, replace=False), rng.choice(ids, 200, replace=False), ids[:7]]
+    row_lists = np.repeat(np.arange(index.nlist), index.list_sizes().numpy())
+    holding = np.unique(row_lists[np.isin(index.ids.numpy(), gone[0])])
+    removed = 0
+    for batch in gone:  # overlapping batches: an id removed twice counts once
+        removed += index.remove_ids(batch)
+    keys = index._id_lists.keys
+    all_gone = np.unique(np.concatenate(gone))
+    assert removed == all_gone.size
+    # the first call built the id -> list map, the later ones kept it; each call read only the
+    # lists holding its ids
+    assert index._id_lists.keys is keys and len(scanned) == len(gone)
+    np.testing.assert_array_equal(scanned[0], holding)
+    keep = ~np.isin(ids, all_gone)
+    new_ids = np.arange(5) * 3 + 2
+    index.add_with_ids(x[:5], new_ids)  # (the map is dropped, rebuilt by the next removal)
+    assert index.remove_ids(np.concatenate([new_ids[:2], ids[keep][:3]])) == 5
+    oracle = _filled(trained, name, x[keep][3:], ids[keep][3:])
+    oracle.add_with_ids(x[2:5], new_ids[2:])
+    _assert_same_storage(index, oracle)
+    for a, b in zip(index.search(q, K), oracle.search(q, K), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("name", ["pq-fs", "ivfpq", "ivfflat", "flat"])

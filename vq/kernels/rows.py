@@ -34,20 +34,61 @@ def move_lists(buf, src, dst, backward):
                 buf[d + r, b] = buf[s + r, b]
 
 
+#: words a :func:`remove_rows` copy moves at a time (through a buffer in the L1 cache)
+CHUNK_WORDS = 4096
+
+
 @kernel(nogil=True)
-def compact_rows(buf, drop, first):
-    """Keep the rows ``i >= first`` of buf ([capacity, words], unsigned) whose ``drop[i]``
-    (uint8 [n]) is 0, moved down in order to start at row ``first``; returns the number of
-    rows now held (rows before ``first`` stay)."""
-    w = first
-    width = buf.shape[1]
-    for i in range(first, drop.shape[0]):
-        if drop[i] == 0:
-            if w != i:
-                for b in range(width):
-                    buf[w, b] = buf[i, b]
-            w += 1
-    return w
+def remove_rows(flat, width, rows, n):
+    """Remove rows ``rows`` (int64 [r], ascending, distinct, below n) from the first ``n`` rows
+    of ``flat`` ([capacity * width] unsigned words, rows of ``width`` words back to back), in
+    place: the rows between two removed ones move down together, in order, so the kept rows
+    end up first; returns how many (``n - r``). Rows before ``rows[0]`` are not touched.
+    Each run moves ``CHUNK_WORDS`` at a time through a small buffer (source and destination
+    of one copy never overlap, so it runs at memory speed whatever the distance moved)."""
+    r = rows.shape[0]
+    if r == 0:
+        return n
+    tmp = np.empty(CHUNK_WORDS, dtype=flat.dtype)
+    w = rows[0] * width
+    for k in range(r):
+        s = (rows[k] + 1) * width
+        e = (rows[k + 1] if k + 1 < r else n) * width
+        while s < e:
+            c = min(CHUNK_WORDS, e - s)
+            for j in range(c):
+                tmp[j] = flat[s + j]
+            for j in range(c):
+                flat[w + j] = tmp[j]
+            s += c
+            w += c
+    return n - r
+
+
+@kernel(nogil=True)
+def rows_in_lists(ids, offsets, lists, sorted_ids, out_rows):
+    """The rows of inverted lists ``lists`` (int64 [t], ascending, distinct) whose id is in
+    ``sorted_ids`` (int64 [m], ascending): ``ids`` int64 [n_rows] the id of each row,
+    ``offsets`` int64 [nlist + 1] the CSR lists; written to ``out_rows`` (int64, at least the
+    touched lists' rows long) ascending; returns how many (a binary search per row of the
+    touched lists: O(rows scanned × log m), nothing of the other lists read)."""
+    m = sorted_ids.shape[0]
+    count = 0
+    for t in range(lists.shape[0]):
+        lst = lists[t]
+        for i in range(offsets[lst], offsets[lst + 1]):
+            v = ids[i]
+            lo, hi = 0, m
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if sorted_ids[mid] < v:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo < m and sorted_ids[lo] == v:
+                out_rows[count] = i
+                count += 1
+    return count
 
 
 @kernel(nogil=True)
