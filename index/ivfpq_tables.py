@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from vq.kernels.list_tables import list_table_rows
+from vq.kernels.small import probe_lists
 from vq.kernels.threads import parallel_for
 
 #: tables at least this large are anonymous mappings (pages resident once written); smaller
@@ -87,20 +88,28 @@ class ListTables:
 
     def fill_near(self, q, centroids_t, c_norms, nprobe, table, inputs) -> None:
         """Fill the rows of every list that a lean search of ``q`` (float32 [nq, d]) may probe
-        (``probe_lists`` over ``centroids_t`` [d, nlist] and ``c_norms`` [nlist], which the
-        lean kernel runs itself): the lists whose squared distance, computed here, is within
-        a rounding bound of the ``nprobe``-th smallest. Each value here and in the kernel is
-        a float32 dot product of d terms, within ``(d + 3) · 2⁻²⁴ · (‖q‖² + ‖c‖²)`` of the
-        exact distance, so a list the kernel picks lies within 4 such bounds of this
-        ``nprobe``-th value; the band is twice that wide."""
+        (the lean kernel runs :func:`vq.kernels.small.probe_lists` over ``centroids_t`` [d,
+        nlist] and ``c_norms`` [nlist] itself): the lists whose squared distance, as computed
+        here (the same kernel, on the calling thread), is within a rounding bound of the
+        ``nprobe``-th smallest. Each value is a float32 dot product of d terms, within
+        ``δ = (d + 3) · 2⁻²⁴ · (‖q‖² + ‖c‖²)`` of the exact distance wherever it is computed,
+        so a list the lean kernel picks lies within 4 δ of this ``nprobe``-th value; the band
+        is twice that wide (every list where the band reaches past the ``2 nprobe + 8``
+        nearest)."""
         if not self.missing:
             return
-        dist = c_norms[None, :] - 2.0 * (q @ centroids_t)  # ‖q - c‖² - ‖q‖², float32 [nq, nlist]
+        nlist = c_norms.shape[0]
+        wide = min(nlist, 2 * nprobe + 8)
+        scores = np.empty((q.shape[0], wide), dtype=np.float32)
+        lists = np.empty((q.shape[0], wide), dtype=np.int64)
+        probe_lists(q, centroids_t, c_norms, False, scores, lists)
         bound = (q.shape[1] + 8) * 2.0**-21 * ((q * q).sum(1) + c_norms.max(initial=0.0))
-        kth = np.partition(dist, nprobe - 1, axis=1)[:, nprobe - 1]
         with np.errstate(invalid="ignore"):  # NaN queries match nothing (the kernel refuses them)
-            near = dist <= (kth + bound)[:, None]
-        self.fill(np.flatnonzero(near.any(0)), table, inputs)
+            near = scores <= (scores[:, nprobe - 1] + bound)[:, None]
+        if wide < nlist and near[:, -1].any():
+            self.fill(None, table, inputs)
+        else:
+            self.fill(lists[near], table, inputs)
 
 
 def filled_table(index, state: ListTables, lists: np.ndarray | None) -> torch.Tensor:
