@@ -2,21 +2,24 @@
 against the in-memory load, and what verifying the checksum costs.
 
     python -m bench.mmap [--n 1000000] [--dim 128] [--index IVF1024,PQ16] [--nprobe 16]
+                         [--cache warm,cold]
 
 Builds the index once and saves it; then each mode loads the file and searches ``--nq`` queries
 in a fresh Python process, so that its peak RSS is its own. The child first searches a small
 throwaway index of the same kind (numba loads its compiled kernels and LLVM once per process,
-a cost of the process rather than of the index; IVFPQ's precomputed table, nlist × M × 256
-floats, is built again for the big index), then reads its RSS, loads, searches, and
-reads the peak, and the anonymous memory (RssAnon) held after the search: the mapped file's
-pages a search touches are file-backed and clean — the kernel maps them 64 KiB around each fault,
-so a few probes of small lists show much of the file in RSS — and are given back under memory
-pressure; the anonymous ones (the precomputed IVF-PQ table, nlist × M × 256 floats, whatever n
-is) are not. The peak is VmHWM
-from /proc, not ``ru_maxrss``: on Linux a child keeps the
-``ru_maxrss`` of the process that forked it across exec (see bench/memory.py). Prints a table
-(load s, search s, peak RSS increase, ratio to the in-memory load, identical results); writes
-bench/results/mmap.csv.
+a cost of the process rather than of the index), then reads its RSS, loads, reads its RSS
+again, searches, and reads the peak (VmHWM from /proc, not ``ru_maxrss``: on Linux a child
+keeps the ``ru_maxrss`` of the process that forked it across exec, see bench/memory.py) and
+the anonymous memory (RssAnon) held after the search. Each mode runs twice: with the file's
+pages in the page cache as the parent wrote them ("warm"), and dropped from it first
+(``posix_fadvise(DONTNEED)``, "cold": a file larger than memory, or not read lately). A mapped
+file's pages that a search touches count in RSS (file-backed, clean, given back under memory
+pressure); from a warm cache the kernel maps cached pages around each fault (fault-around, by
+whole large folios on recent kernels), so a few probes show much of the file; from a cold cache
+only the pages read (the mapping is advised ``MADV_RANDOM``: no read-ahead). IVFPQ's
+precomputed table is filled for the probed lists only (anonymous memory). Prints a table (load
+s, search s, RSS after load, peak RSS increase and its ratio to the in-memory load, anonymous
+memory, identical results); writes bench/results/mmap.csv.
 """
 
 from __future__ import annotations

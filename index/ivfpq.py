@@ -52,8 +52,9 @@ class IVFPQ(IVFIndex):
 
     Submodules and buffers (beyond :class:`IVFIndex`'s):
         pq: the :class:`vq.ProductQuantizer`; codes: [n_rows, M] (uint8 for nbits <= 8), in
-        list order; precomputed_table: float32 [nlist, M, 2**nbits] (not saved; rebuilt from
-        the codebooks when they change).
+        list order; precomputed_table: float32 [nlist, M, 2**nbits] (not saved; the rows of
+        the lists searches probe filled as they probe them, see :mod:`vq.index.ivfpq_tables`;
+        started anew when the codebooks change).
     """
 
     _row_buffers = ("codes",)

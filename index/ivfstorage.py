@@ -5,8 +5,14 @@ l are ``offsets[l]:offsets[l + 1]`` of every row buffer), grown in place.
 the end of each list by moving the lists after the first that grows towards the end of buffers
 grown with spare capacity (:mod:`vq.index.storage`), then encodes a chunk at a time straight
 into its slots; a spilled index (SOAR, :mod:`vq.index.spill`) writes two rows per vector, in
-its list and in its SOAR list. ``merge_from`` inserts another index's rows the same way;
-``remove_ids`` compacts the rows in place and shortens the lists.
+its list and in its SOAR list. ``merge_from`` inserts another index's rows the same way.
+
+``remove_ids`` finds the rows to remove through an id → list map (:mod:`vq.index.idlists`,
+built on the first removal and kept across removals) and reads only the lists that hold them;
+it then moves the rows after the first removed one down in place and shortens the lists. The
+search kernels read list l as ``offsets[l]:offsets[l + 1]``, with no room between lists, so the
+lists after the first touched one move (one memory-speed pass over them, and O(n) still); room
+left at the end of each list would make that proportional to the touched lists too.
 """
 
 from __future__ import annotations
