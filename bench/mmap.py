@@ -2,21 +2,24 @@
 against the in-memory load, and what verifying the checksum costs.
 
     python -m bench.mmap [--n 1000000] [--dim 128] [--index IVF1024,PQ16] [--nprobe 16]
+                         [--cache warm,cold]
 
 Builds the index once and saves it; then each mode loads the file and searches ``--nq`` queries
 in a fresh Python process, so that its peak RSS is its own. The child first searches a small
 throwaway index of the same kind (numba loads its compiled kernels and LLVM once per process,
-a cost of the process rather than of the index; IVFPQ's precomputed table, nlist × M × 256
-floats, is built again for the big index), then reads its RSS, loads, searches, and
-reads the peak, and the anonymous memory (RssAnon) held after the search: the mapped file's
-pages a search touches are file-backed and clean — the kernel maps them 64 KiB around each fault,
-so a few probes of small lists show much of the file in RSS — and are given back under memory
-pressure; the anonymous ones (the precomputed IVF-PQ table, nlist × M × 256 floats, whatever n
-is) are not. The peak is VmHWM
-from /proc, not ``ru_maxrss``: on Linux a child keeps the
-``ru_maxrss`` of the process that forked it across exec (see bench/memory.py). Prints a table
-(load s, search s, peak RSS increase, ratio to the in-memory load, identical results); writes
-bench/results/mmap.csv.
+a cost of the process rather than of the index), then reads its RSS, loads, reads its RSS
+again, searches, and reads the peak (VmHWM from /proc, not ``ru_maxrss``: on Linux a child
+keeps the ``ru_maxrss`` of the process that forked it across exec, see bench/memory.py) and
+the anonymous memory (RssAnon) held after the search. Each mode runs twice: with the file's
+pages in the page cache as the parent wrote them ("warm"), and dropped from it first
+(``posix_fadvise(DONTNEED)``, "cold": a file larger than memory, or not read lately). A mapped
+file's pages that a search touches count in RSS (file-backed, clean, given back under memory
+pressure); from a warm cache the kernel maps cached pages around each fault (fault-around, by
+whole large folios on recent kernels), so a few probes show much of the file; from a cold cache
+only the pages read (the mapping is advised ``MADV_RANDOM``: no read-ahead). IVFPQ's
+precomputed table is filled for the probed lists only (anonymous memory). Prints a table (load
+s, search s, RSS after load, peak RSS increase and its ratio to the in-memory load, anonymous
+memory, identical results); writes bench/results/mmap.csv.
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ REPO = Path(__file__).resolve().parent.parent
 MODES = {"in memory": {}, "mmap": {"mmap": True}, "mmap + verify": {"mmap": True, "verify": True}}
 
 
-def child(mode: str, path: str, small: str, queries: str, out: str, nprobe: int) -> None:
-    """Run in a fresh process: warm up, load ``path`` as ``mode`` says, search, report JSON."""
+def child(mode: str, cache: str, path: str, small: str, queries: str, out: str, nprobe: int):
+    """Run in a fresh process: warm up, load ``path`` as ``mode`` says (``cache`` "cold":
+    the file's pages dropped from the page cache first), search, report JSON."""
     import numpy as np
 
     import vq
@@ -49,20 +53,27 @@ def child(mode: str, path: str, small: str, queries: str, out: str, nprobe: int)
     warm.search(q, 10, nprobe=nprobe)  # the kernels of this search loaded, its tables built
     warm.search(q[:1], 10, nprobe=nprobe)
     del warm
+    if cache == "cold":  # what a file larger than memory, or not read lately, looks like
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
     before, anon = _rss_kib(), _rss_kib("RssAnon")
     t0 = time.perf_counter()
     index = vq.load_index(path, **MODES[mode])
     t1 = time.perf_counter()
+    loaded = _rss_kib()
     _, ids = index.search(q, 10, nprobe=nprobe)
     t2 = time.perf_counter()
     np.save(out, ids)
     result = {"before": before, "peak": _rss_kib("VmHWM"), "load": t1 - t0, "search": t2 - t1}
-    result["anon"] = _rss_kib("RssAnon") - anon
+    result["anon"], result["loaded"] = _rss_kib("RssAnon") - anon, loaded - before
     print(json.dumps(result))
 
 
-def _run(mode: str, *args) -> dict:
-    code = f"from bench.mmap import child; child({mode!r}, " + ", ".join(map(repr, args)) + ")"
+def _run(*args) -> dict:
+    code = "from bench.mmap import child; child(" + ", ".join(map(repr, args)) + ")"
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
@@ -71,7 +82,7 @@ def _run(mode: str, *args) -> dict:
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
     )
     if done.returncode != 0:
-        raise RuntimeError(f"{mode} child failed:\n{done.stderr[-2000:]}")
+        raise RuntimeError(f"{args[:2]} child failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -83,6 +94,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--nq", type=int, default=10, help="queries searched")
     p.add_argument("--nprobe", type=int, default=16)
     p.add_argument("--ntrain", type=int, default=100_000)
+    p.add_argument(
+        "--cache",
+        default="warm,cold",
+        help="page cache states measured: "
+        "warm (the file just written), cold (its pages dropped before the load)",
+    )
     args = p.parse_args(argv)
 
     import numpy as np
@@ -107,30 +124,33 @@ def main(argv: list[str] | None = None) -> list[dict]:
         del index, x
         np.save(tmp / "q.npy", q)
         results = {}
-        for mode in MODES:
-            out = tmp / f"ids-{len(results)}.npy"
-            r = _run(mode, str(tmp / "index.vq"), str(tmp / "small.vq"), str(tmp / "q.npy"),
-                     str(out), args.nprobe)  # fmt: skip
-            r["ids"] = np.load(out)
-            results[mode] = r
+        for cache in args.cache.split(","):
+            for mode in MODES:
+                out = tmp / f"ids-{len(results)}.npy"
+                r = _run(mode, cache, str(tmp / "index.vq"), str(tmp / "small.vq"),
+                         str(tmp / "q.npy"), str(out), args.nprobe)  # fmt: skip
+                r["ids"] = np.load(out)
+                results[mode, cache] = r
         size = (tmp / "index.vq").stat().st_size
-    base = results["in memory"]
-    for mode, r in results.items():
+    for (mode, cache), r in results.items():
+        base = results["in memory", cache]
         increase = (r["peak"] - r["before"]) / 1024
         rows.append(
             {
                 "index": args.index,
                 "n": args.n,
+                "page cache": cache,
                 "mode": mode,
                 "file MiB": size / 2**20,
                 "load s": r["load"],
                 "search s": r["search"],
+                "RSS increase after load MiB": r["loaded"] / 1024,
                 "peak RSS increase MiB": increase,
                 "increase / in-memory": increase
                 / max(1e-9, (base["peak"] - base["before"]) / 1024),
                 "anonymous increase MiB": r["anon"] / 1024,
                 "anonymous / in-memory": r["anon"] / max(1, base["anon"]),
-                "same ids": bool(np.array_equal(r["ids"], base["ids"])),
+                "same ids": bool(np.array_equal(r["ids"], results["in memory", "warm"]["ids"])),
             }
         )
     title = (

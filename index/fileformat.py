@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import struct
 from pathlib import Path
 
@@ -171,7 +172,12 @@ def map_tensors(path: Path, meta: dict, verify: bool) -> dict[str, torch.Tensor]
     (copy-on-write, ``numpy.memmap`` mode "c": writing to one copies the pages it touches and
     never changes the file), so only the pages a search reads become resident. ``verify``:
     compute the checksum now (reads every byte once); otherwise the data are not read here
-    (ranges and shapes are checked from the header alone).
+    (ranges and shapes are checked from the header alone). The mapping is advised random
+    access (``MADV_RANDOM``, where the platform has it): a page fault reads that page from
+    disk and no read-ahead around it (128 KiB by default on Linux, eight times the lists a
+    probe of IVF1024 over 1M vectors reads), so what a search does not read is not loaded.
+    Pages already in the page cache may still be mapped around a fault (the kernel's
+    fault-around): they count in RSS, clean and shared, but cost no read.
 
     Raises:
         ValueError: a tensor whose dtype, shape and byte range disagree, or (``verify``) a
@@ -180,7 +186,8 @@ def map_tensors(path: Path, meta: dict, verify: bool) -> dict[str, torch.Tensor]
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))
-    data = np.memmap(path, dtype=np.uint8, mode="c")
+        pages = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # (numpy.memmap mode "c")
+    data = np.frombuffer(pages, dtype=np.uint8)  # (holds the mapping while a view lives)
     base = 8 + n
     tensors = {}
     for name, entry in header.items():
@@ -196,6 +203,8 @@ def map_tensors(path: Path, meta: dict, verify: bool) -> dict[str, torch.Tensor]
         tensors[name] = torch.from_numpy(array).view(kind[1])
     if verify and tensors_checksum(tensors) != meta.get("checksum"):
         raise ValueError(f"{path}: checksum mismatch: the file is corrupted or was modified")
+    if hasattr(mmap, "MADV_RANDOM"):  # a fault reads its page alone: no read-ahead
+        pages.madvise(mmap.MADV_RANDOM)
     return tensors
 
 

@@ -47,15 +47,18 @@ def load_index(
         mmap: map the stored data (codes, vectors, ids) from the file instead of reading them
             (CPU): only the pages a search touches become resident, so an index larger than
             memory can be searched; results are those of an in-memory load. The mapping is
+            advised random access (no read-ahead: a fault reads its own page) and
             copy-on-write: the index never writes to the file; ``add``, ``remove_ids`` and
             ``merge_from`` copy the buffers they change into memory first. While mapped, the
             file must not be truncated or rewritten in place (``index.save`` writes a new file
             and renames it, which is safe); a search would then fault.
         verify: check the tensors' checksum, which reads every byte (default: True, and
-            False with ``mmap``, whose point is not to read everything; the header, the
-            configuration's checksum, every shape and byte range and the consistency of the
-            stored data that searches index with — offsets, ids, code ranges — are checked
-            either way).
+            False with ``mmap``, whose point is not to read everything; ``mmap=True,
+            verify=True`` reads the whole file once at load, and its pages stay resident until
+            the system needs the memory). The header, the configuration's checksum, every
+            shape and byte range and the consistency of the stored data that searches index
+            with — offsets, ids, code ranges — are checked either way (4-bit codes: the range
+            check reads every code; 8-bit codes and float vectors need no pass).
 
     Raises:
         FileNotFoundError: no such file.

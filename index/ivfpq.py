@@ -20,6 +20,7 @@ from vq.index.faiss_build import code_bytes, copy_codebooks, faiss_metric, impor
 from vq.index.fastscan import PackedCodes, check_fast_scan
 from vq.index.filters import block_bits, kernel_mask, row_bits
 from vq.index.ivf import IVFIndex, IVFSearch
+from vq.index.ivfpq_tables import ListTables, filled_table
 from vq.index.pq import codes_problem, stored_codes
 from vq.index.ranges import probed_hits
 from vq.index.static import INF, kept
@@ -27,6 +28,9 @@ from vq.kernels import fastscan as fastscan_kernels
 from vq.kernels.fastscan_ivf import ivf_fastscan_lean, ivf_fastscan_lists
 from vq.quantizers import ProductQuantizer
 from vq.quantizers.product import lookup_tables, pq_decode
+
+#: no list: ``_kernel_args`` fills no row of the precomputed table
+_NO_LISTS = np.zeros(0, np.int64)
 
 
 class IVFPQ(IVFIndex):
@@ -48,8 +52,9 @@ class IVFPQ(IVFIndex):
 
     Submodules and buffers (beyond :class:`IVFIndex`'s):
         pq: the :class:`vq.ProductQuantizer`; codes: [n_rows, M] (uint8 for nbits <= 8), in
-        list order; precomputed_table: float32 [nlist, M, 2**nbits] (not saved; rebuilt from
-        the codebooks when they change).
+        list order; precomputed_table: float32 [nlist, M, 2**nbits] (not saved; the rows of
+        the lists searches probe filled as they probe them, see :mod:`vq.index.ivfpq_tables`;
+        started anew when the codebooks change).
     """
 
     _row_buffers = ("codes",)
@@ -86,7 +91,7 @@ class IVFPQ(IVFIndex):
         self.pq = ProductQuantizer(dim, M, nbits, seed=seed, **pq_options)
         self.register_buffer("codes", torch.zeros(0, M, dtype=self.pq.code_dtype))
         self.register_buffer("precomputed_table", torch.zeros(0, M, self.pq.ksub), persistent=False)
-        self._table_key: tuple | None = None
+        self._tables = ListTables()
 
     @property
     def is_trained(self) -> bool:
@@ -157,21 +162,29 @@ class IVFPQ(IVFIndex):
 
     def precompute_table(self) -> torch.Tensor:
         """float32 [nlist, M, ksub]: the per-list term ``||r||² + 2⟨c, r⟩`` of L2 search by
-        residual (faiss's ``precompute_table``), held in the ``precomputed_table`` buffer and
-        rebuilt whenever the coarse centroids or the PQ codebooks changed (or moved). Searches
-        build it when they need it; call it to hold it beforehand (memory, as faiss does)."""
+        residual (faiss's ``precompute_table``), held in the ``precomputed_table`` buffer,
+        every row filled. Searches fill only the rows of the lists they probe (see
+        :mod:`vq.index.ivfpq_tables`); call it to fill the whole table beforehand, as faiss
+        does. The table starts anew whenever the coarse centroids or the PQ codebooks
+        change (or move)."""
+        return self._list_table(None)
+
+    def _list_table(self, lists) -> torch.Tensor:
+        """The ``precomputed_table`` buffer with the rows of ``lists`` (int64, any shape, -1
+        ignored; None: all) filled (see :func:`vq.index.ivfpq_tables.filled_table`)."""
+        return filled_table(self, self._tables, lists)
+
+    def _table_inputs(self) -> tuple:
+        """float32 numpy (centroids [nlist, dim], codebooks_t [M, dsub, ksub], norms [M,
+        ksub]): what the table and the kernels are computed from, kept until they change."""
         c, cb = self.quantizer.codebook, self.pq.codebooks
-        key = (id(c), c._version, id(cb), cb._version, c.device)
-        if self._table_key != key or self.precomputed_table.shape[0] != self.nlist:
-            cbf = cb.float()
-            subs = c.float().reshape(self.nlist, self.pq.M, self.pq.dsub)
-            norms = (cbf * cbf).sum(-1)  # [M, ksub]
-            table = torch.empty(self.nlist, self.pq.M, self.pq.ksub, device=c.device)
-            for m in range(self.pq.M):  # one sub-quantizer at a time: no temporary of its size
-                torch.addmm(norms[m], subs[:, m], cbf[m].T, alpha=2.0, out=table[:, m])
-            self.precomputed_table = table
-            self._table_key = key
-        return self.precomputed_table
+
+        def compute():
+            cbf = cb.detach().float().cpu()
+            centroids = c.detach().float().cpu().contiguous().numpy()
+            return centroids, cbf.transpose(1, 2).contiguous().numpy(), (cbf * cbf).sum(-1).numpy()
+
+        return self._derived("table_inputs", (c, cb), compute)
 
     # -- the torch path: the static search ---------------------------------------------------
     def searcher(
@@ -183,38 +196,39 @@ class IVFPQ(IVFIndex):
         return IVFPQSearch(self, k, nprobe, capacity, code_dtype, copy)
 
     # -- scans ----------------------------------------------------------------------------
-    def _kernel_args(self) -> tuple:
+    def _kernel_args(self, lists=None) -> tuple:
         """The codebooks as the numba kernels take them (see ``kernels.ivfpq_scanner``):
         ``(codebooks_t [M, dsub, ksub], norms [M, ksub], centroids [nlist, dim], list_tables
         [nlist or 0, M * ksub], kind, alpha)``, and whether the coarse scores are the tables'
-        base; kept until the codebooks change."""
+        base; kept until the codebooks change. ``list_tables`` (the precomputed table, where
+        it is used) holds the rows of ``lists`` (int64, any shape; None: of every list): a
+        kernel given it must probe no other list."""
         c, cb = self.quantizer.codebook, self.pq.codebooks
 
         def compute():
-            cbf = cb.float()
-            arrays = (
-                cbf.transpose(1, 2).contiguous().numpy(),
-                (cbf * cbf).sum(-1).numpy(),
-                c.float().contiguous().numpy(),
-            )
-            none = np.zeros((0, self.pq.M * self.pq.ksub), np.float32)
+            centroids, codebooks_t, norms = self._table_inputs()
+            arrays = (codebooks_t, norms, centroids)
             if not self.by_residual:
                 kind = kernels.IP_TABLE if self.metric == "ip" else kernels.L2_TABLE
-                return (*arrays, none, kind, np.float32(-1.0)), False
+                return arrays, False, kind, np.float32(-1.0), False
             if self.metric == "ip":
-                return (*arrays, none, kernels.IP_TABLE, np.float32(-1.0)), True
+                return arrays, False, kernels.IP_TABLE, np.float32(-1.0), True
             if self._uses_precomputed():
-                list_tables = self.precompute_table().reshape(self.nlist, -1).numpy()
-                return (*arrays, list_tables, kernels.IP_TABLE, np.float32(-2.0)), True
-            return (*arrays, none, kernels.RESIDUAL_L2_TABLE, np.float32(-1.0)), False
+                return arrays, True, kernels.IP_TABLE, np.float32(-2.0), True
+            return arrays, False, kernels.RESIDUAL_L2_TABLE, np.float32(-1.0), False
 
         variant = f"kernel_args/{self.metric}/{self.by_residual}"  # attributes, not tensors
-        return self._derived(variant, (c, cb), compute)
+        arrays, precomputed, kind, alpha, coarse_base = self._derived(variant, (c, cb), compute)
+        if precomputed:
+            list_tables = self._list_table(lists).view(self.nlist, -1).numpy()
+        else:
+            list_tables = np.zeros((0, self.pq.M * self.pq.ksub), np.float32)
+        return (*arrays, list_tables, kind, alpha), coarse_base
 
     def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked, allowed) -> None:
         # the kernels build each query's tables themselves (from C-contiguous rows)
         q = q.contiguous()
-        args, coarse_base = self._kernel_args()
+        args, coarse_base = self._kernel_args(lists.numpy())
         base = coarse.numpy() if coarse_base else np.zeros(tuple(coarse.shape), np.float32)
         tables = (*args, np.ascontiguousarray(base), lists.contiguous().numpy())
         if self.fast_scan:
@@ -250,11 +264,11 @@ class IVFPQ(IVFIndex):
         """The probed lists' hits by the ADC values of the top-k scan (fast-scan indexes too,
         with float tables: exact ADC distances, not the quantized ones), a block of queries
         at a time."""
-        args, coarse_base = self._kernel_args()
+        coarse, lists = self._probe_numba(q, self._nprobe(nprobe))
+        args, coarse_base = self._kernel_args(_NO_LISTS)
         terms = np.zeros(0, np.float32)
         if args[3].shape[0]:  # L2 by residual: a term per row, not a table per probe
             terms, args = self._row_terms(), (*args[:3], args[3][:0], *args[4:])
-        coarse, lists = self._probe_numba(q, self._nprobe(nprobe))
         base = coarse.numpy() if coarse_base else np.zeros(tuple(coarse.shape), np.float32)
         lists, qn, offsets = lists.numpy(), q.contiguous().numpy(), self.offsets.numpy()
         codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)
@@ -274,16 +288,27 @@ class IVFPQ(IVFIndex):
         return self._derived("row_terms", sources, lambda: residual_terms(self).numpy())
 
     def _lean_kernel(self) -> tuple:
-        args, coarse_base = self._kernel_args()
+        args, coarse_base = self._kernel_args(_NO_LISTS)  # the lean kernel probes by itself
         offsets = self.offsets.numpy()
         if self.fast_scan:
             packed = self._packed.get(self.codes, self.offsets)
             isa = fastscan_kernels.best_isa()
             kernel = ivf_fastscan_lean(self.pq.M // 2, self.pq.dsub, isa)
-            return kernel, (*args, coarse_base, packed.list_blocks, offsets, packed.packed)
-        codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)
-        kernel = kernels.ivfpq_lean(self.pq.M, words, self.pq.dsub)
-        return kernel, (*args, coarse_base, codes, offsets)
+            args = (*args, coarse_base, packed.list_blocks, offsets, packed.packed)
+        else:
+            codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)
+            kernel = kernels.ivfpq_lean(self.pq.M, words, self.pq.dsub)
+            args = (*args, coarse_base, codes, offsets)
+        list_tables, state = args[3], self._tables
+        if not (list_tables.shape[0] and state.missing):
+            return kernel, args
+        inputs = self._table_inputs()
+
+        def lean(q, centroids_t, c_norms, nprobe, *rest):  # first the rows it may read
+            state.fill_near(q, centroids_t, c_norms, nprobe, list_tables, inputs)
+            return kernel(q, centroids_t, c_norms, nprobe, *rest)
+
+        return lean, args
 
 
 def residual_terms(index: IVFPQ, rows: int = 1 << 16) -> torch.Tensor:

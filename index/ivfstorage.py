@@ -5,8 +5,14 @@ l are ``offsets[l]:offsets[l + 1]`` of every row buffer), grown in place.
 the end of each list by moving the lists after the first that grows towards the end of buffers
 grown with spare capacity (:mod:`vq.index.storage`), then encodes a chunk at a time straight
 into its slots; a spilled index (SOAR, :mod:`vq.index.spill`) writes two rows per vector, in
-its list and in its SOAR list. ``merge_from`` inserts another index's rows the same way;
-``remove_ids`` compacts the rows in place and shortens the lists.
+its list and in its SOAR list. ``merge_from`` inserts another index's rows the same way.
+
+``remove_ids`` finds the rows to remove through an id → list map (:mod:`vq.index.idlists`,
+built on the first removal and kept across removals) and reads only the lists that hold them;
+it then moves the rows after the first removed one down in place and shortens the lists. The
+search kernels read list l as ``offsets[l]:offsets[l + 1]``, with no room between lists, so the
+lists after the first touched one move (one memory-speed pass over them, and O(n) still); room
+left at the end of each list would make that proportional to the touched lists too.
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from vq.index.idlists import IdLists
 from vq.index.spill import SPILL_COPIES, soar_assign
-from vq.index.storage import IdRange, move_lists, reserve, set_rows
+from vq.index.storage import IdRange, move_lists, remove_rows, reserve, set_rows
 from vq.kernels import rows as row_kernels
 
 
@@ -79,6 +86,8 @@ class IVFStorage:
         s..e) and ``ids`` written into their slots, ``add_batch_size`` at a time; on an error
         the lists move back (nothing half-added)."""
         n0, n = self.n_rows, lists.shape[0]
+        if "_id_lists" in self.__dict__:  # (rows move to other lists: remove_ids builds it anew)
+            self._id_lists.drop()
         old = self.offsets
         new = old.clone()
         new[1:] += torch.cumsum(torch.bincount(lists, minlength=self.nlist), 0)
@@ -105,13 +114,36 @@ class IVFStorage:
             set_rows(self, name, n0 + n)
         self.offsets = new
 
+    def _remove(self, ids: torch.Tensor) -> int:
+        """Remove the rows holding ``ids``; returns how many rows. On the CPU: the lists that
+        hold them found through the id → list map (:class:`vq.index.idlists.IdLists`, built
+        on the first removal and kept across removals), only those lists' rows read, then the
+        rows after the first removed one moved down (CSR: the lists after it shift)."""
+        if self.ids.device.type != "cpu":
+            return super()._remove(ids)
+        wanted = np.unique(ids.cpu().numpy()).astype(np.int64, copy=False)
+        id_lists = self.__dict__.setdefault("_id_lists", IdLists())
+        lists, pos = id_lists.current(self.ids, self.offsets).find(wanted)
+        if not lists.size:
+            return 0
+        offsets = self.offsets.numpy()
+        scanned = int((offsets[lists + 1] - offsets[lists]).sum())
+        found = np.empty(scanned, np.int64)
+        count = row_kernels.rows_in_lists(self.ids.numpy(), offsets, lists, wanted, found)
+        self._remove_rows(found[:count])
+        id_lists.forget(pos, self.ids, self.offsets)
+        return count
+
     def _drop_rows(self, drop: np.ndarray, first: int, removed: int) -> None:
-        rows = np.flatnonzero(drop[first:]) + first
+        self._remove_rows(np.flatnonzero(drop[first:]).astype(np.int64) + first)
+
+    def _remove_rows(self, rows: np.ndarray) -> None:
+        """Remove stored rows ``rows`` (int64, ascending, distinct) and shorten their lists."""
         lists = np.searchsorted(self.offsets.cpu().numpy(), rows, side="right") - 1
         gone = torch.from_numpy(np.bincount(lists, minlength=self.nlist)).to(self.device)
         offsets = self.offsets.clone()
         offsets[1:] -= torch.cumsum(gone, 0)
-        super()._drop_rows(drop, first, removed)
+        remove_rows(self, (*self._row_buffers, "ids"), rows)
         self.offsets = offsets
 
     def _row_lists(self, rows: torch.Tensor) -> torch.Tensor:  # the list of each stored row

@@ -11,7 +11,7 @@ writes in place into tensors it allocated (it records their address and size): a
 assigned or loaded from elsewhere — a memory-mapped file, a user's tensor — is copied on the
 first write, never modified.
 
-Shrinking: ``remove_ids`` moves the kept rows down in place (:func:`vq.kernels.rows.compact_rows`,
+Shrinking: ``remove_ids`` moves the kept rows down in place (:func:`vq.kernels.rows.remove_rows`,
 from the first removed row on), with no copy of the buffers.
 """
 
@@ -159,18 +159,24 @@ def marked_rows(index, ids: torch.Tensor) -> tuple[np.ndarray, int, int]:
     return drop, int(first), int(np.count_nonzero(drop[first:])) if first < n else 0
 
 
-def compact(index, names: tuple[str, ...], drop: np.ndarray, first: int, kept: int) -> None:
-    """Remove the rows ``drop`` marks (uint8 [ntotal], from row ``first`` on) from each buffer
-    in ``names``, leaving ``kept`` rows: in place in a tensor the index owns on the CPU,
-    otherwise by a copy of the kept rows (which the index then owns)."""
+def remove_rows(index, names: tuple[str, ...], rows: np.ndarray) -> None:
+    """Remove the stored rows ``rows`` (int64, ascending, distinct) from each buffer in
+    ``names``: in place in a tensor the index owns on the CPU (the rows after the first removed
+    one move down, :func:`vq.kernels.rows.remove_rows`, at memory speed), otherwise by a copy
+    of the kept rows (which the index then owns)."""
     for name in names:
         full, buf = _owned(index, name), index._buffers[name]
+        n = buf.shape[0]
         if full is not None and full.device.type == "cpu":
-            row_kernels.compact_rows(byte_rows(full), drop, first)
+            words = byte_rows(full)
+            kept = row_kernels.remove_rows(words.reshape(-1), words.shape[1], rows, n)
             _install(index, name, full, kept)
         else:
-            keep = torch.from_numpy(drop == 0).to(buf.device)
-            _install(index, name, buf[keep].contiguous(), kept)
+            keep = np.ones(n, dtype=bool)
+            keep[rows] = False
+            _install(
+                index, name, buf[torch.from_numpy(keep).to(buf.device)].contiguous(), n - rows.size
+            )
 
 
 def move_lists(full: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:

@@ -20,9 +20,9 @@ from vq.index.storage import (
     IdRange,
     append_rows,
     check_new_ids,
-    compact,
     explicit_ids,
     marked_rows,
+    remove_rows,
     reserve,
 )
 
@@ -197,9 +197,9 @@ class Updates:
 
     def _drop_rows(self, drop: np.ndarray, first: int, removed: int) -> None:
         """Remove the ``removed`` rows ``drop`` marks (uint8 [n_rows], the first at ``first``)."""
-        kept = self.n_rows - removed
         explicit_ids(self, self.n_rows)
-        compact(self, (*self._row_buffers, "ids"), drop, first, kept)
+        rows = np.flatnonzero(drop[first:]) + first
+        remove_rows(self, (*self._row_buffers, "ids"), rows.astype(np.int64, copy=False))
 
 
 def _settings(config: dict, prefix: str = "") -> dict:

@@ -34,20 +34,77 @@ def move_lists(buf, src, dst, backward):
                 buf[d + r, b] = buf[s + r, b]
 
 
+#: words a :func:`remove_rows` copy moves at a time (through a buffer in the L1 cache)
+CHUNK_WORDS = 4096
+
+
 @kernel(nogil=True)
-def compact_rows(buf, drop, first):
-    """Keep the rows ``i >= first`` of buf ([capacity, words], unsigned) whose ``drop[i]``
-    (uint8 [n]) is 0, moved down in order to start at row ``first``; returns the number of
-    rows now held (rows before ``first`` stay)."""
-    w = first
-    width = buf.shape[1]
-    for i in range(first, drop.shape[0]):
-        if drop[i] == 0:
-            if w != i:
-                for b in range(width):
-                    buf[w, b] = buf[i, b]
-            w += 1
-    return w
+def remove_rows(flat, width, rows, n):
+    """Remove rows ``rows`` (int64 [r], ascending, distinct, below n) from the first ``n`` rows
+    of ``flat`` ([capacity * width] unsigned words, rows of ``width`` words back to back), in
+    place: the rows between two removed ones move down together, in order, so the kept rows
+    end up first; returns how many (``n - r``). Rows before ``rows[0]`` are not touched.
+    Each run moves ``CHUNK_WORDS`` at a time through a small buffer (source and destination
+    of one copy never overlap, so it runs at memory speed whatever the distance moved)."""
+    r = rows.shape[0]
+    if r == 0:
+        return n
+    tmp = np.empty(CHUNK_WORDS, dtype=flat.dtype)
+    w = rows[0] * width
+    for k in range(r):
+        s = (rows[k] + 1) * width
+        e = (rows[k + 1] if k + 1 < r else n) * width
+        while s < e:
+            c = min(CHUNK_WORDS, e - s)
+            for j in range(c):
+                tmp[j] = flat[s + j]
+            for j in range(c):
+                flat[w + j] = tmp[j]
+            s += c
+            w += c
+    return n - r
+
+
+#: Fibonacci hashing's multiplier (2**64 / the golden ratio, odd)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+@kernel(nogil=True)
+def rows_in_lists(ids, offsets, lists, wanted, out_rows):
+    """The rows of inverted lists ``lists`` (int64 [t], ascending, distinct) whose id is in
+    ``wanted`` (int64 [m], distinct): ``ids`` int64 [n_rows] the id of each row, ``offsets``
+    int64 [nlist + 1] the CSR lists; written to ``out_rows`` (int64, at least the touched
+    lists' rows long) ascending; returns how many. ``wanted`` goes into a hash set (open
+    addressing, at least four slots an id), so each row of the touched lists costs about one
+    probe: O(m + rows scanned), nothing of the other lists read."""
+    m = wanted.shape[0]
+    bits = 1
+    while (1 << bits) < 4 * m:
+        bits += 1
+    mask = (1 << bits) - 1
+    shift = np.uint64(64 - bits)
+    keys = np.empty(mask + 1, dtype=np.int64)
+    used = np.zeros(mask + 1, dtype=np.bool_)
+    for j in range(m):
+        v = wanted[j]
+        h = np.int64((np.uint64(v) * _GOLDEN) >> shift)
+        while used[h] and keys[h] != v:
+            h = (h + 1) & mask
+        used[h] = True
+        keys[h] = v
+    count = 0
+    for t in range(lists.shape[0]):
+        lst = lists[t]
+        for i in range(offsets[lst], offsets[lst + 1]):
+            v = ids[i]
+            h = np.int64((np.uint64(v) * _GOLDEN) >> shift)
+            while used[h]:
+                if keys[h] == v:
+                    out_rows[count] = i
+                    count += 1
+                    break
+                h = (h + 1) & mask
+    return count
 
 
 @kernel(nogil=True)
