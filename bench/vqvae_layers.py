@@ -1,18 +1,21 @@
 """Part 3 of bench.vqvae_nsynth: the NSynth VQ-VAE trained with each layer of issue 21, vq's
 against vector-quantize-pytorch's equivalent, same seeds, initial weights and batches.
 
-    python -m bench.vqvae_nsynth --layers-only [--steps 300] [--seed 0] [--layers LFQ SimVQ …]
+    python -m bench.vqvae_nsynth --layers-only [--steps 300] [--seed 0 1 …] [--layers LFQ SimVQ …]
 
 Layers (latent dimension D = ``--latent``, ``--codes`` codes per codebook where one applies):
 LFQ (2^log2(codes·4) codes, entropy 0.1, commitment 0.25), ResidualFSQ ([8, 5, 5, 5] × stages),
 ResidualLFQ (stages × codes, entropy 0.1, no commitment: the anchor's defaults),
 GroupedResidualVQ (2 groups × stages × codes: EMA 0.99, k-means init, dead-code threshold 2,
 commitment 0.25), SimVQ (codes·4 codes, commitment 0.25 and the rotation trick: the anchor's
-defaults) and ResidualVQ with SimVQ (vector-quantize-pytorch's ResidualSimVQ: stages × codes).
+defaults) and ResidualVQ with SimVQ (vector-quantize-pytorch's ResidualSimVQ: stages × codes,
+the rotation trick stage by stage, which vq's ``per_stage_gradient=True`` is).
 Each VQ-VAE pair starts from the same encoder/decoder weights and sees the same crops in the
 same order; both train alternately, step for step (the harness of part 2). Reports test
 reconstruction error and codebook usage (perplexity and fraction of codes used on the test
-set, averaged over codebooks). → bench/results/vqvae_nsynth_layers.csv
+set, averaged over codebooks). → bench/results/vqvae_nsynth_layers.csv; with several seeds
+also the mean over seeds per layer and the per-seed ratios (vq / anchor) of MSE and codes used.
+→ bench/results/vqvae_nsynth_layers_seeds.csv
 """
 
 from __future__ import annotations
@@ -125,6 +128,7 @@ def layer_pairs(args) -> dict:
                 commitment_weight=0.25,
                 rotation_trick=True,
                 channel_first=True,
+                per_stage_gradient=True,  # the anchor's rotation trick is stage by stage
             ),
             lambda: vqp.ResidualSimVQ(dim=d, num_quantizers=q, codebook_size=k),
             ours,
@@ -134,22 +138,21 @@ def layer_pairs(args) -> dict:
     }
 
 
-def train_pair(args, x_train, x_test, name: str, pair) -> list[dict]:
+def train_pair(args, x_train, x_test, name: str, pair, seed: int) -> list[dict]:
     """Train vq's and the anchor's VQ-VAE with layer ``name`` step for step; their rows."""
     import copy
     import statistics
-    import time
 
     import torch
 
-    from bench.vqvae_nsynth import VQVAE, make_vqvae
+    from bench.vqvae_model import VQVAE, make_vqvae, train_alternately
 
     make_ours, make_theirs, adapt_ours, adapt_theirs, size = pair
-    torch.manual_seed(args.seed)
+    torch.manual_seed(seed)
     encoder, decoder = make_vqvae(args.n_mels, args.hidden, args.latent)
-    torch.manual_seed(args.seed)  # SimVQ: the same frozen codebooks and maps on both sides
+    torch.manual_seed(seed)  # SimVQ: the same frozen codebooks and maps on both sides
     ours = make_ours()
-    torch.manual_seed(args.seed)
+    torch.manual_seed(seed)
     theirs = make_theirs()
     models = {
         "vq": VQVAE(encoder, decoder, ours, lambda z: adapt_ours(ours(z)), args.lr),
@@ -157,25 +160,15 @@ def train_pair(args, x_train, x_test, name: str, pair) -> list[dict]:
             copy.deepcopy(encoder), copy.deepcopy(decoder), theirs, adapt_theirs(theirs), args.lr
         ),
     }
-    gen = torch.Generator().manual_seed(args.seed + 1)  # the same crops for every layer, system
-    times: dict[str, list[float]] = {system: [] for system in models}
-    for step in range(args.steps):
-        notes = torch.randint(x_train.shape[0], (args.batch,), generator=gen)
-        starts = torch.randint(x_train.shape[2] - args.frames + 1, (args.batch,), generator=gen)
-        crops = torch.stack(
-            [x_train[i, :, s : s + args.frames] for i, s in zip(notes, starts, strict=True)]
-        )
-        for system in models if step % 2 == 0 else reversed(models):
-            start = time.perf_counter()
-            models[system].train_step(crops)
-            if step >= min(5, args.steps - 1):
-                times[system].append(time.perf_counter() - start)
+    # the same crops for every layer and system
+    times = train_alternately(models, x_train, args, seed=seed + 1)["times"]
     rows = []
     for system, model in models.items():
         scores = model.evaluate(x_test, size)
         rows.append(
             {
                 "layer": name,
+                "seed": seed,
                 "system": system,
                 "steps": args.steps,
                 "test reconstruction MSE": scores["test MSE"],
@@ -195,6 +188,7 @@ def train_pair(args, x_train, x_test, name: str, pair) -> list[dict]:
 
 COLUMNS = [
     "layer",
+    "seed",
     "system",
     "steps",
     "test reconstruction MSE",
@@ -205,14 +199,102 @@ COLUMNS = [
     "step ms (median)",
 ]
 
+SUMMARY_COLUMNS = [
+    "layer",
+    "seeds",
+    "vq MSE (mean)",
+    "anchor MSE (mean)",
+    "MSE / anchor (of means)",
+    "MSE / anchor per seed",
+    "vq used (mean)",
+    "anchor used (mean)",
+    "used / anchor (of means)",
+    "used / anchor per seed",
+]
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    """Per layer, over the seeds of ``rows`` (train_pair's, or read back from the CSV): the
+    mean test MSE and codes used of each system, their ratio, and the per-seed ratios."""
+    import statistics
+
+    out = []
+    for layer in dict.fromkeys(r["layer"] for r in rows):
+        pairs: dict = {}
+        for r in rows:
+            if r["layer"] == layer:
+                pairs.setdefault(int(r["seed"]), {})[r["system"]] = r
+        seeds = sorted(pairs)
+
+        def mean(system, key, pairs=pairs, seeds=seeds):
+            return statistics.fmean(float(pairs[s][system][key]) for s in seeds)
+
+        def per_seed(key, pairs=pairs, seeds=seeds):
+            ratios = (
+                float(pairs[s]["vq"][key])
+                / max(float(pairs[s]["vector-quantize-pytorch"][key]), 1e-12)
+                for s in seeds
+            )
+            return " ".join(f"{v:.3f}" for v in ratios)
+
+        mse, used = "test reconstruction MSE", "codes used (mean over codebooks)"
+        theirs = "vector-quantize-pytorch"
+        out.append(
+            {
+                "layer": layer,
+                "seeds": " ".join(map(str, seeds)),
+                "vq MSE (mean)": mean("vq", mse),
+                "anchor MSE (mean)": mean(theirs, mse),
+                "MSE / anchor (of means)": mean("vq", mse) / mean(theirs, mse),
+                "MSE / anchor per seed": per_seed(mse),
+                "vq used (mean)": mean("vq", used),
+                "anchor used (mean)": mean(theirs, used),
+                "used / anchor (of means)": mean("vq", used) / max(mean(theirs, used), 1e-12),
+                "used / anchor per seed": per_seed(used),
+            }
+        )
+    return out
+
 
 def run(args, x_train, x_test) -> list[dict]:
+    """Every chosen layer (``args.layers``, default all) for every seed of ``args.seed``."""
     pairs = layer_pairs(args)
     chosen = args.layers or list(pairs)
     unknown = [name for name in chosen if name not in pairs]
     if unknown:
         raise SystemExit(f"--layers: unknown {unknown}; choose from {list(pairs)}")
     rows = []
-    for name in chosen:
-        rows += train_pair(args, x_train, x_test, name, pairs[name])
+    for seed in args.seed:
+        for name in chosen:
+            pair_rows = train_pair(args, x_train, x_test, name, pairs[name], seed)
+            vq_row, anchor_row = pair_rows
+            print(
+                f"seed {seed}, {name}: test MSE {vq_row['test reconstruction MSE']:.4g} / "
+                f"{anchor_row['test reconstruction MSE']:.4g} (vq / anchor "
+                f"{vq_row['MSE / anchor']:.3f}), codes used "
+                f"{vq_row['codes used (mean over codebooks)']:.4g} / "
+                f"{anchor_row['codes used (mean over codebooks)']:.4g} "
+                f"({vq_row['used / anchor']:.3f})",
+                flush=True,
+            )
+            rows += pair_rows
+    return rows
+
+
+def main_part(args, x_train, x_test) -> list[dict]:
+    """Part 3 of bench.vqvae_nsynth: train, print and write the tables; the per-seed rows."""
+    from bench.common import report
+
+    rows = run(args, x_train, x_test)
+    seeds = " ".join(map(str, args.seed))
+    title = (
+        f"VQ-VAE on NSynth log-mels with each issue-21 layer: {args.latent}-d latents, "
+        f"{args.stages} stages of {args.codes} codes where staged, {args.steps} steps of "
+        f"{args.batch} crops, same weights and batches (seed {seeds})"
+    )
+    report("vqvae_nsynth_layers", title, args.threads, rows, COLUMNS)
+    if len(args.seed) > 1:
+        print()
+        title = f"The same, per layer over seeds {seeds}: means and per-seed ratios"
+        report("vqvae_nsynth_layers_seeds", title, args.threads, summary(rows), SUMMARY_COLUMNS)
     return rows
