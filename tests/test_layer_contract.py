@@ -34,6 +34,9 @@ LAYERS = {
     ),
     "simvq": lambda: vq.VectorQuantizer(8, 32, learning="simvq", commitment_weight=0.25),
     "simvq-residual": lambda: vq.ResidualVQ(8, 2, 16, learning="simvq", quantizer_dropout=0.5),
+    "simvq-residual-per-stage": lambda: vq.ResidualVQ(
+        8, 2, 16, learning="simvq", rotation_trick=True, per_stage_gradient=True
+    ),
     "rvq-cosine": lambda: vq.ResidualVQ(8, 2, 16, learning=vq.EMA(decay=0.9), cosine=True),
     "rvq-beam": lambda: vq.ResidualVQ(
         8, 2, 16, beam_size=2, learning=vq.EMA(decay=0.9, dead_code_threshold=0.5)
