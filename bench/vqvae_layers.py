@@ -8,8 +8,12 @@ LFQ (2^log2(codes·4) codes, entropy 0.1, commitment 0.25), ResidualFSQ ([8, 5, 
 ResidualLFQ (stages × codes, entropy 0.1, no commitment: the anchor's defaults),
 GroupedResidualVQ (2 groups × stages × codes: EMA 0.99, k-means init, dead-code threshold 2,
 commitment 0.25), SimVQ (codes·4 codes, commitment 0.25 and the rotation trick: the anchor's
-defaults) and ResidualVQ with SimVQ (vector-quantize-pytorch's ResidualSimVQ: stages × codes,
-the rotation trick stage by stage, which vq's ``per_stage_gradient=True`` is).
+defaults) and ResidualVQ with SimVQ (vector-quantize-pytorch's ResidualSimVQ: stages × codes).
+The anchor's residual stacks pass the gradient stage by stage (each stage straight through, or
+rotated onto its own codeword, from its own residual): vq's residual layers run with
+``per_stage_gradient=True``, the same rule (one training step of ResidualFSQ, ResidualLFQ and
+ResidualVQ by SimVQ then equals the anchor's in codes, output, loss and gradients: see
+tests/test_lfq.py and tests/test_simvq.py).
 Each VQ-VAE pair starts from the same encoder/decoder weights and sees the same crops in the
 same order; both train alternately, step for step (the harness of part 2). Reports test
 reconstruction error and codebook usage (perplexity and fraction of codes used on the test
@@ -75,14 +79,18 @@ def layer_pairs(args) -> dict:
             big,
         ),
         "ResidualFSQ": (
-            lambda: vq.ResidualFSQ([8, 5, 5, 5], q, dim=d, channel_first=True),
+            lambda: vq.ResidualFSQ(
+                [8, 5, 5, 5], q, dim=d, channel_first=True, per_stage_gradient=True
+            ),
             lambda: vqp.ResidualFSQ(dim=d, levels=[8, 5, 5, 5], num_quantizers=q),
             ours,
             _channels_last,
             1000,
         ),
         "ResidualLFQ": (
-            lambda: vq.ResidualLFQ(d, q, k, commitment_weight=0.0, channel_first=True),
+            lambda: vq.ResidualLFQ(
+                d, q, k, commitment_weight=0.0, channel_first=True, per_stage_gradient=True
+            ),
             lambda: vqp.ResidualLFQ(dim=d, num_quantizers=q, codebook_size=k),
             ours,
             _channels_last,
@@ -90,7 +98,14 @@ def layer_pairs(args) -> dict:
         ),
         "GroupedResidualVQ": (
             lambda: vq.GroupedResidualVQ(
-                d, 2, q, k, learning=ema, commitment_weight=0.25, channel_first=True
+                d,
+                2,
+                q,
+                k,
+                learning=ema,
+                commitment_weight=0.25,
+                channel_first=True,
+                per_stage_gradient=True,
             ),
             lambda: vqp.GroupedResidualVQ(
                 dim=d,

@@ -26,6 +26,12 @@ LAYERS = {
     "residual-fsq-projections": lambda: vq.ResidualFSQ([4, 4, 3], 2, dim=8),
     "residual-lfq": lambda: vq.ResidualLFQ(8, 2, 256, quantizer_dropout=0.5),
     "residual-lfq-projections": lambda: vq.ResidualLFQ(8, 2, num_bits=3),
+    "residual-lfq-per-stage": lambda: vq.ResidualLFQ(
+        8, 2, 256, quantizer_dropout=0.5, per_stage_gradient=True
+    ),
+    "residual-fsq-per-stage": lambda: vq.ResidualFSQ(
+        [8, 5, 5, 5], 2, quantizer_dropout=0.5, per_stage_gradient=True
+    ),
     "grouped-rvq": lambda: vq.GroupedResidualVQ(
         8, 2, 2, 16, learning=vq.EMA(decay=0.9, dead_code_threshold=0.5), quantizer_dropout=0.5
     ),

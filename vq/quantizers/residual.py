@@ -32,6 +32,7 @@ from vq.quantizers.functional import (
     code_counts,
     rotation_trick,
     row_norms,
+    stage_estimate,
     straight_through_loss,
     training_rows,
 )
@@ -361,15 +362,6 @@ class ResidualVQ(Stages, Quantizer):
         norms = (self._output_codebooks() ** 2).sum(-1).reshape(-1)
         offsets = torch.arange(self.num_quantizers, device=c.device) * self.codebook_size
         return norms[c + offsets].sum(-1)
-
-
-def stage_estimate(r: torch.Tensor, q: torch.Tensor, rotate: bool, keep) -> torch.Tensor:
-    """One stage's output under ``per_stage_gradient``: ``q`` [n, d] (detached) in value, with
-    the gradient of the stage's residual ``r`` [n, d] straight through, or through the rotation
-    of ``r`` onto ``q`` (:func:`rotation_trick`); times ``keep`` [n, 1] (its quantizer-dropout
-    mask) unless None."""
-    out = rotation_trick(r, q) if rotate else r + (q - r).detach()
-    return out if keep is None else out * keep
 
 
 def _keep(keep: torch.Tensor | None, m: int) -> torch.Tensor | None:
