@@ -153,6 +153,12 @@ def layer_pairs(args) -> dict:
     }
 
 
+#: the system beside the anchor: vq, or (``--control``) the anchor itself from a start perturbed
+#: by one part in 10^6 — the spread two runs of one algorithm show after 300 steps
+CONTROL = "anchor, perturbed start"
+ANCHOR = "vector-quantize-pytorch"
+
+
 def train_pair(args, x_train, x_test, name: str, pair, seed: int) -> list[dict]:
     """Train vq's and the anchor's VQ-VAE with layer ``name`` step for step; their rows."""
     import copy
@@ -163,17 +169,24 @@ def train_pair(args, x_train, x_test, name: str, pair, seed: int) -> list[dict]:
     from bench.vqvae_model import VQVAE, make_vqvae, train_alternately
 
     make_ours, make_theirs, adapt_ours, adapt_theirs, size = pair
+    if args.control:
+        make_ours, adapt_ours = make_theirs, adapt_theirs
     torch.manual_seed(seed)
     encoder, decoder = make_vqvae(args.n_mels, args.hidden, args.latent)
     torch.manual_seed(seed)  # SimVQ: the same frozen codebooks and maps on both sides
     ours = make_ours()
     torch.manual_seed(seed)
     theirs = make_theirs()
+    first = copy.deepcopy(encoder)
+    if args.control:
+        with torch.no_grad():
+            weight = first[0].weight
+            noise = torch.randn(weight.shape, generator=torch.Generator().manual_seed(seed))
+            weight.mul_(1 + 1e-6 * noise)
+    adapted = adapt_ours(ours) if args.control else (lambda z: adapt_ours(ours(z)))
     models = {
-        "vq": VQVAE(encoder, decoder, ours, lambda z: adapt_ours(ours(z)), args.lr),
-        "vector-quantize-pytorch": VQVAE(
-            copy.deepcopy(encoder), copy.deepcopy(decoder), theirs, adapt_theirs(theirs), args.lr
-        ),
+        CONTROL if args.control else "vq": VQVAE(first, decoder, ours, adapted, args.lr),
+        ANCHOR: VQVAE(encoder, copy.deepcopy(decoder), theirs, adapt_theirs(theirs), args.lr),
     }
     # the same crops for every layer and system
     times = train_alternately(models, x_train, args, seed=seed + 1)["times"]
@@ -230,41 +243,38 @@ SUMMARY_COLUMNS = [
 
 def summary(rows: list[dict]) -> list[dict]:
     """Per layer, over the seeds of ``rows`` (train_pair's, or read back from the CSV): the
-    mean test MSE and codes used of each system, their ratio, and the per-seed ratios."""
+    mean test MSE and codes used of each system (vq, or the control), their ratio to the
+    anchor's, and the per-seed ratios."""
     import statistics
 
+    mse, used = "test reconstruction MSE", "codes used (mean over codebooks)"
     out = []
     for layer in dict.fromkeys(r["layer"] for r in rows):
         pairs: dict = {}
         for r in rows:
             if r["layer"] == layer:
-                pairs.setdefault(int(r["seed"]), {})[r["system"]] = r
+                side = ANCHOR if r["system"] == ANCHOR else "ours"
+                pairs.setdefault(int(r["seed"]), {})[side] = r
         seeds = sorted(pairs)
 
-        def mean(system, key, pairs=pairs, seeds=seeds):
-            return statistics.fmean(float(pairs[s][system][key]) for s in seeds)
+        def mean(side, key, pairs=pairs, seeds=seeds):
+            return statistics.fmean(float(pairs[s][side][key]) for s in seeds)
 
         def per_seed(key, pairs=pairs, seeds=seeds):
-            ratios = (
-                float(pairs[s]["vq"][key])
-                / max(float(pairs[s]["vector-quantize-pytorch"][key]), 1e-12)
-                for s in seeds
-            )
+            ratios = (float(pairs[s]["ours"][key]) / float(pairs[s][ANCHOR][key]) for s in seeds)
             return " ".join(f"{v:.3f}" for v in ratios)
 
-        mse, used = "test reconstruction MSE", "codes used (mean over codebooks)"
-        theirs = "vector-quantize-pytorch"
         out.append(
             {
                 "layer": layer,
                 "seeds": " ".join(map(str, seeds)),
-                "vq MSE (mean)": mean("vq", mse),
-                "anchor MSE (mean)": mean(theirs, mse),
-                "MSE / anchor (of means)": mean("vq", mse) / mean(theirs, mse),
+                "vq MSE (mean)": mean("ours", mse),
+                "anchor MSE (mean)": mean(ANCHOR, mse),
+                "MSE / anchor (of means)": mean("ours", mse) / mean(ANCHOR, mse),
                 "MSE / anchor per seed": per_seed(mse),
-                "vq used (mean)": mean("vq", used),
-                "anchor used (mean)": mean(theirs, used),
-                "used / anchor (of means)": mean("vq", used) / max(mean(theirs, used), 1e-12),
+                "vq used (mean)": mean("ours", used),
+                "anchor used (mean)": mean(ANCHOR, used),
+                "used / anchor (of means)": mean("ours", used) / mean(ANCHOR, used),
                 "used / anchor per seed": per_seed(used),
             }
         )
@@ -302,14 +312,15 @@ def main_part(args, x_train, x_test) -> list[dict]:
 
     rows = run(args, x_train, x_test)
     seeds = " ".join(map(str, args.seed))
+    control = f"; control: {CONTROL} against the anchor" if args.control else ""
     title = (
         f"VQ-VAE on NSynth log-mels with each issue-21 layer: {args.latent}-d latents, "
         f"{args.stages} stages of {args.codes} codes where staged, {args.steps} steps of "
-        f"{args.batch} crops, same weights and batches (seed {seeds})"
+        f"{args.batch} crops, same weights and batches (seed {seeds}){control}"
     )
     report("vqvae_nsynth_layers", title, args.threads, rows, COLUMNS)
     if len(args.seed) > 1:
         print()
-        title = f"The same, per layer over seeds {seeds}: means and per-seed ratios"
+        title = f"The same, per layer over seeds {seeds}: means and per-seed ratios{control}"
         report("vqvae_nsynth_layers_seeds", title, args.threads, summary(rows), SUMMARY_COLUMNS)
     return rows

@@ -139,6 +139,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     g.add_argument(
         "--seed", type=int, nargs="+", default=[0], help="part 3's seeds (weights and batches)"
     )
+    g.add_argument(
+        "--control",
+        action="store_true",
+        help="part 3: the anchor against itself from a start perturbed by 1e-6 (the noise floor)",
+    )
     args = p.parse_args(argv)
     if args.micro_only + args.vqvae_only + args.layers_only > 1:
         p.error("give at most one of --micro-only, --vqvae-only, --layers-only")
