@@ -74,11 +74,14 @@ def test_grouped_simvq_trains_each_groups_map_and_codes_by_group():
     assert torch.equal(layer.encode(x), torch.stack(parts, -2))
 
 
-def test_simvq_loss_and_codes_equal_vector_quantize_pytorch():
+@pytest.mark.parametrize("rotation", [False, True])
+def test_simvq_loss_and_codes_equal_vector_quantize_pytorch(rotation):
     anchor = pytest.importorskip("vector_quantize_pytorch")
     torch.manual_seed(0)
-    ours = vq.VectorQuantizer(8, 32, learning="simvq", commitment_weight=0.25)
-    theirs = anchor.SimVQ(dim=8, codebook_size=32, rotation_trick=False)
+    ours = vq.VectorQuantizer(
+        8, 32, learning="simvq", commitment_weight=0.25, rotation_trick=rotation
+    )
+    theirs = anchor.SimVQ(dim=8, codebook_size=32, rotation_trick=rotation)
     with torch.no_grad():
         theirs.frozen_codebook.copy_(ours.codebook)
         theirs.code_transform.weight.copy_(ours.codebook_transform[0])
@@ -88,10 +91,13 @@ def test_simvq_loss_and_codes_equal_vector_quantize_pytorch():
     assert torch.equal(out.codes.long(), indices)
     torch.testing.assert_close(out.quantized, quantized)
     torch.testing.assert_close(out.loss, loss)
-    out.loss.backward()
-    ours_grad = ours.codebook_transform.grad[0].clone()
-    loss.backward()
-    torch.testing.assert_close(ours_grad, theirs.code_transform.weight.grad)
+    target = torch.randn(2, 64, 8, generator=torch.Generator().manual_seed(1))
+    ((out.quantized * target).sum() + out.loss).backward()
+    ours_grads = ours.codebook_transform.grad[0].clone(), x.grad.clone()
+    x.grad = None
+    ((quantized * target).sum() + loss).backward()
+    torch.testing.assert_close(ours_grads[0], theirs.code_transform.weight.grad)
+    torch.testing.assert_close(ours_grads[1], x.grad)  # straight through, or rotated
 
 
 def test_residual_simvq_per_stage_equals_vector_quantize_pytorchs_residual_simvq():
