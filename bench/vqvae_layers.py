@@ -157,6 +157,9 @@ def layer_pairs(args) -> dict:
 #: by one part in 10^6 — the spread two runs of one algorithm show after 300 steps
 CONTROL = "anchor, perturbed start"
 ANCHOR = "vector-quantize-pytorch"
+#: ``--vq-default-too``: a third model beside the residual pairs, vq's layer with its default
+#: gradient rule (one estimator for the whole stack) instead of the anchor's per-stage one
+DEFAULT = "vq, default gradient"
 
 
 def train_pair(args, x_train, x_test, name: str, pair, seed: int) -> list[dict]:
@@ -188,6 +191,20 @@ def train_pair(args, x_train, x_test, name: str, pair, seed: int) -> list[dict]:
         CONTROL if args.control else "vq": VQVAE(first, decoder, ours, adapted, args.lr),
         ANCHOR: VQVAE(encoder, copy.deepcopy(decoder), theirs, adapt_theirs(theirs), args.lr),
     }
+    staged = any(hasattr(module, "per_stage_gradient") for module in ours.modules())
+    if args.vq_default_too and not args.control and staged:
+        torch.manual_seed(seed)
+        default = make_ours()
+        for module in default.modules():  # GroupedResidualVQ: its stacks too
+            if hasattr(module, "per_stage_gradient"):
+                module.per_stage_gradient = False
+        models[DEFAULT] = VQVAE(
+            copy.deepcopy(encoder),
+            copy.deepcopy(decoder),
+            default,
+            lambda z: adapt_ours(default(z)),
+            args.lr,
+        )
     # the same crops for every layer and system
     times = train_alternately(models, x_train, args, seed=seed + 1)["times"]
     rows = []
@@ -205,7 +222,7 @@ def train_pair(args, x_train, x_test, name: str, pair, seed: int) -> list[dict]:
                 "step ms (median)": 1000 * statistics.median(times[system]),
             }
         )
-    ref = rows[1]
+    ref = rows[1]  # the anchor's
     for row in rows:
         row["MSE / anchor"] = row["test reconstruction MSE"] / ref["test reconstruction MSE"]
         row["used / anchor"] = row["codes used (mean over codebooks)"] / max(
@@ -229,12 +246,13 @@ COLUMNS = [
 
 SUMMARY_COLUMNS = [
     "layer",
+    "system",
     "seeds",
-    "vq MSE (mean)",
+    "MSE (mean)",
     "anchor MSE (mean)",
     "MSE / anchor (of means)",
     "MSE / anchor per seed",
-    "vq used (mean)",
+    "used (mean)",
     "anchor used (mean)",
     "used / anchor (of means)",
     "used / anchor per seed",
@@ -242,39 +260,41 @@ SUMMARY_COLUMNS = [
 
 
 def summary(rows: list[dict]) -> list[dict]:
-    """Per layer, over the seeds of ``rows`` (train_pair's, or read back from the CSV): the
-    mean test MSE and codes used of each system (vq, or the control), their ratio to the
-    anchor's, and the per-seed ratios."""
+    """Per layer and system beside the anchor, over the seeds of ``rows`` (train_pair's, or
+    read back from the CSV): the mean test MSE and codes used of the system and of the anchor,
+    the ratio of the means, and the per-seed ratios."""
     import statistics
 
     mse, used = "test reconstruction MSE", "codes used (mean over codebooks)"
+    runs: dict = {}  # (layer, system) → seed → row, and (layer, ANCHOR) likewise
+    for r in rows:
+        runs.setdefault((r["layer"], r["system"]), {})[int(r["seed"])] = r
     out = []
-    for layer in dict.fromkeys(r["layer"] for r in rows):
-        pairs: dict = {}
-        for r in rows:
-            if r["layer"] == layer:
-                side = ANCHOR if r["system"] == ANCHOR else "ours"
-                pairs.setdefault(int(r["seed"]), {})[side] = r
-        seeds = sorted(pairs)
+    for (layer, system), by_seed in runs.items():
+        if system == ANCHOR:
+            continue
+        anchor = runs[(layer, ANCHOR)]
+        seeds = sorted(by_seed)
 
-        def mean(side, key, pairs=pairs, seeds=seeds):
-            return statistics.fmean(float(pairs[s][side][key]) for s in seeds)
+        def mean(table, key, seeds=seeds):
+            return statistics.fmean(float(table[s][key]) for s in seeds)
 
-        def per_seed(key, pairs=pairs, seeds=seeds):
-            ratios = (float(pairs[s]["ours"][key]) / float(pairs[s][ANCHOR][key]) for s in seeds)
+        def per_seed(key, by_seed=by_seed, anchor=anchor, seeds=seeds):
+            ratios = (float(by_seed[s][key]) / float(anchor[s][key]) for s in seeds)
             return " ".join(f"{v:.3f}" for v in ratios)
 
         out.append(
             {
                 "layer": layer,
+                "system": system,
                 "seeds": " ".join(map(str, seeds)),
-                "vq MSE (mean)": mean("ours", mse),
-                "anchor MSE (mean)": mean(ANCHOR, mse),
-                "MSE / anchor (of means)": mean("ours", mse) / mean(ANCHOR, mse),
+                "MSE (mean)": mean(by_seed, mse),
+                "anchor MSE (mean)": mean(anchor, mse),
+                "MSE / anchor (of means)": mean(by_seed, mse) / mean(anchor, mse),
                 "MSE / anchor per seed": per_seed(mse),
-                "vq used (mean)": mean("ours", used),
-                "anchor used (mean)": mean(ANCHOR, used),
-                "used / anchor (of means)": mean("ours", used) / mean(ANCHOR, used),
+                "used (mean)": mean(by_seed, used),
+                "anchor used (mean)": mean(anchor, used),
+                "used / anchor (of means)": mean(by_seed, used) / mean(anchor, used),
                 "used / anchor per seed": per_seed(used),
             }
         )
@@ -292,16 +312,20 @@ def run(args, x_train, x_test) -> list[dict]:
     for seed in args.seed:
         for name in chosen:
             pair_rows = train_pair(args, x_train, x_test, name, pairs[name], seed)
-            vq_row, anchor_row = pair_rows
-            print(
-                f"seed {seed}, {name}: test MSE {vq_row['test reconstruction MSE']:.4g} / "
-                f"{anchor_row['test reconstruction MSE']:.4g} (vq / anchor "
-                f"{vq_row['MSE / anchor']:.3f}), codes used "
-                f"{vq_row['codes used (mean over codebooks)']:.4g} / "
-                f"{anchor_row['codes used (mean over codebooks)']:.4g} "
-                f"({vq_row['used / anchor']:.3f})",
-                flush=True,
-            )
+            anchor = pair_rows[1]
+            for row in pair_rows:
+                if row is anchor:
+                    continue
+                print(
+                    f"seed {seed}, {name}, {row['system']}: test MSE "
+                    f"{row['test reconstruction MSE']:.4g} / "
+                    f"{anchor['test reconstruction MSE']:.4g} (vq / anchor "
+                    f"{row['MSE / anchor']:.3f}), codes used "
+                    f"{row['codes used (mean over codebooks)']:.4g} / "
+                    f"{anchor['codes used (mean over codebooks)']:.4g} "
+                    f"({row['used / anchor']:.3f})",
+                    flush=True,
+                )
             rows += pair_rows
     return rows
 

@@ -122,7 +122,10 @@ class VQVAE:
 def train_alternately(models: dict, x_train, args, seed: int) -> dict:
     """Train ``models`` (name → :class:`VQVAE`) for ``args.steps`` steps of ``args.batch``
     random crops of ``args.frames`` frames, the same crops for every model (drawn from
-    ``seed``), the models taking turns (A B, then B A) within each step.
+    ``seed``), the models taking turns (A B, then B A) within each step. Each model draws
+    from its own copy of torch's global random stream (k-means seeding, dead-code restarts,
+    anything a layer samples), started from ``seed``: what one model samples never shifts
+    another's draws, however many models train beside it.
 
     Returns:
         ``{"times": name → seconds of the steps after warm-up, "first": name → seconds of step
@@ -131,6 +134,7 @@ def train_alternately(models: dict, x_train, args, seed: int) -> dict:
     import torch
 
     gen = torch.Generator().manual_seed(seed)
+    streams = {name: torch.Generator().manual_seed(seed).get_state() for name in models}
     times: dict[str, list[float]] = {name: [] for name in models}
     first: dict[str, float] = {}
     losses: dict[str, float] = {}
@@ -141,9 +145,11 @@ def train_alternately(models: dict, x_train, args, seed: int) -> dict:
             [x_train[i, :, s : s + args.frames] for i, s in zip(notes, starts, strict=True)]
         )
         for name in models if step % 2 == 0 else reversed(models):
+            torch.set_rng_state(streams[name])
             start = time.perf_counter()
             losses[name] = models[name].train_step(crops)
             seconds = time.perf_counter() - start
+            streams[name] = torch.get_rng_state()
             if step == 0:
                 first[name] = seconds
             if step >= min(5, args.steps - 1):  # after warm-up

@@ -144,6 +144,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         action="store_true",
         help="part 3: the anchor against itself from a start perturbed by 1e-6 (the noise floor)",
     )
+    g.add_argument(
+        "--vq-default-too",
+        action="store_true",
+        help="part 3: also train vq's residual layers with their default gradient rule",
+    )
     args = p.parse_args(argv)
     if args.micro_only + args.vqvae_only + args.layers_only > 1:
         p.error("give at most one of --micro-only, --vqvae-only, --layers-only")
