@@ -15,7 +15,7 @@ import argparse
 import statistics
 
 from bench.common import report, set_threads
-from bench.vqvae_nsynth import alternate_samples, timed
+from bench.vqvae_micro import alternate_samples, timed
 
 
 def cases(d: int):

@@ -1,7 +1,7 @@
 """Part 3 of bench.vqvae_nsynth: the NSynth VQ-VAE trained with each layer of issue 21, vq's
 against vector-quantize-pytorch's equivalent, same seeds, initial weights and batches.
 
-    python -m bench.vqvae_nsynth --layers-only [--steps 300] [--seed 0] [--layers LFQ SimVQ …]
+    python -m bench.vqvae_nsynth --layers-only [--steps 300] [--seed 0 1 …] [--layers LFQ SimVQ …]
 
 Layers (latent dimension D = ``--latent``, ``--codes`` codes per codebook where one applies):
 LFQ (2^log2(codes·4) codes, entropy 0.1, commitment 0.25), ResidualFSQ ([8, 5, 5, 5] × stages),
@@ -9,10 +9,17 @@ ResidualLFQ (stages × codes, entropy 0.1, no commitment: the anchor's defaults)
 GroupedResidualVQ (2 groups × stages × codes: EMA 0.99, k-means init, dead-code threshold 2,
 commitment 0.25), SimVQ (codes·4 codes, commitment 0.25 and the rotation trick: the anchor's
 defaults) and ResidualVQ with SimVQ (vector-quantize-pytorch's ResidualSimVQ: stages × codes).
+The anchor's residual stacks pass the gradient stage by stage (each stage straight through, or
+rotated onto its own codeword, from its own residual): vq's residual layers run with
+``per_stage_gradient=True``, the same rule (one training step of ResidualFSQ, ResidualLFQ and
+ResidualVQ by SimVQ then equals the anchor's in codes, output, loss and gradients: see
+tests/test_lfq.py and tests/test_simvq.py).
 Each VQ-VAE pair starts from the same encoder/decoder weights and sees the same crops in the
 same order; both train alternately, step for step (the harness of part 2). Reports test
 reconstruction error and codebook usage (perplexity and fraction of codes used on the test
-set, averaged over codebooks). → bench/results/vqvae_nsynth_layers.csv
+set, averaged over codebooks). → bench/results/vqvae_nsynth_layers.csv; with several seeds
+also the mean over seeds per layer and the per-seed ratios (vq / anchor) of MSE and codes used.
+→ bench/results/vqvae_nsynth_layers_seeds.csv
 """
 
 from __future__ import annotations
@@ -72,14 +79,18 @@ def layer_pairs(args) -> dict:
             big,
         ),
         "ResidualFSQ": (
-            lambda: vq.ResidualFSQ([8, 5, 5, 5], q, dim=d, channel_first=True),
+            lambda: vq.ResidualFSQ(
+                [8, 5, 5, 5], q, dim=d, channel_first=True, per_stage_gradient=True
+            ),
             lambda: vqp.ResidualFSQ(dim=d, levels=[8, 5, 5, 5], num_quantizers=q),
             ours,
             _channels_last,
             1000,
         ),
         "ResidualLFQ": (
-            lambda: vq.ResidualLFQ(d, q, k, commitment_weight=0.0, channel_first=True),
+            lambda: vq.ResidualLFQ(
+                d, q, k, commitment_weight=0.0, channel_first=True, per_stage_gradient=True
+            ),
             lambda: vqp.ResidualLFQ(dim=d, num_quantizers=q, codebook_size=k),
             ours,
             _channels_last,
@@ -87,7 +98,14 @@ def layer_pairs(args) -> dict:
         ),
         "GroupedResidualVQ": (
             lambda: vq.GroupedResidualVQ(
-                d, 2, q, k, learning=ema, commitment_weight=0.25, channel_first=True
+                d,
+                2,
+                q,
+                k,
+                learning=ema,
+                commitment_weight=0.25,
+                channel_first=True,
+                per_stage_gradient=True,
             ),
             lambda: vqp.GroupedResidualVQ(
                 dim=d,
@@ -125,6 +143,7 @@ def layer_pairs(args) -> dict:
                 commitment_weight=0.25,
                 rotation_trick=True,
                 channel_first=True,
+                per_stage_gradient=True,  # the anchor's rotation trick is stage by stage
             ),
             lambda: vqp.ResidualSimVQ(dim=d, num_quantizers=q, codebook_size=k),
             ours,
@@ -134,48 +153,67 @@ def layer_pairs(args) -> dict:
     }
 
 
-def train_pair(args, x_train, x_test, name: str, pair) -> list[dict]:
+#: the system beside the anchor: vq, or (``--control``) the anchor itself from a start perturbed
+#: by one part in 10^6 — the spread two runs of one algorithm show after 300 steps
+CONTROL = "anchor, perturbed start"
+ANCHOR = "vector-quantize-pytorch"
+#: ``--vq-default-too``: a third model beside the residual pairs, vq's layer with its default
+#: gradient rule (one estimator for the whole stack) instead of the anchor's per-stage one
+DEFAULT = "vq, default gradient"
+
+
+def train_pair(args, x_train, x_test, name: str, pair, seed: int) -> list[dict]:
     """Train vq's and the anchor's VQ-VAE with layer ``name`` step for step; their rows."""
     import copy
     import statistics
-    import time
 
     import torch
 
-    from bench.vqvae_nsynth import VQVAE, make_vqvae
+    from bench.vqvae_model import VQVAE, make_vqvae, train_alternately
 
     make_ours, make_theirs, adapt_ours, adapt_theirs, size = pair
-    torch.manual_seed(args.seed)
+    if args.control:
+        make_ours, adapt_ours = make_theirs, adapt_theirs
+    torch.manual_seed(seed)
     encoder, decoder = make_vqvae(args.n_mels, args.hidden, args.latent)
-    torch.manual_seed(args.seed)  # SimVQ: the same frozen codebooks and maps on both sides
+    torch.manual_seed(seed)  # SimVQ: the same frozen codebooks and maps on both sides
     ours = make_ours()
-    torch.manual_seed(args.seed)
+    torch.manual_seed(seed)
     theirs = make_theirs()
+    first = copy.deepcopy(encoder)
+    if args.control:
+        with torch.no_grad():
+            weight = first[0].weight
+            noise = torch.randn(weight.shape, generator=torch.Generator().manual_seed(seed))
+            weight.mul_(1 + 1e-6 * noise)
+    adapted = adapt_ours(ours) if args.control else (lambda z: adapt_ours(ours(z)))
     models = {
-        "vq": VQVAE(encoder, decoder, ours, lambda z: adapt_ours(ours(z)), args.lr),
-        "vector-quantize-pytorch": VQVAE(
-            copy.deepcopy(encoder), copy.deepcopy(decoder), theirs, adapt_theirs(theirs), args.lr
-        ),
+        CONTROL if args.control else "vq": VQVAE(first, decoder, ours, adapted, args.lr),
+        ANCHOR: VQVAE(encoder, copy.deepcopy(decoder), theirs, adapt_theirs(theirs), args.lr),
     }
-    gen = torch.Generator().manual_seed(args.seed + 1)  # the same crops for every layer, system
-    times: dict[str, list[float]] = {system: [] for system in models}
-    for step in range(args.steps):
-        notes = torch.randint(x_train.shape[0], (args.batch,), generator=gen)
-        starts = torch.randint(x_train.shape[2] - args.frames + 1, (args.batch,), generator=gen)
-        crops = torch.stack(
-            [x_train[i, :, s : s + args.frames] for i, s in zip(notes, starts, strict=True)]
+    staged = any(hasattr(module, "per_stage_gradient") for module in ours.modules())
+    if args.vq_default_too and not args.control and staged:
+        torch.manual_seed(seed)
+        default = make_ours()
+        for module in default.modules():  # GroupedResidualVQ: its stacks too
+            if hasattr(module, "per_stage_gradient"):
+                module.per_stage_gradient = False
+        models[DEFAULT] = VQVAE(
+            copy.deepcopy(encoder),
+            copy.deepcopy(decoder),
+            default,
+            lambda z: adapt_ours(default(z)),
+            args.lr,
         )
-        for system in models if step % 2 == 0 else reversed(models):
-            start = time.perf_counter()
-            models[system].train_step(crops)
-            if step >= min(5, args.steps - 1):
-                times[system].append(time.perf_counter() - start)
+    # the same crops for every layer and system
+    times = train_alternately(models, x_train, args, seed=seed + 1)["times"]
     rows = []
     for system, model in models.items():
         scores = model.evaluate(x_test, size)
         rows.append(
             {
                 "layer": name,
+                "seed": seed,
                 "system": system,
                 "steps": args.steps,
                 "test reconstruction MSE": scores["test MSE"],
@@ -184,7 +222,7 @@ def train_pair(args, x_train, x_test, name: str, pair) -> list[dict]:
                 "step ms (median)": 1000 * statistics.median(times[system]),
             }
         )
-    ref = rows[1]
+    ref = rows[1]  # the anchor's
     for row in rows:
         row["MSE / anchor"] = row["test reconstruction MSE"] / ref["test reconstruction MSE"]
         row["used / anchor"] = row["codes used (mean over codebooks)"] / max(
@@ -195,6 +233,7 @@ def train_pair(args, x_train, x_test, name: str, pair) -> list[dict]:
 
 COLUMNS = [
     "layer",
+    "seed",
     "system",
     "steps",
     "test reconstruction MSE",
@@ -205,14 +244,107 @@ COLUMNS = [
     "step ms (median)",
 ]
 
+SUMMARY_COLUMNS = [
+    "layer",
+    "system",
+    "seeds",
+    "MSE (mean)",
+    "anchor MSE (mean)",
+    "MSE / anchor (of means)",
+    "MSE / anchor per seed",
+    "used (mean)",
+    "anchor used (mean)",
+    "used / anchor (of means)",
+    "used / anchor per seed",
+]
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    """Per layer and system beside the anchor, over the seeds of ``rows`` (train_pair's, or
+    read back from the CSV): the mean test MSE and codes used of the system and of the anchor,
+    the ratio of the means, and the per-seed ratios."""
+    import statistics
+
+    mse, used = "test reconstruction MSE", "codes used (mean over codebooks)"
+    runs: dict = {}  # (layer, system) → seed → row, and (layer, ANCHOR) likewise
+    for r in rows:
+        runs.setdefault((r["layer"], r["system"]), {})[int(r["seed"])] = r
+    out = []
+    for (layer, system), by_seed in runs.items():
+        if system == ANCHOR:
+            continue
+        anchor = runs[(layer, ANCHOR)]
+        seeds = sorted(by_seed)
+
+        def mean(table, key, seeds=seeds):
+            return statistics.fmean(float(table[s][key]) for s in seeds)
+
+        def per_seed(key, by_seed=by_seed, anchor=anchor, seeds=seeds):
+            ratios = (float(by_seed[s][key]) / float(anchor[s][key]) for s in seeds)
+            return " ".join(f"{v:.3f}" for v in ratios)
+
+        out.append(
+            {
+                "layer": layer,
+                "system": system,
+                "seeds": " ".join(map(str, seeds)),
+                "MSE (mean)": mean(by_seed, mse),
+                "anchor MSE (mean)": mean(anchor, mse),
+                "MSE / anchor (of means)": mean(by_seed, mse) / mean(anchor, mse),
+                "MSE / anchor per seed": per_seed(mse),
+                "used (mean)": mean(by_seed, used),
+                "anchor used (mean)": mean(anchor, used),
+                "used / anchor (of means)": mean(by_seed, used) / mean(anchor, used),
+                "used / anchor per seed": per_seed(used),
+            }
+        )
+    return out
+
 
 def run(args, x_train, x_test) -> list[dict]:
+    """Every chosen layer (``args.layers``, default all) for every seed of ``args.seed``."""
     pairs = layer_pairs(args)
     chosen = args.layers or list(pairs)
     unknown = [name for name in chosen if name not in pairs]
     if unknown:
         raise SystemExit(f"--layers: unknown {unknown}; choose from {list(pairs)}")
     rows = []
-    for name in chosen:
-        rows += train_pair(args, x_train, x_test, name, pairs[name])
+    for seed in args.seed:
+        for name in chosen:
+            pair_rows = train_pair(args, x_train, x_test, name, pairs[name], seed)
+            anchor = pair_rows[1]
+            for row in pair_rows:
+                if row is anchor:
+                    continue
+                print(
+                    f"seed {seed}, {name}, {row['system']}: test MSE "
+                    f"{row['test reconstruction MSE']:.4g} / "
+                    f"{anchor['test reconstruction MSE']:.4g} (vq / anchor "
+                    f"{row['MSE / anchor']:.3f}), codes used "
+                    f"{row['codes used (mean over codebooks)']:.4g} / "
+                    f"{anchor['codes used (mean over codebooks)']:.4g} "
+                    f"({row['used / anchor']:.3f})",
+                    flush=True,
+                )
+            rows += pair_rows
+    return rows
+
+
+def main_part(args, x_train, x_test) -> list[dict]:
+    """Part 3 of bench.vqvae_nsynth: train, print and write the tables; the per-seed rows."""
+    from bench.common import report
+
+    rows = run(args, x_train, x_test)
+    seeds = " ".join(map(str, args.seed))
+    control = f"; control: {CONTROL} against the anchor" if args.control else ""
+    title = (
+        f"VQ-VAE on NSynth log-mels with each issue-21 layer: {args.latent}-d latents, "
+        f"{args.stages} stages of {args.codes} codes where staged, {args.steps} steps of "
+        f"{args.batch} crops, same weights and batches (seed {seeds}){control}"
+    )
+    report("vqvae_nsynth_layers", title, args.threads, rows, COLUMNS)
+    if len(args.seed) > 1:
+        print()
+        title = f"The same, per layer over seeds {seeds}: means and per-seed ratios{control}"
+        report("vqvae_nsynth_layers_seeds", title, args.threads, summary(rows), SUMMARY_COLUMNS)
     return rows

@@ -6,11 +6,8 @@
 Three parts; in all the systems run alternately (A B A B …) on the same inputs and threads.
 
 1. One training step of a quantizer layer (forward, loss, backward) on a 32×256×256 batch:
-   VectorQuantize(dim 256, 1024 codes, EMA decay 0.99, k-means init, dead-code threshold 2)
-   and an 8-stage ResidualVQ of such codebooks, straight-through gradients on both sides.
-   Reports the best and median step time over the rounds, the ratio of the best times, the
-   first step (k-means initialisation) and the codebook usage (perplexity, fraction of codes
-   used) on the batch after the timed steps. → bench/results/vq_layer_step.csv
+   VectorQuantize (1024 codes, EMA, k-means init, dead-code restart) and an 8-stage ResidualVQ
+   of such codebooks (see :mod:`bench.vqvae_micro`). → bench/results/vq_layer_step.csv
 2. A small convolutional VQ-VAE on log-mel spectrograms of the synthetic NSynth-format notes
    (the main job's set, built once; a subset of its notes): one model with vq.ResidualVQ and
    one with vector_quantize_pytorch.ResidualVQ — 4 stages of 256 codes, EMA, k-means init,
@@ -21,7 +18,10 @@ Three parts; in all the systems run alternately (A B A B …) on the same inputs
 3. The same VQ-VAE with each layer of issue 21 — LFQ, ResidualFSQ, ResidualLFQ,
    GroupedResidualVQ, SimVQ, ResidualVQ with SimVQ — against vector-quantize-pytorch's
    equivalent (see :mod:`bench.vqvae_layers`): test reconstruction error and codebook usage
-   per layer. → bench/results/vqvae_nsynth_layers.csv
+   per layer, over one or more seeds (``--seed 0 1 2 3``).
+   → bench/results/vqvae_nsynth_layers.csv (and vqvae_nsynth_layers_seeds.csv)
+
+The model, the data and the alternating training loop are in :mod:`bench.vqvae_model`.
 
 Needs the bench extra (vector-quantize-pytorch) and the audio extra (torchaudio).
 """
@@ -29,219 +29,17 @@ Needs the bench extra (vector-quantize-pytorch) and the audio extra (torchaudio)
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
-import time
-from pathlib import Path
 
-from bench import vqvae_layers
+from bench import vqvae_layers, vqvae_micro
 from bench.common import report, set_threads
+from bench.vqvae_model import VQVAE, make_vqvae, spectrograms, train_alternately
 
 
-# -- shared helpers ------------------------------------------------------------------------------
-def usage(codes, codebook_size: int) -> tuple[float, float]:
-    """Perplexity and fraction of codes used, averaged over the codebooks of ``codes``
-    (integer Tensor[..., Q] for Q stages, or [...] for one codebook)."""
-    import torch
-
-    from vq.quantizers.functional import usage_statistics
-
-    c = codes.long().reshape(-1, codes.shape[-1] if codes.dim() > 2 else 1)
-    counts = torch.stack([torch.bincount(col, minlength=codebook_size) for col in c.T])
-    perplexity, used = usage_statistics(counts.float())
-    return float(perplexity.mean()), float(used.mean())
-
-
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def alternate_samples(systems: dict, rounds: int) -> dict[str, list[float]]:
-    """Seconds of one call of each system, ``rounds`` times, alternating A B A B."""
-    samples: dict[str, list[float]] = {name: [] for name in systems}
-    for _ in range(rounds):
-        for name, fn in systems.items():
-            samples[name].append(timed(fn))
-    return samples
-
-
-# -- part 1: one training step of a layer --------------------------------------------------------
-def layer_step(args) -> list[dict]:
-    import torch
-    from vector_quantize_pytorch import ResidualVQ, VectorQuantize
-
-    import vq
-
-    b, n, d = args.micro_batch, args.micro_len, args.micro_dim
-    k, q = args.micro_codes, args.micro_stages
-    x = torch.randn(b, n, d, generator=torch.Generator().manual_seed(0))
-    learning = vq.EMA(decay=0.99, kmeans_iters=10, dead_code_threshold=2.0)
-    theirs = dict(
-        decay=0.99,
-        kmeans_init=True,
-        kmeans_iters=10,
-        threshold_ema_dead_code=2,
-        rotation_trick=False,
-        commitment_weight=1.0,
-    )
-    cases = [
-        (
-            f"VectorQuantize {d}d, {k} codes",
-            lambda: vq.VectorQuantizer(d, k, learning=learning),
-            lambda: VectorQuantize(dim=d, codebook_size=k, **theirs),
-        ),
-        (
-            f"ResidualVQ {q}×{k} codes, {d}d",
-            lambda: vq.ResidualVQ(d, q, k, learning=learning),
-            lambda: ResidualVQ(dim=d, num_quantizers=q, codebook_size=k, **theirs),
-        ),
-    ]
-    rows = []
-    for label, make_ours, make_theirs in cases:
-        torch.manual_seed(0)
-        ours, anchor = make_ours(), make_theirs()
-        last = {}
-
-        def step_ours(layer=ours, last=last):
-            xi = x.clone().requires_grad_()
-            out = layer(xi)
-            (out.loss + out.quantized.square().mean()).backward()
-            last["vq"] = out.codes
-
-        def step_theirs(layer=anchor, last=last):
-            xi = x.clone().requires_grad_()
-            quantized, codes, loss = layer(xi)
-            (loss.sum() + quantized.square().mean()).backward()
-            last["vector-quantize-pytorch"] = codes
-
-        systems = {"vq": step_ours, "vector-quantize-pytorch": step_theirs}
-        first = {name: timed(fn) for name, fn in systems.items()}  # k-means initialisation
-        for fn in systems.values():  # warm-up
-            fn()
-        samples = alternate_samples(systems, args.rounds)
-        best = {name: min(s) for name, s in samples.items()}
-        for name in systems:
-            perplexity, used = usage(last[name], k)
-            rows.append(
-                {
-                    "layer": label,
-                    "system": name,
-                    "best seconds": best[name],
-                    "median seconds": statistics.median(samples[name]),
-                    "vq / anchor": best[name] / best["vector-quantize-pytorch"],
-                    "first step seconds": first[name],
-                    "perplexity": perplexity,
-                    "codes used": used,
-                }
-            )
-    return rows
-
-
-# -- part 2: a VQ-VAE on NSynth log-mels ---------------------------------------------------------
-def spectrograms(args):
-    """Normalised log-mel spectrograms of a subset of the train and test notes:
-    float32 [n_train, n_mels, frames], [n_test, n_mels, frames]."""
-    import numpy as np
-    import torch
-    import torchaudio
-
-    from vq.apps.nsynth import default_data_dir, synthetic_dataset
-
-    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
-    train, test = synthetic_dataset(data_dir, args.instruments, seed=0, verbose=True)
-    mel = torchaudio.transforms.MelSpectrogram(
-        sample_rate=16_000, n_fft=1024, hop_length=256, n_mels=args.n_mels
-    )
-
-    def log_mels(dataset, limit):
-        picks = np.linspace(0, len(dataset) - 1, min(limit, len(dataset))).round().astype(int)
-        out = []
-        for start in range(0, len(picks), 64):
-            waves = torch.stack([dataset[int(i)][0] for i in picks[start : start + 64]])
-            with torch.no_grad():
-                out.append(torch.log(mel(waves) + 1e-6)[..., : args.note_frames])
-        return torch.cat(out)
-
-    x_train, x_test = log_mels(train, args.max_train), log_mels(test, args.max_test)
-    mean = x_train.mean(dim=(0, 2), keepdim=True)
-    std = x_train.std(dim=(0, 2), keepdim=True).clamp_min(1e-3)
-    return (x_train - mean) / std, (x_test - mean) / std
-
-
-def make_vqvae(n_mels: int, hidden: int, latent: int):
-    """Conv1d encoder (time ÷ 4) and decoder over [B, n_mels, T] spectrograms."""
-    from torch import nn
-
-    encoder = nn.Sequential(
-        nn.Conv1d(n_mels, hidden, 3, padding=1),
-        nn.GELU(),
-        nn.Conv1d(hidden, hidden, 4, stride=2, padding=1),
-        nn.GELU(),
-        nn.Conv1d(hidden, hidden, 4, stride=2, padding=1),
-        nn.GELU(),
-        nn.Conv1d(hidden, latent, 1),
-    )
-    decoder = nn.Sequential(
-        nn.Conv1d(latent, hidden, 3, padding=1),
-        nn.GELU(),
-        nn.ConvTranspose1d(hidden, hidden, 4, stride=2, padding=1),
-        nn.GELU(),
-        nn.ConvTranspose1d(hidden, hidden, 4, stride=2, padding=1),
-        nn.GELU(),
-        nn.Conv1d(hidden, n_mels, 3, padding=1),
-    )
-    return encoder, decoder
-
-
-class VQVAE:
-    """Encoder → quantizer → decoder; ``quantize(z [B, D, T]) -> (z_q [B, D, T], codes
-    [B, T, Q], loss)`` adapts either library."""
-
-    def __init__(self, encoder, decoder, quantizer, quantize, lr: float):
-        import torch
-
-        self.encoder, self.decoder, self.quantizer, self.quantize = (
-            encoder,
-            decoder,
-            quantizer,
-            quantize,
-        )
-        modules = (encoder, decoder, quantizer)
-        params = [p for m in modules for p in m.parameters()]
-        self.optimizer = torch.optim.Adam(params, lr=lr)
-        self.modules = modules
-
-    def __call__(self, x):
-        z_q, codes, qloss = self.quantize(self.encoder(x))
-        return self.decoder(z_q), codes, qloss
-
-    def train_step(self, x) -> float:
-        import torch.nn.functional as F
-
-        recon, _, qloss = self(x)
-        loss = F.mse_loss(recon, x) + qloss
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-        return float(loss.detach())
-
-    def evaluate(self, x, codebook_size: int) -> dict:
-        import torch
-        import torch.nn.functional as F
-
-        for m in self.modules:
-            m.eval()
-        with torch.no_grad():
-            recon, codes, _ = self(x)
-        for m in self.modules:
-            m.train()
-        perplexity, used = usage(codes, codebook_size)
-        return {"test MSE": float(F.mse_loss(recon, x)), "perplexity": perplexity, "used": used}
-
-
+# -- part 2: a VQ-VAE on NSynth log-mels -------------------------------------------------------
 def vqvae(args, x_train, x_test) -> list[dict]:
+    import copy
+
     import torch
     from vector_quantize_pytorch import ResidualVQ
 
@@ -286,25 +84,8 @@ def vqvae(args, x_train, x_test) -> list[dict]:
             copy.deepcopy(encoder), copy.deepcopy(decoder), anchor, quantize_theirs, args.lr
         ),
     }
-    gen = torch.Generator().manual_seed(1)
-    times: dict[str, list[float]] = {name: [] for name in models}
-    first: dict[str, float] = {}
-    losses: dict[str, float] = {}
-    for step in range(args.steps):
-        notes = torch.randint(x_train.shape[0], (args.batch,), generator=gen)
-        starts = torch.randint(x_train.shape[2] - args.frames + 1, (args.batch,), generator=gen)
-        crops = torch.stack(
-            [x_train[i, :, s : s + args.frames] for i, s in zip(notes, starts, strict=True)]
-        )
-        order = list(models) if step % 2 == 0 else list(reversed(models))
-        for name in order:
-            start = time.perf_counter()
-            losses[name] = models[name].train_step(crops)
-            seconds = time.perf_counter() - start
-            if step == 0:
-                first[name] = seconds
-            elif step >= min(5, args.steps - 1):  # after warm-up
-                times[name].append(seconds)
+    trained = train_alternately(models, x_train, args, seed=1)
+    times, first, losses = trained["times"], trained["first"], trained["loss"]
     rows = []
     ref = statistics.median(times["vector-quantize-pytorch"])
     for name, model in models.items():
@@ -355,7 +136,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     g.add_argument("--stages", type=int, default=4, help="ResidualVQ stages")
     g.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
     g.add_argument("--layers", nargs="*", default=None, help="part 3's layers (default all)")
-    g.add_argument("--seed", type=int, default=0, help="part 3's seed (weights and batches)")
+    g.add_argument(
+        "--seed", type=int, nargs="+", default=[0], help="part 3's seeds (weights and batches)"
+    )
+    g.add_argument(
+        "--control",
+        action="store_true",
+        help="part 3: the anchor against itself from a start perturbed by 1e-6 (the noise floor)",
+    )
+    g.add_argument(
+        "--vq-default-too",
+        action="store_true",
+        help="part 3: also train vq's residual layers with their default gradient rule",
+    )
     args = p.parse_args(argv)
     if args.micro_only + args.vqvae_only + args.layers_only > 1:
         p.error("give at most one of --micro-only, --vqvae-only, --layers-only")
@@ -367,17 +160,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     }
     rows = []
     if parts["micro"]:
-        micro = layer_step(args)
-        columns = [
-            "layer",
-            "system",
-            "best seconds",
-            "median seconds",
-            "vq / anchor",
-            "first step seconds",
-            "perplexity",
-            "codes used",
-        ]
+        micro = vqvae_micro.layer_step(args)
+        columns = vqvae_micro.COLUMNS
         title = (
             f"One training step of a quantizer layer on a {args.micro_batch}×{args.micro_len}×"
             f"{args.micro_dim} batch ({args.rounds} alternating rounds; vq / anchor: best times)"
@@ -408,14 +192,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows += trained
     if parts["layers"]:
         print()
-        layers = vqvae_layers.run(args, *data)
-        title = (
-            f"VQ-VAE on NSynth log-mels with each issue-21 layer: {args.latent}-d latents, "
-            f"{args.stages} stages of {args.codes} codes where staged, {args.steps} steps of "
-            f"{args.batch} crops, same weights and batches (seed {args.seed})"
-        )
-        report("vqvae_nsynth_layers", title, args.threads, layers, vqvae_layers.COLUMNS)
-        rows += layers
+        rows += vqvae_layers.main_part(args, *data)
     return rows
 
 

@@ -26,6 +26,12 @@ LAYERS = {
     "residual-fsq-projections": lambda: vq.ResidualFSQ([4, 4, 3], 2, dim=8),
     "residual-lfq": lambda: vq.ResidualLFQ(8, 2, 256, quantizer_dropout=0.5),
     "residual-lfq-projections": lambda: vq.ResidualLFQ(8, 2, num_bits=3),
+    "residual-lfq-per-stage": lambda: vq.ResidualLFQ(
+        8, 2, 256, quantizer_dropout=0.5, per_stage_gradient=True
+    ),
+    "residual-fsq-per-stage": lambda: vq.ResidualFSQ(
+        [8, 5, 5, 5], 2, quantizer_dropout=0.5, per_stage_gradient=True
+    ),
     "grouped-rvq": lambda: vq.GroupedResidualVQ(
         8, 2, 2, 16, learning=vq.EMA(decay=0.9, dead_code_threshold=0.5), quantizer_dropout=0.5
     ),
@@ -34,6 +40,9 @@ LAYERS = {
     ),
     "simvq": lambda: vq.VectorQuantizer(8, 32, learning="simvq", commitment_weight=0.25),
     "simvq-residual": lambda: vq.ResidualVQ(8, 2, 16, learning="simvq", quantizer_dropout=0.5),
+    "simvq-residual-per-stage": lambda: vq.ResidualVQ(
+        8, 2, 16, learning="simvq", rotation_trick=True, per_stage_gradient=True
+    ),
     "rvq-cosine": lambda: vq.ResidualVQ(8, 2, 16, learning=vq.EMA(decay=0.9), cosine=True),
     "rvq-beam": lambda: vq.ResidualVQ(
         8, 2, 16, beam_size=2, learning=vq.EMA(decay=0.9, dead_code_threshold=0.5)

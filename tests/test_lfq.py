@@ -140,6 +140,56 @@ def test_residual_lfq_codes_equal_vector_quantize_pytorch():
     torch.testing.assert_close(out.quantized, q)
 
 
+PER_STAGE = {  # vq's layer, the anchor's (given its module)
+    "ResidualLFQ": (
+        lambda: vq.ResidualLFQ(16, 3, 32, commitment_weight=0.0, per_stage_gradient=True),
+        lambda vqp: vqp.ResidualLFQ(dim=16, num_quantizers=3, codebook_size=32),
+    ),
+    "ResidualFSQ": (
+        lambda: vq.ResidualFSQ([8, 5, 5, 5], 3, dim=16, per_stage_gradient=True),
+        lambda vqp: vqp.ResidualFSQ(dim=16, levels=[8, 5, 5, 5], num_quantizers=3),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(PER_STAGE))
+def test_per_stage_gradient_training_step_equals_vector_quantize_pytorch(kind):
+    """With ``per_stage_gradient`` and the same seed (the same projections), one training step
+    of vq's residual LFQ / FSQ is the anchor's: codes, output, loss (LFQ: the entropy terms
+    of every stage) and the gradient to the input (every stage passing its residual's
+    gradient, through FSQ's clamp to the stage's grid)."""
+    vqp = pytest.importorskip("vector_quantize_pytorch")
+    make_ours, make_theirs = PER_STAGE[kind]
+    torch.manual_seed(0)
+    ours = make_ours()
+    torch.manual_seed(0)
+    theirs = make_theirs(vqp)
+    g = torch.Generator().manual_seed(1)
+    x, target = 2 * torch.randn(2, 64, 16, generator=g), torch.randn(2, 64, 16, generator=g)
+    x_ours, x_theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, res = ours(x_ours), theirs(x_theirs)
+    loss = res[2].sum() if kind == "ResidualLFQ" else torch.zeros(())
+    assert torch.equal(out.codes.long(), res[1].long())
+    torch.testing.assert_close(out.quantized, res[0])
+    torch.testing.assert_close(out.loss, loss)
+    ((out.quantized * target).sum() + out.loss).backward()
+    ((res[0] * target).sum() + loss).backward()
+    torch.testing.assert_close(x_ours.grad, x_theirs.grad)
+    # vq's default: one straight-through estimator for the whole stack
+    grads = []
+    for per_stage in (False, True):
+        torch.manual_seed(0)
+        layer = make_ours()
+        layer.per_stage_gradient = per_stage
+        xi = x.clone().requires_grad_()
+        layer(xi).quantized.sum().backward()
+        grads.append(xi.grad)
+    if kind == "ResidualLFQ":  # 3 stages, each straight through
+        torch.testing.assert_close(grads[1], 3 * grads[0])
+    else:  # FSQ: a stage passes the gradient only inside its grid
+        assert not torch.allclose(grads[1], grads[0])
+
+
 def test_residual_fsq_first_stage_hits_every_grid_point_exactly():
     rfsq = vq.ResidualFSQ([3, 4], 2)
     clamp = torch.tensor([1.5, 4 / 3])  # L / (L - 1)

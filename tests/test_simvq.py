@@ -74,11 +74,14 @@ def test_grouped_simvq_trains_each_groups_map_and_codes_by_group():
     assert torch.equal(layer.encode(x), torch.stack(parts, -2))
 
 
-def test_simvq_loss_and_codes_equal_vector_quantize_pytorch():
+@pytest.mark.parametrize("rotation", [False, True])
+def test_simvq_loss_and_codes_equal_vector_quantize_pytorch(rotation):
     anchor = pytest.importorskip("vector_quantize_pytorch")
     torch.manual_seed(0)
-    ours = vq.VectorQuantizer(8, 32, learning="simvq", commitment_weight=0.25)
-    theirs = anchor.SimVQ(dim=8, codebook_size=32, rotation_trick=False)
+    ours = vq.VectorQuantizer(
+        8, 32, learning="simvq", commitment_weight=0.25, rotation_trick=rotation
+    )
+    theirs = anchor.SimVQ(dim=8, codebook_size=32, rotation_trick=rotation)
     with torch.no_grad():
         theirs.frozen_codebook.copy_(ours.codebook)
         theirs.code_transform.weight.copy_(ours.codebook_transform[0])
@@ -88,10 +91,83 @@ def test_simvq_loss_and_codes_equal_vector_quantize_pytorch():
     assert torch.equal(out.codes.long(), indices)
     torch.testing.assert_close(out.quantized, quantized)
     torch.testing.assert_close(out.loss, loss)
-    out.loss.backward()
-    ours_grad = ours.codebook_transform.grad[0].clone()
-    loss.backward()
-    torch.testing.assert_close(ours_grad, theirs.code_transform.weight.grad)
+    target = torch.randn(2, 64, 8, generator=torch.Generator().manual_seed(1))
+    ((out.quantized * target).sum() + out.loss).backward()
+    ours_grads = ours.codebook_transform.grad[0].clone(), x.grad.clone()
+    x.grad = None
+    ((quantized * target).sum() + loss).backward()
+    torch.testing.assert_close(ours_grads[0], theirs.code_transform.weight.grad)
+    torch.testing.assert_close(ours_grads[1], x.grad)  # straight through, or rotated
+
+
+def test_residual_simvq_per_stage_equals_vector_quantize_pytorchs_residual_simvq():
+    """With the rotation trick stage by stage (``per_stage_gradient``) and the same seed, vq's
+    ResidualVQ learning by SimVQ is the anchor's ResidualSimVQ: the same frozen codebooks and
+    maps, codes, output, loss (the anchor's per-stage losses averaged), and gradients to the
+    input and to every stage's map."""
+    anchor = pytest.importorskip("vector_quantize_pytorch")
+    torch.manual_seed(0)
+    ours = vq.ResidualVQ(
+        8, 3, 16, learning="simvq", commitment_weight=0.25, rotation_trick=True,
+        per_stage_gradient=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    theirs = anchor.ResidualSimVQ(dim=8, num_quantizers=3, codebook_size=16)
+    maps = torch.stack([layer.code_transform.weight for layer in theirs.layers])
+    assert torch.equal(ours.codebooks, torch.stack([la.frozen_codebook for la in theirs.layers]))
+    assert torch.equal(ours.codebook_transform, maps)
+    x = clustered(128, 8).reshape(2, 64, 8)
+    x_ours, x_theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out = ours(x_ours)
+    quantized, indices, losses = theirs(x_theirs)
+    assert torch.equal(out.codes.long(), indices)
+    torch.testing.assert_close(out.quantized, quantized)
+    torch.testing.assert_close(out.loss, losses.mean())
+    target = torch.randn(2, 64, 8, generator=torch.Generator().manual_seed(1))
+    ((out.quantized * target).sum() + out.loss).backward()
+    ((quantized * target).sum() + losses.mean()).backward()
+    torch.testing.assert_close(x_ours.grad, x_theirs.grad)
+    grads = torch.stack([layer.code_transform.weight.grad for layer in theirs.layers])
+    torch.testing.assert_close(ours.codebook_transform.grad, grads)
+
+
+@pytest.mark.parametrize("rotation", [False, True])
+def test_per_stage_gradient_sums_the_kept_stages_gradients(rotation):
+    """The same output and loss either way; straight through, the input's gradient is the
+    upstream gradient times the stages each row keeps (3, or its quantizer-dropout draw);
+    rotated, it is the sum of each stage's rotation of the upstream gradient."""
+    x = clustered(96, 8).reshape(3, 32, 8)
+    grads, outs = [], []
+    for per_stage in (False, True):
+        torch.manual_seed(0)
+        layer = vq.ResidualVQ(
+            8, 3, 16, learning=vq.Gradient(kmeans_init=False), quantizer_dropout=0.7,
+            rotation_trick=rotation, per_stage_gradient=per_stage,
+        )  # fmt: skip
+        xi = x.clone().requires_grad_()
+        torch.manual_seed(1)  # the same quantizer-dropout draw
+        out = layer(xi)
+        outs.append(out)
+        out.quantized.sum().backward()
+        grads.append(xi.grad)
+    torch.testing.assert_close(outs[0].quantized, outs[1].quantized)
+    assert torch.equal(outs[0].codes, outs[1].codes) and torch.equal(outs[0].loss, outs[1].loss)
+    kept = outs[1].num_stages.float()[:, None, None]  # [B] stages per sample
+    assert kept.min() < 3  # the draw dropped stages somewhere
+    if not rotation:
+        assert torch.equal(grads[0], torch.ones_like(x))
+        assert torch.equal(grads[1], kept.expand_as(x))
+        return
+    codebooks = layer.effective_codebooks().detach()
+    r, expected = x.reshape(-1, 8), torch.zeros(96, 8)
+    keep = (torch.arange(3)[None] < kept.reshape(3, 1).expand(3, 32).reshape(-1, 1)).float()
+    for m, c in enumerate(outs[1].codes.reshape(-1, 3).T):
+        q = codebooks[m][c.long()]
+        ri = r.clone().requires_grad_()
+        vq.quantizers.functional.rotation_trick(ri, q).sum().backward()
+        expected += ri.grad * keep[:, m, None]
+        r = r - q
+    torch.testing.assert_close(grads[1].reshape(96, 8), expected)
 
 
 def test_simvq_refuses_what_does_not_apply():

@@ -89,6 +89,15 @@ def rotation_trick(z: torch.Tensor, q: torch.Tensor, eps: float = 1e-6) -> torch
     return out + (q - out).detach()
 
 
+def stage_estimate(r: torch.Tensor, q: torch.Tensor, rotate: bool, keep) -> torch.Tensor:
+    """One stage's output under ``per_stage_gradient``: ``q`` [n, d] (detached) in value, with
+    the gradient of the stage's residual ``r`` [n, d] straight through, or through the rotation
+    of ``r`` onto ``q`` (:func:`rotation_trick`); times ``keep`` [n, 1] (its quantizer-dropout
+    mask) unless None."""
+    out = rotation_trick(r, q) if rotate else r + (q - r).detach()
+    return out if keep is None else out * keep
+
+
 def codeword_tables(queries: torch.Tensor, codewords: torch.Tensor, metric: str) -> torch.Tensor:
     """ADC tables of one codebook: float32 queries [nq, d], codewords [K, d] → [nq, 1, K],
     inner products (``metric="ip"``) or squared L2 distances clamped at 0."""

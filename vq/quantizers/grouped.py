@@ -34,9 +34,9 @@ class GroupedResidualVQ(Stages, Quantizer):
         dim: vector dimension d, a multiple of ``groups``.
         groups: G.
         num_quantizers, codebook_size, beam_size, refine_iters, niter, init, seed,
-            max_points_per_centroid, learning, commitment_weight, rotation_trick: as
-            :class:`vq.ResidualVQ`, for every group (group g's k-means seeds are ``seed +
-            1000 g``).
+            max_points_per_centroid, learning, commitment_weight, rotation_trick,
+            per_stage_gradient: as :class:`vq.ResidualVQ`, for every group (group g's
+            k-means seeds are ``seed + 1000 g``).
         quantizer_dropout, dropout_min_stages: per-sample quantizer dropout, one draw per
             sample shared by the groups.
         channel_first: ``forward`` takes ``[B, dim, ...]``.
@@ -69,6 +69,7 @@ class GroupedResidualVQ(Stages, Quantizer):
         commitment_weight: float = 1.0,
         rotation_trick: bool = False,
         channel_first: bool = False,
+        per_stage_gradient: bool = False,
     ):
         if groups < 1 or dim % groups:
             raise ValueError(f"groups must be >= 1 and divide dim={dim}, got {groups}")
@@ -97,6 +98,7 @@ class GroupedResidualVQ(Stages, Quantizer):
                 learning=learning,
                 commitment_weight=commitment_weight,
                 rotation_trick=rotation_trick,
+                per_stage_gradient=per_stage_gradient,
             )
             for g in range(groups)
         )

@@ -32,6 +32,7 @@ from vq.quantizers.functional import (
     code_counts,
     rotation_trick,
     row_norms,
+    stage_estimate,
     straight_through_loss,
     training_rows,
 )
@@ -68,6 +69,13 @@ class ResidualVQ(Stages, Quantizer):
             the codeword nearest to its l2-normalised residual (and learns from those); the
             reconstruction is the sum of the chosen unit codewords. Greedy only
             (``beam_size=1``): beam search ranks paths by squared error.
+        per_stage_gradient: how the output's gradient reaches the input in training. False
+            (EnCodec's): one estimator for the whole stack, straight through (the identity)
+            or, with ``rotation_trick``, one rotation of ``z`` onto the reconstruction. True
+            (vector-quantize-pytorch's ``ResidualVQ`` and ``ResidualSimVQ``): every kept stage
+            passes its own residual's gradient, straight through or rotated onto its own
+            codeword (:func:`stage_estimate`), and the input's gradient is their sum (Q × the
+            identity when straight through).
 
     Buffers:
         codebooks: float32 [Q, K, code_dim] (an ``nn.Parameter`` under gradient learning; the
@@ -108,6 +116,7 @@ class ResidualVQ(Stages, Quantizer):
         cosine: bool = False,
         codebook_dim: int | None = None,
         channel_first: bool = False,
+        per_stage_gradient: bool = False,
     ):
         check_stage_options(num_quantizers, quantizer_dropout, dropout_min_stages)
         if beam_size < 1:
@@ -134,6 +143,7 @@ class ResidualVQ(Stages, Quantizer):
         self.dropout_min_stages = dropout_min_stages
         self.niter, self.init, self.seed = niter, init, seed
         self.max_points_per_centroid = max_points_per_centroid
+        self.per_stage_gradient = bool(per_stage_gradient)
         self._init_codebooks("codebooks", (num_quantizers, codebook_size, self.code_dim), learning)
 
     # -- training ---------------------------------------------------------------------------
@@ -253,7 +263,7 @@ class ResidualVQ(Stages, Quantizer):
         for cosine stages) and, when learning, initialises on and learns from it. The
         commitment loss is the mean over stages of ``||z - sg(P_m)||²`` (P_m: the
         reconstruction through stage m), as in EnCodec; its gradient ``2 Σ_m (z - P_m) / N``
-        accumulates in place, stage by stage."""
+        accumulates in place, stage by stage (the output's gradient: ``per_stage_gradient``)."""
         n, d = z.shape
         learner, size = self.learner, self.codebook_size
         synced = update and sync.active()
@@ -265,7 +275,7 @@ class ResidualVQ(Stages, Quantizer):
         pull = torch.zeros_like(zd)  # Σ_m w_m r_{m+1}
         kept = None if keep is None else torch.zeros_like(zd)  # the stages each row keeps
         squares, cb_squares, count = zd.new_zeros(()), zd.new_zeros(()), zd.new_zeros(())
-        codes, counts = [], []
+        codes, counts, rotated = [], [], None  # rotated: Σ_m rotations of r_m onto q_m
         for m in range(self.num_quantizers):
             w, own = _stage_weight(weight, keep, m), slice(m, m + 1)
             seen = F.normalize(residual, dim=-1) if self.cosine else residual
@@ -285,6 +295,9 @@ class ResidualVQ(Stages, Quantizer):
             if update:  # r_m and its codes, before r_m moves on
                 learner.update(codebooks[own].detach(), seen[None], c[None], w, own, synced)
             q = q.detach()
+            if self.per_stage_gradient and self.rotation_trick:  # r_m, with z's gradient
+                part = stage_estimate(z - (zd - residual), q, True, _keep(keep, m))
+                rotated = part if rotated is None else rotated + part
             residual.sub_(q)  # r_{m+1}
             if w is None:
                 flat = residual.reshape(-1)
@@ -300,7 +313,10 @@ class ResidualVQ(Stages, Quantizer):
         denom = (count * d).clamp_min(1.0)
         quantized, commitment = straight_through_loss(z, kept, squares / denom, pull, 2 / denom)
         if self.rotation_trick:
-            quantized = rotation_trick(z, kept)
+            quantized = rotated if self.per_stage_gradient else rotation_trick(z, kept)
+        elif self.per_stage_gradient:  # Σ_m keep_m · identity: (kept stages - 1) more
+            extra = z * ((self.num_quantizers if keep is None else keep.sum(1, True)) - 1)
+            quantized = quantized + (extra - extra.detach())
         codes, counts = torch.stack(codes, dim=1), torch.cat(counts)
         return Step(quantized, codes, commitment, cb_squares / denom, counts, stages)
 
@@ -346,6 +362,11 @@ class ResidualVQ(Stages, Quantizer):
         norms = (self._output_codebooks() ** 2).sum(-1).reshape(-1)
         offsets = torch.arange(self.num_quantizers, device=c.device) * self.codebook_size
         return norms[c + offsets].sum(-1)
+
+
+def _keep(keep: torch.Tensor | None, m: int) -> torch.Tensor | None:
+    """Stage m's quantizer-dropout mask [n, 1] of the rows' ``keep`` [n, Q], or None."""
+    return None if keep is None else keep[:, m, None]
 
 
 def _stage_weight(weight, keep, m: int) -> torch.Tensor | None:

@@ -34,7 +34,7 @@ from vq.parallel import sync
 from vq.quantizers.additive import additive_tables
 from vq.quantizers.base import Quantizer
 from vq.quantizers.codec import Metric
-from vq.quantizers.functional import code_counts, row_norms
+from vq.quantizers.functional import code_counts, row_norms, stage_estimate
 from vq.quantizers.layer import Step
 from vq.quantizers.lfq import (
     check_entropy_options,
@@ -65,6 +65,7 @@ class ScalarStages(Stages, Quantizer):
         commitment_weight: float,
         rotation_trick: bool,
         channel_first: bool,
+        per_stage_gradient: bool,
     ):
         check_stage_options(num_quantizers, quantizer_dropout, dropout_min_stages)
         super().__init__(
@@ -78,6 +79,7 @@ class ScalarStages(Stages, Quantizer):
         )
         self.num_quantizers, self.quantizer_dropout = num_quantizers, quantizer_dropout
         self.dropout_min_stages = dropout_min_stages
+        self.per_stage_gradient = bool(per_stage_gradient)
 
     # -- subclass hooks -------------------------------------------------------------------
     def _bound(self, z: torch.Tensor) -> torch.Tensor:
@@ -90,6 +92,11 @@ class ScalarStages(Stages, Quantizer):
     def _stage_values(self, codes: torch.Tensor, m: int) -> torch.Tensor:
         """Stage m's contribution (scaled) of integer codes [n] → float32 [n, code_dim]."""
         raise NotImplementedError
+
+    def _stage_input(self, r: torch.Tensor, m: int) -> torch.Tensor:
+        """What stage m quantizes of its residual r [n, code_dim] (with r's gradient), under
+        ``per_stage_gradient``: r itself, unless a subclass clamps it."""
+        return r
 
     def _stage_entropies(self, r, m, weight, synced) -> tuple[torch.Tensor, torch.Tensor] | None:
         return None
@@ -140,21 +147,29 @@ class ScalarStages(Stages, Quantizer):
     def _quantize(self, z, weight, lead, update) -> Step:
         """Stage by stage on ``u = _bound(z)``; the output is ``u`` straight through to the
         kept stages' sum. Commitment: the mean over stages of ``||u - sg(P_m)||²`` (P_m the
-        sum through stage m); LFQ stages add their entropy loss on their residual."""
+        sum through stage m); LFQ stages add their entropy loss on their residual. Under
+        ``per_stage_gradient`` the output is the sum of the stages' own estimates instead
+        (:func:`vq.quantizers.functional.stage_estimate` of ``_stage_input``)."""
         stages, keep = self._stage_mask(lead, z.device)
         synced = self.training and torch.is_grad_enabled() and sync.active()
         u = self._bound(z)
         residual = u.detach().clone()
         kept = torch.zeros_like(residual)
         squares, count, codes, counts, entropies = u.new_zeros(()), u.new_zeros(()), [], [], []
+        per_stage = None  # Σ_m of the stages' own estimates (per_stage_gradient)
         for m in range(self.num_quantizers):
             w = weight if keep is None else (keep[:, m] if weight is None else keep[:, m] * weight)
             c = self._stage_codes(residual, m)
             q = self._stage_values(c, m)
-            if self.training:  # r_m with its gradient to z
-                found = self._stage_entropies(u - (u.detach() - residual), m, w, synced)
+            r = u - (u.detach() - residual)  # r_m with its gradient to z
+            if self.training:
+                found = self._stage_entropies(r, m, w, synced)
                 if found is not None:
                     entropies.append(found)
+            if self.per_stage_gradient:
+                keep_m = None if keep is None else keep[:, m, None]
+                part = stage_estimate(self._stage_input(r, m), q, self.rotation_trick, keep_m)
+                per_stage = part if per_stage is None else per_stage + part
             residual = residual - q
             kept = kept + (q if keep is None else q * keep[:, m, None])
             if self.has_commitment:  # ||u - sg(P_m)||² = ||r_{m+1}||² with u's gradient
@@ -171,7 +186,7 @@ class ScalarStages(Stages, Quantizer):
             codebook = torch.stack([e[1] for e in entropies])
             aux = self.entropy_loss_weight * (per_sample - self.diversity_gamma * codebook).sum()
             breakdown = (per_sample, codebook)
-        quantized = self._estimate(u, kept)
+        quantized = per_stage if self.per_stage_gradient else self._estimate(u, kept)
         codes, counts = torch.stack(codes, dim=1), torch.cat(counts)
         zero = z.new_zeros(())
         return Step(quantized, codes, commitment, zero, counts, stages, aux, breakdown)
@@ -190,6 +205,10 @@ class ResidualFSQ(ScalarStages):
         quantizer_dropout, dropout_min_stages: per-sample quantizer dropout in training (see
             :class:`vq.ResidualVQ`); ``decode(codes, num_stages=n)`` decodes a prefix.
         rotation_trick, channel_first: layer options (see :class:`vq.Quantizer`).
+        per_stage_gradient: False: the output is the soft-clamped input straight through to
+            the sum of the stages. True (vector-quantize-pytorch's ``ResidualFSQ``): every kept
+            stage passes its residual's gradient where the residual lies inside its grid
+            (``|r| <= L^-m``, the clamp), and the input's gradient is their sum.
 
     Codes are ``[..., Q]``, integers in ``[0, Π levels)`` (mixed radix, first dimension least
     significant, as :class:`vq.FSQ`). Nothing to fit or learn; ``loss`` is 0.
@@ -207,6 +226,7 @@ class ResidualFSQ(ScalarStages):
         dropout_min_stages: int = 1,
         rotation_trick: bool = False,
         channel_first: bool = False,
+        per_stage_gradient: bool = False,
     ):
         levels = [int(v) for v in levels]
         if not levels or min(levels) < 2:
@@ -221,6 +241,7 @@ class ResidualFSQ(ScalarStages):
             commitment_weight=0.0,
             rotation_trick=rotation_trick,
             channel_first=channel_first,
+            per_stage_gradient=per_stage_gradient,
         )
         self.levels = tuple(levels)
         lv = torch.tensor(levels)
@@ -234,6 +255,9 @@ class ResidualFSQ(ScalarStages):
 
     def _bound(self, z: torch.Tensor) -> torch.Tensor:
         return torch.tanh(z / self._clamp) * self._clamp
+
+    def _stage_input(self, r: torch.Tensor, m: int) -> torch.Tensor:
+        return torch.maximum(torch.minimum(r, self._scales[m]), -self._scales[m])
 
     def _stage_codes(self, r: torch.Tensor, m: int) -> torch.Tensor:
         v = torch.clamp(r / self._scales[m], -1.0, 1.0)
@@ -261,6 +285,10 @@ class ResidualLFQ(ScalarStages):
         quantizer_dropout, dropout_min_stages: per-sample quantizer dropout in training;
             ``decode(codes, num_stages=n)`` decodes a prefix.
         rotation_trick, channel_first: layer options (see :class:`vq.Quantizer`).
+        per_stage_gradient: False: the output is the input straight through to the sum of the
+            stages. True (vector-quantize-pytorch's ``ResidualLFQ``): every kept stage passes
+            its residual's gradient, so the input's gradient from the output is Q × (the kept
+            stages ×) the upstream one, beside the entropy and commitment terms.
 
     Codes are ``[..., Q]`` (the sign bits of each stage, most significant first, as
     :class:`vq.LFQ`). The output's ``per_sample_entropy`` and ``codebook_entropy`` are
@@ -283,6 +311,7 @@ class ResidualLFQ(ScalarStages):
         dropout_min_stages: int = 1,
         rotation_trick: bool = False,
         channel_first: bool = False,
+        per_stage_gradient: bool = False,
     ):
         bits = lfq_bits(codebook_size, num_bits, dim)
         check_entropy_options(entropy_loss_weight, diversity_gamma, inv_temperature, scale)
@@ -296,6 +325,7 @@ class ResidualLFQ(ScalarStages):
             commitment_weight=commitment_weight,
             rotation_trick=rotation_trick,
             channel_first=channel_first,
+            per_stage_gradient=per_stage_gradient,
         )
         self.num_bits, self.scale = bits, float(scale)
         self.entropy_loss_weight, self.diversity_gamma = entropy_loss_weight, diversity_gamma
