@@ -108,6 +108,18 @@ def _prefetch_node(store, i):
     return impl8
 
 
+def borrow_store(store):
+    """``store`` (an array, or a tuple of arrays) with its arrays borrowed
+    (:func:`vq.kernels.simd.borrow`: no reference counting in the hot loops)."""
+
+
+@overload(borrow_store, inline="always")
+def _borrow_store(store):
+    if isinstance(store, types.Array):
+        return lambda store: borrow(store)
+    return lambda store: (borrow(store[0]), borrow(store[1]))
+
+
 @njit(inline="always", fastmath=True)
 def pair_distance(data, a, b, inner_product):
     """:func:`node_distance` between rows a and b of ``data``."""
@@ -245,12 +257,15 @@ def hnsw_search_range(s0, s1, slices, queries, store, data, rerank, ip, nbr0, up
     """:func:`hnsw_search` for slices ``s0..s1`` of ``slices`` (slice s: queries
     ``nq * s // slices`` .. and the visit stamps ``seen[s]``) on the calling thread."""
     queries, data, nbr0 = borrow(queries), borrow(data), borrow(nbr0)
+    up_off, up_nbr, seen = borrow(up_off), borrow(up_nbr), borrow(seen)
+    store = borrow_store(store)
     out_dist, out_idx = borrow(out_dist), borrow(out_idx)
     nq, k = out_dist.shape
     cap = max(ef, k)
-    hd = np.empty(cap, dtype=np.float32)
-    hi = np.empty(cap, dtype=np.int64)
-    scratch = np.empty(nbr0.shape[1], dtype=np.int64)
+    hd_own = np.empty(cap, dtype=np.float32)
+    hi_own = np.empty(cap, dtype=np.int64)
+    scratch_own = np.empty(nbr0.shape[1], dtype=np.int64)
+    hd, hi, scratch = borrow(hd_own), borrow(hi_own), borrow(scratch_own)
     for s in range(s0, s1):
         stamps = seen[s]
         for q in range(nq * s // slices, nq * (s + 1) // slices):
