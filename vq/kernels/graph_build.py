@@ -33,7 +33,6 @@ from vq.kernels.cache import kernel
 from vq.kernels.graph import (
     beam,
     decode_sorted,
-    degree,
     descend,
     pair_distance,
 )
