@@ -107,10 +107,10 @@ def insert_range(s0, s1, slices, nodes, data, ip, levels, nbr0, up_off, up_nbr, 
     data, levels, nbr0, up_off, up_nbr = (borrow(data), borrow(levels), borrow(nbr0),
                                           borrow(up_off), borrow(up_nbr))  # fmt: skip
     seen, nodes = borrow(seen), borrow(nodes)
-    hd_own = np.empty(ef, dtype=np.float32)
-    hi_own = np.empty(ef, dtype=np.int64)
-    scratch_own = np.empty(nbr0.shape[1], dtype=np.int64)
-    hd, hi, scratch = borrow(hd_own), borrow(hi_own), borrow(scratch_own)
+    hd = np.empty(ef, dtype=np.float32)
+    hi = np.empty(ef, dtype=np.int64)
+    scratch = np.empty(nbr0.shape[1], dtype=np.int64)
+    no_filter = np.zeros(0, dtype=np.uint8)
     nb = nodes.shape[0]
     for s in range(s0, s1):
         stamps = seen[s]
@@ -120,8 +120,8 @@ def insert_range(s0, s1, slices, nodes, data, ip, levels, nbr0, up_off, up_nbr, 
             top = min(np.int64(levels[u]), max_level)
             v, dv = descend(x, data, ip, nbr0, up_off, up_nbr, entry, max_level, top)
             for level in range(top, -1, -1):
-                size = beam(x, data, ip, nbr0, up_off, up_nbr, level, v, dv, ef, ef, stamps,
-                            hd, hi, scratch)  # fmt: skip
+                size, _ = beam(x, data, ip, nbr0, up_off, up_nbr, level, v, dv, ef, ef, stamps,
+                               hd, hi, scratch, no_filter, hd, hi)  # fmt: skip
                 decode_sorted(hd, hi, size)
                 m = up_nbr.shape[1]  # hnswlib: M links of its own at every level
                 if level == 0:
@@ -167,9 +167,8 @@ def link_range(g0, g1, targets, target_levels, starts, sources, data, ip, nbr0, 
     data, nbr0, up_off, up_nbr = borrow(data), borrow(nbr0), borrow(up_off), borrow(up_nbr)
     targets, target_levels, starts, sources = (borrow(targets), borrow(target_levels),
                                                borrow(starts), borrow(sources))  # fmt: skip
-    cd_own = np.empty(width, dtype=np.float32)
-    ci_own = np.empty(width, dtype=np.int64)
-    cd, ci = borrow(cd_own), borrow(ci_own)
+    cd = np.empty(width, dtype=np.float32)
+    ci = np.empty(width, dtype=np.int64)
     for g in range(g0, g1):
         v, level = targets[g], target_levels[g]
         if level == 0:
