@@ -110,8 +110,7 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
 
 
 _CLASSES = {
-    cls.__name__: cls
-    for cls in (FlatIndex, PQIndex, IVFFlat, IVFPQ, SQIndex, IVFSQ, HNSW, HNSWSQ)
+    cls.__name__: cls for cls in (FlatIndex, PQIndex, IVFFlat, IVFPQ, SQIndex, IVFSQ, HNSW, HNSWSQ)
 }
 
 
