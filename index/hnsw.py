@@ -20,6 +20,13 @@ number of threads. Storage (buffers):
 - with ``traversal="int8"``: ``codes`` int8 [ntotal, dim] and ``code_factors`` float32
   [ntotal, 2], what the search walks the graph on before re-ranking the beam exactly.
 
+A filtered search (``allowed=``) walks the graph through every node and keeps only allowed
+ones (faiss's HNSW with an ``IDSelector``); few allowed rows, or a walk that met fewer than k
+of them, are scanned exactly instead (:func:`vq.index.hnsw_graph.filtered_search`), so that
+k results come back wherever k ids are allowed. ``range_search`` is approximate, as faiss's:
+the hits among the results of a wide beam. :class:`vq.index.HNSWSQ` keeps scalar-quantizer
+codes instead of the vectors.
+
 The static-shape search (ONNX export, the torch path off the CPU) is
 :class:`vq.index.hnsw_static.HNSWSearch`; ``IVF…_HNSW<M>`` indexes route through
 :meth:`HNSW.route`.
