@@ -16,8 +16,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from vq.faiss_interop import sq_from_faiss
 from vq.index.faiss_build import faiss_metric, import_faiss, with_id_map
 from vq.index.hnsw import HNSW
+from vq.index.hnsw_graph import graph_from_faiss
 from vq.index.sq import codes_problem, copy_ranges, kernel_arrays, sq_faiss_type
 from vq.quantizers import ScalarQuantizer
 
@@ -116,3 +118,23 @@ class HNSWSQ(HNSW):
         faiss.copy_array_to_vector(self.codes.cpu().numpy().ravel(), storage.codes)
         storage.ntotal = out.ntotal = self.ntotal
         return with_id_map(out, self.stored_ids())
+
+
+def hnswsq_from_faiss(f, metric: str) -> HNSWSQ:
+    """An :class:`HNSWSQ` with the graph, ranges, codes, entry point, efConstruction and
+    efSearch of the faiss ``IndexHNSWSQ`` ``f``."""
+    faiss = import_faiss()
+    storage = faiss.downcast_index(f.storage)
+    if not isinstance(storage, faiss.IndexScalarQuantizer):
+        raise ValueError(f"only IndexHNSWSQ converts, got storage {type(storage).__name__}")
+    sq = sq_from_faiss(storage.sq)
+    M, nbr0, levels, up_off, up_nbr, entry = graph_from_faiss(faiss, f)
+    h = f.hnsw
+    out = HNSWSQ(f.d, M, sq.bits, metric, efConstruction=int(h.efConstruction),
+                 efSearch=int(h.efSearch))  # fmt: skip
+    out.sq = sq
+    codes = faiss.vector_to_array(storage.codes).reshape(f.ntotal, sq.code_size)
+    out.codes = torch.from_numpy(codes.copy())
+    out._set_graph(None, nbr0, levels, up_off, up_nbr, entry, torch.device("cpu"))
+    out.check_consistent()
+    return out

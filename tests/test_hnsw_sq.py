@@ -50,6 +50,9 @@ def test_same_graph_and_codes_give_faiss_ids_and_distances(data, metric, bits):
     index.add(x)
     f = index.to_faiss()
     assert isinstance(f, faiss.IndexHNSWSQ) and f.ntotal == N
+    back = vq.index.from_faiss(f)
+    assert isinstance(back, vq.HNSWSQ) and torch.equal(back.codes, index.codes)
+    assert torch.equal(back.neighbors, index.neighbors) and back.bits == bits
     for ef in (16, 64):
         f.hnsw.efSearch = ef
         Df, If = f.search(q, 10)
@@ -99,3 +102,16 @@ def test_static_search_reaches_the_kernel_results(data, built):
     with torch.no_grad():
         _, It = searcher(torch.from_numpy(q))
     assert (It.numpy() == I).mean() >= 0.97
+
+
+def test_faiss_built_hnswsq_imported_gives_faiss_ids(data):
+    x, q = data
+    f = faiss.IndexHNSWSQ(DIM, faiss.ScalarQuantizer.QT_8bit, 8)
+    f.train(x)
+    f.add(x)
+    f.hnsw.efSearch = 32
+    Df, If = f.search(q, 10)
+    D, I = vq.index.from_faiss(f).search(q, 10)
+    assert (I == If).mean() >= 0.99
+    same = I == If
+    np.testing.assert_allclose(D[same], Df[same], rtol=1e-4, atol=1e-4)
