@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import intrinsic
 
 from vq.kernels.cache import kernel
 from vq.kernels.graph import (
@@ -99,11 +101,41 @@ def select_neighbours(data, ip, cand_d, cand_i, size, out_rows, row, m):
     return count
 
 
+@intrinsic
+def claim(typingctx, counter, amount):
+    """Atomically add ``amount`` to ``counter[0]`` (int64 [1]) and return the value before:
+    threads taking work from one counter each get a range no other thread gets."""
+    if not (isinstance(counter, types.Array) and counter.dtype == types.int64):
+        raise numba.core.errors.TypingError(f"claim: expected an int64 array, got {counter}")
+    sig = types.int64(counter, types.int64)
+
+    def codegen(context, builder, signature, args):
+        a = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.atomic_rmw("add", a.data, args[1], "seq_cst")
+
+    return sig, codegen
+
+
+if numba.config.DISABLE_JIT:  # the kernels run as plain Python (numba's debugging mode)
+
+    def claim(counter, amount):  # noqa: F811
+        before = int(counter[0])
+        counter[0] += amount
+        return before
+
+
+#: nodes a thread takes from the batch at a time (the rest go to whichever thread is free)
+CLAIM = 2
+
+
 @kernel(nogil=True, fastmath=True)
-def insert_range(s0, s1, slices, nodes, data, ip, levels, nbr0, up_off, up_nbr, entry,
-                 max_level, ef, seen):  # fmt: skip
-    """Phase one of a batch, for slices ``s0..s1`` of ``slices`` of ``nodes``: each node's
-    own neighbour lists, from a search of the graph without the batch."""
+def insert_range(s0, s1, nodes, data, ip, levels, nbr0, up_off, up_nbr, entry, max_level, ef,
+                 seen, counter):  # fmt: skip
+    """Phase one of a batch, on thread slots ``s0..s1`` (visit stamps ``seen[s]``): each
+    node's own neighbour lists, from a search of the graph without the batch. The nodes are
+    taken :data:`CLAIM` at a time from ``counter`` (int64 [1], 0 at the start), so that a
+    thread held up (a busy machine) leaves its share to the others; which thread inserts a
+    node does not change its lists."""
     data, levels, nbr0, up_off, up_nbr = (borrow(data), borrow(levels), borrow(nbr0),
                                           borrow(up_off), borrow(up_nbr))  # fmt: skip
     seen, nodes = borrow(seen), borrow(nodes)
@@ -114,21 +146,32 @@ def insert_range(s0, s1, slices, nodes, data, ip, levels, nbr0, up_off, up_nbr, 
     nb = nodes.shape[0]
     for s in range(s0, s1):
         stamps = seen[s]
-        for b in range(nb * s // slices, nb * (s + 1) // slices):
-            u = nodes[b]
-            x = data[u]
-            top = min(np.int64(levels[u]), max_level)
-            v, dv = descend(x, data, ip, nbr0, up_off, up_nbr, entry, max_level, top)
-            for level in range(top, -1, -1):
-                size, _ = beam(x, data, ip, nbr0, up_off, up_nbr, level, v, dv, ef, ef, stamps,
-                               hd, hi, scratch, no_filter, hd, hi)  # fmt: skip
-                decode_sorted(hd, hi, size)
-                m = up_nbr.shape[1]  # hnswlib: M links of its own at every level
-                if level == 0:
-                    select_neighbours(data, ip, hd, hi, size, nbr0, u, m)
-                else:
-                    select_neighbours(data, ip, hd, hi, size, up_nbr, up_off[u] + level - 1, m)
-                v, dv = hi[0], hd[0]
+        while True:
+            b0 = claim(counter, CLAIM)
+            if b0 >= nb:
+                break
+            for b in range(b0, min(b0 + CLAIM, nb)):
+                _insert_one(nodes[b], data, ip, levels, nbr0, up_off, up_nbr, entry,
+                            max_level, ef, stamps, hd, hi, scratch, no_filter)  # fmt: skip
+
+
+@njit(inline="always", fastmath=True)
+def _insert_one(u, data, ip, levels, nbr0, up_off, up_nbr, entry, max_level, ef, stamps, hd,
+                hi, scratch, no_filter):  # fmt: skip
+    """Node u's own lists at its levels: a beam of ``ef`` per level, then the heuristic."""
+    x = data[u]
+    top = min(np.int64(levels[u]), max_level)
+    v, dv = descend(x, data, ip, nbr0, up_off, up_nbr, entry, max_level, top)
+    for level in range(top, -1, -1):
+        size, _ = beam(x, data, ip, nbr0, up_off, up_nbr, level, v, dv, ef, ef, stamps, hd,
+                       hi, scratch, no_filter, hd, hi)  # fmt: skip
+        decode_sorted(hd, hi, size)
+        m = up_nbr.shape[1]  # hnswlib: M links of its own at every level
+        if level == 0:
+            select_neighbours(data, ip, hd, hi, size, nbr0, u, m)
+        else:
+            select_neighbours(data, ip, hd, hi, size, up_nbr, up_off[u] + level - 1, m)
+        v, dv = hi[0], hd[0]
 
 
 @njit(inline="always", fastmath=True)
@@ -233,9 +276,9 @@ def hnsw_insert(nodes, data, inner_product, levels, nbr0, up_off, up_nbr, entry,
         if levels[u] <= max_level:
             size = int(min(max(1, inserted * BATCH_FRACTION), MAX_BATCH))
         batch = nodes[pos : pos + size]
-        slices = max(1, min(len(seen), len(batch)))
-        parallel_for(insert_range, slices, slices, batch, data, ip, levels, nbr0, up_off, up_nbr,
-                     int(entry), int(max_level), ef, seen)  # fmt: skip
+        slots = max(1, min(len(seen), len(batch)))
+        parallel_for(insert_range, slots, batch, data, ip, levels, nbr0, up_off, up_nbr,
+                     int(entry), int(max_level), ef, seen, np.zeros(1, np.int64))  # fmt: skip
         targets, tlevels, starts, sources = _reverse_links(batch, levels, nbr0, up_off, up_nbr)
         width = nbr0.shape[1] + int(np.diff(starts).max(initial=0))
         parallel_for(link_range, len(targets), targets, tlevels, starts, sources, data, ip, nbr0,
