@@ -1,13 +1,17 @@
-"""vq.HNSW against faiss IndexHNSWFlat (and hnswlib where it is installed): build time at the
-same M and efConstruction, then QPS and recall@10 over an efSearch sweep, and the best QPS
-that reaches recall 0.90 / 0.95 / 0.99; memory per vector.
+"""vq.HNSW and vq.HNSWSQ against faiss IndexHNSWFlat (and hnswlib where it is installed):
+build time at the same M and efConstruction, then QPS and recall@10 over an efSearch sweep,
+and the best QPS that reaches recall 0.90 / 0.95 / 0.99; memory per vector.
 
     python -m bench.hnsw [--n 100000] [--dim 128] [--M 32] [--efc 40] [--nq 1000] [--threads 2]
-                         [--unit-norm]
+                         [--unit-norm] [--vectors FILE] [--systems vq,vq-int8,vq-sq8,...]
 
 The data are anisotropic Gaussian vectors (variance decaying over a random basis, as
-embeddings have). Builds alternate vq, faiss(, hnswlib) ``--build-rounds`` times (best kept);
-searches alternate at each efSearch (best of 3). Writes bench/results/hnsw.csv (the sweep) and
+embeddings have), or the first n rows and nq queries of ``--vectors``, a safetensors file
+holding "database" and "queries" (such as the cache file of
+:func:`vq.datasets.text.sentence_embeddings`). Systems: vq (float traversal), vq-int8 (int8
+traversal, exact re-rank), vq-sq8 / vq-fp16 (``HNSW<M>,SQ8`` / ``HNSW<M>,SQfp16``: codes only),
+faiss, hnswlib. Builds alternate the systems ``--build-rounds`` times (best kept); searches
+alternate at each efSearch (best of 3). Writes bench/results/hnsw.csv (the sweep) and
 hnsw_summary.csv.
 """
 
@@ -20,7 +24,7 @@ import numpy as np
 
 from bench.common import alternate, report, set_threads
 
-EF = (10, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+EF = (10, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 TARGETS = (0.90, 0.95, 0.99)
 
 
@@ -44,13 +48,23 @@ def builders(x: np.ndarray, M: int, efc: int, threads: int) -> dict:
         index.add(x)
         return index
 
+    def build_sq(bits):
+        def build():
+            index = vq.HNSWSQ(x.shape[1], M, bits=bits, efConstruction=efc)
+            index.train(x)
+            index.add(x)
+            return index
+
+        return build
+
     def build_faiss():
         index = faiss.IndexHNSWFlat(x.shape[1], M)
         index.hnsw.efConstruction = efc
         index.add(x)
         return index
 
-    out = {"vq": build_vq, "vq-int8": build_vq_int8, "faiss": build_faiss}
+    out = {"vq": build_vq, "vq-int8": build_vq_int8, "vq-sq8": build_sq(8),
+           "vq-fp16": build_sq("fp16"), "faiss": build_faiss}  # fmt: skip
     try:
         import hnswlib
     except ImportError:
@@ -85,8 +99,9 @@ def searchers(built: dict, q: np.ndarray, k: int) -> dict:
 
         return run
 
-    table = {"vq": vq_search, "vq-int8": lambda ef: vq_search(ef, "vq-int8"),
-             "faiss": faiss_search, "hnswlib": hnswlib_search}  # fmt: skip
+    table = {"vq": vq_search, "faiss": faiss_search, "hnswlib": hnswlib_search}
+    for name in ("vq-int8", "vq-sq8", "vq-fp16"):
+        table[name] = lambda ef, name=name: vq_search(ef, name)
     return {name: table[name] for name in built}
 
 
@@ -112,6 +127,8 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--build-rounds", type=int, default=1)
     p.add_argument("--unit-norm", action="store_true", help="normalise (as sentence embeddings)")
+    p.add_argument("--vectors", help="safetensors file with 'database' and 'queries' arrays")
+    p.add_argument("--systems", default="vq,vq-int8,vq-sq8,vq-fp16,faiss,hnswlib")
     args = p.parse_args(argv)
 
     import faiss
@@ -120,13 +137,22 @@ def main(argv=None) -> None:
     from vq.datasets import anisotropic_vectors
 
     set_threads(args.threads)
-    data = anisotropic_vectors(args.n + args.nq, args.dim, decay=0.95, seed=0)
-    if args.unit_norm:
-        data /= np.linalg.norm(data, axis=1, keepdims=True)
-    x, q = np.ascontiguousarray(data[: args.n]), np.ascontiguousarray(data[args.n :])
+    if args.vectors:
+        from safetensors.numpy import load_file
+
+        stored = load_file(args.vectors)
+        x = np.ascontiguousarray(stored["database"][: args.n], dtype=np.float32)
+        q = np.ascontiguousarray(stored["queries"][: args.nq], dtype=np.float32)
+        args.dim = x.shape[1]
+    else:
+        data = anisotropic_vectors(args.n + args.nq, args.dim, decay=0.95, seed=0)
+        if args.unit_norm:
+            data /= np.linalg.norm(data, axis=1, keepdims=True)
+        x, q = np.ascontiguousarray(data[: args.n]), np.ascontiguousarray(data[args.n :])
     truth = faiss.knn(q, x, 10)[1]
     vq.HNSW(args.dim, args.M).add(x[:2000])  # compile (or load) the kernels first
     fns = builders(x, args.M, args.efc, args.threads)
+    fns = {name: fns[name] for name in args.systems.split(",") if name in fns}
     build_s, built = {name: float("inf") for name in fns}, {}
     for _ in range(args.build_rounds):
         for name, fn in fns.items():
@@ -141,13 +167,13 @@ def main(argv=None) -> None:
         for name in runs:
             r = recall(found[name], truth)
             rows.append(
-                {"system": name, "efSearch": ef, "recall@10": r, "QPS": args.nq / seconds[name]}
+                {"system": name, "efSearch": ef, "recall@10": r, "QPS": len(q) / seconds[name]}
             )
-    title = f"HNSW{args.M}, efConstruction {args.efc}, {args.n} x {args.dim}, {args.nq} queries"
+    title = f"HNSW{args.M}, efConstruction {args.efc}, {len(x)} x {args.dim}, {len(q)} queries"
     report("hnsw", title, args.threads, rows, ["system", "efSearch", "recall@10", "QPS"])
     summary = []
     for name in runs:
-        size = bytes_per_vector(name, built[name], args.n, args.dim, args.M)
+        size = bytes_per_vector(name, built[name], len(x), args.dim, args.M)
         row = {"system": name, "build s": build_s[name], "bytes/vector": size}
         for t in TARGETS:
             ok = [r["QPS"] for r in rows if r["system"] == name and r["recall@10"] >= t]

@@ -29,6 +29,7 @@ from vq.index.faiss_interop import from_faiss, to_faiss
 from vq.index.filters import IdFilter
 from vq.index.flat import FlatIndex
 from vq.index.hnsw import HNSW
+from vq.index.hnsw_sq import HNSWSQ
 from vq.index.io import load_index
 from vq.index.ivf import IVFIndex
 from vq.index.ivfflat import IVFFlat
@@ -45,6 +46,7 @@ __all__ = [
     "FlatIndex",
     "IdFilter",
     "HNSW",
+    "HNSWSQ",
     "IVFFlat",
     "IVFIndex",
     "Index",

@@ -7,6 +7,7 @@ import re
 from vq.index.base import Index
 from vq.index.flat import FlatIndex
 from vq.index.hnsw import HNSW
+from vq.index.hnsw_sq import HNSWSQ
 from vq.index.ivfflat import IVFFlat
 from vq.index.ivfpq import IVFPQ
 from vq.index.ivfsq import IVFSQ
@@ -17,7 +18,8 @@ from vq.index.transform import PreTransform
 from vq.quantizers import OPQ
 
 SUPPORTED = (
-    "Flat | PQ<M>[x<nbits>] | PQ<M>x4fs | SQ8|SQ6|SQ4|SQfp16|SQbf16 | HNSW<M>[,Flat] | "
+    "Flat | PQ<M>[x<nbits>] | PQ<M>x4fs | SQ8|SQ6|SQ4|SQfp16|SQbf16 | "
+    "HNSW<M>[,Flat|,SQ8|,SQ6|,SQ4|,SQfp16|,SQbf16] | "
     "IVF<nlist>,Flat | IVF<nlist>,PQ<M>[x<nbits>|x4fs|x4fsr] | IVF<nlist>,SQ<8|6|4|fp16|bf16>, "
     "IVF<nlist>(soar[=<λ>]) for spilled lists, IVF<nlist>_HNSW<M> for graph-routed lists, "
     "optionally preceded by OPQ<M>[_<dim_out>], "
@@ -77,6 +79,8 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
         index: Index = FlatIndex(inner_dim, metric)
     elif parts and (m := _HNSW.fullmatch(parts[0])) and parts[1:] in ([], ["Flat"]):
         index = HNSW(inner_dim, int(m[1]), metric)
+    elif len(parts) == 2 and (m := _HNSW.fullmatch(parts[0])) and (s := _SQ.fullmatch(parts[1])):
+        index = HNSWSQ(inner_dim, int(m[1]), _sq_bits(s), metric)
     elif len(parts) == 1 and (m := _SQ.fullmatch(parts[0])):
         index = SQIndex(inner_dim, _sq_bits(m), metric)
     elif len(parts) == 1 and (m := _PQ.fullmatch(parts[0])) and m[3] != "fsr":
@@ -105,7 +109,9 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
     return Refine(index) if refine else index
 
 
-_CLASSES = {cls.__name__: cls for cls in (FlatIndex, PQIndex, IVFFlat, IVFPQ, SQIndex, IVFSQ, HNSW)}
+_CLASSES = {
+    cls.__name__: cls for cls in (FlatIndex, PQIndex, IVFFlat, IVFPQ, SQIndex, IVFSQ, HNSW, HNSWSQ)
+}
 
 
 def from_config(config: dict) -> Index:

@@ -7,7 +7,7 @@ Same trained parameters and stored codes on both sides give the same search resu
 aside). Supported: IndexFlat (L2/IP), IndexPQ, IndexIVFFlat, IndexIVFPQ (flat coarse
 quantizer), IndexScalarQuantizer and IndexIVFScalarQuantizer (QT_8bit, QT_6bit, QT_4bit,
 QT_fp16, QT_bf16), IndexPreTransform with one OPQMatrix, IndexRefineFlat, IndexHNSWFlat,
-IndexIDMap around Flat/PQ/HNSW
+IndexHNSWSQ, IndexIDMap around Flat/PQ/HNSW
 (what non-sequential ids need in faiss), and the 4-bit fast-scan IndexPQFastScan and
 IndexIVFPQFastScan (even M).
 
@@ -33,6 +33,7 @@ from vq.index.base import Index
 from vq.index.faiss_build import import_faiss
 from vq.index.flat import FlatIndex
 from vq.index.hnsw import hnsw_from_faiss
+from vq.index.hnsw_sq import hnswsq_from_faiss
 from vq.index.ivf import IVFIndex
 from vq.index.ivfflat import IVFFlat
 from vq.index.ivfpq import IVFPQ
@@ -90,6 +91,8 @@ def from_faiss(findex) -> Index:
     metric = _metric(f)
     if isinstance(f, faiss.IndexHNSWFlat):
         return hnsw_from_faiss(f, metric)
+    if isinstance(f, faiss.IndexHNSWSQ):
+        return hnswsq_from_faiss(f, metric)
     if isinstance(f, faiss.IndexFlat):
         out = FlatIndex(f.d, metric)
         out.vectors = torch.from_numpy(

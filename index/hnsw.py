@@ -20,14 +20,19 @@ number of threads. Storage (buffers):
 - with ``traversal="int8"``: ``codes`` int8 [ntotal, dim] and ``code_factors`` float32
   [ntotal, 2], what the search walks the graph on before re-ranking the beam exactly.
 
+A filtered search (``allowed=``) walks the graph through every node and keeps only allowed
+ones (faiss's HNSW with an ``IDSelector``); few allowed rows, or a walk that met fewer than k
+of them, are scanned exactly instead (:func:`vq.index.hnsw_graph.filtered_search`), so that
+k results come back wherever k ids are allowed. ``range_search`` is approximate, as faiss's:
+the hits among the results of a wide beam. :class:`vq.index.HNSWSQ` keeps scalar-quantizer
+codes instead of the vectors.
+
 The static-shape search (ONNX export, the torch path off the CPU) is
 :class:`vq.index.hnsw_static.HNSWSearch`; ``IVF…_HNSW<M>`` indexes route through
 :meth:`HNSW.route`.
 """
 
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 import torch
@@ -36,13 +41,22 @@ from vq import _cpu, kernels
 from vq._checks import check_int, check_positive
 from vq.index.base import Index
 from vq.index.faiss_build import faiss_metric, import_faiss, with_id_map
+from vq.index.filters import IdFilter
+from vq.index.hnsw_graph import (
+    SeenPool,
+    filtered_search,
+    graph_from_faiss,
+    graph_problem,
+    graph_to_faiss,
+)
 from vq.index.hnsw_static import HNSWSearch
 from vq.index.searching import NO_IDS, shape_problem
 from vq.index.static import search_in_chunks
-from vq.kernels import graph, graph_build
+from vq.kernels import graph, graph_build, graph_store
 
-_MAX_LEVEL = 32
 _TRAVERSALS = ("float", "int8")
+#: the least beam of a range search (see ``HNSW._range_hits``)
+RANGE_EF = 256
 
 
 class HNSW(Index):
@@ -61,7 +75,7 @@ class HNSW(Index):
         traversal: what the search walks the graph on: "float" (the vectors) or "int8"
             (int8 codes with a scale per vector, a quarter of the bytes per visit, the
             beam then re-ranked on the vectors: more queries per second at the same recall,
-            for dim + 8 more bytes per vector; :func:`vq.kernels.graph.int8_codes`).
+            for dim + 8 more bytes per vector; :func:`vq.kernels.graph_store.int8_codes`).
     """
 
     def __init__(
@@ -93,7 +107,7 @@ class HNSW(Index):
         if traversal == "int8":
             self.register_buffer("codes", torch.zeros(0, dim, dtype=torch.int8))
             self.register_buffer("code_factors", torch.zeros(0, 2))
-        self._seen_pool = _SeenPool()
+        self._seen_pool = SeenPool()
 
     def config(self) -> dict:
         return {
@@ -130,13 +144,28 @@ class HNSW(Index):
     def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"vectors": x.float()}
 
+    def _build_vectors(self, encoded: dict[str, torch.Tensor]) -> np.ndarray:
+        """float32 [ntotal + b, dim]: every vector the insertion compares (the stored ones,
+        then the batch's)."""
+        return np.concatenate([self.vectors.cpu().numpy(), encoded["vectors"].cpu().numpy()])
+
+    def _keep_batch(self, encoded: dict[str, torch.Tensor], data: np.ndarray) -> None:
+        """Keep what the search reads of the batch: the vectors (``data``, all of them) and,
+        for an int8 traversal, the batch's codes."""
+        device = self.neighbors.device
+        self.vectors = torch.from_numpy(data).to(device)
+        if self.traversal == "int8":
+            codes, factors = graph_store.int8_codes(encoded["vectors"].cpu().numpy())
+            self.codes = torch.cat([self.codes, torch.from_numpy(codes).to(device)])
+            self.code_factors = torch.cat([self.code_factors, torch.from_numpy(factors).to(device)])
+
     def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
-        """Append the vectors and insert them into the graph (on CPU arrays)."""
-        device = self.vectors.device
-        n0, new = self.ntotal, encoded["vectors"].cpu().numpy()
+        """Insert the batch into the graph (on CPU arrays) and keep it."""
+        n0 = self.ntotal
+        data = self._build_vectors(encoded)
+        b = data.shape[0] - n0
         rng = np.random.default_rng([self.seed, n0])
-        new_levels = graph_build.random_levels(new.shape[0], self.M, rng)
-        data = np.concatenate([self.vectors.cpu().numpy(), new])
+        new_levels = graph_build.random_levels(b, self.M, rng)
         levels = np.concatenate([self.levels.cpu().numpy(), new_levels])
         nbr0 = np.full((data.shape[0], 2 * self.M), -1, np.int32)
         nbr0[:n0] = self.neighbors.cpu().numpy()
@@ -144,20 +173,18 @@ class HNSW(Index):
         up_nbr = np.full((int(up_off[-1]), self.M), -1, np.int32)
         up_nbr[: self.upper_neighbors.shape[0]] = self.upper_neighbors.cpu().numpy()
         # faiss's order: highest level first, a seeded shuffle within a level
-        perm = n0 + rng.permutation(new.shape[0])
+        perm = n0 + rng.permutation(b)
         order = perm[np.argsort(-new_levels[perm - n0], kind="stable")]
         entry, _ = graph_build.hnsw_insert(order, data, self.metric == "ip", levels, nbr0, up_off,
                                            up_nbr, int(self.entry_point[0]), self.max_level,
                                            self.efConstruction)  # fmt: skip
         self._append_ids(ids)
-        self._set_graph(data, nbr0, levels, up_off, up_nbr, entry, device)
-        if self.traversal == "int8":
-            codes, factors = graph.int8_codes(new)
-            self.codes = torch.cat([self.codes, torch.from_numpy(codes).to(device)])
-            self.code_factors = torch.cat([self.code_factors, torch.from_numpy(factors).to(device)])
+        self._set_graph(None, nbr0, levels, up_off, up_nbr, entry, self.neighbors.device)
+        self._keep_batch(encoded, data)
 
     def _set_graph(self, data, nbr0, levels, up_off, up_nbr, entry, device) -> None:
-        self.vectors = torch.from_numpy(data).to(device)
+        if data is not None:
+            self.vectors = torch.from_numpy(data).to(device)
         self.neighbors = torch.from_numpy(nbr0).to(device)
         self.levels = torch.from_numpy(levels.astype(np.int32)).to(device)
         self.upper_offsets = torch.from_numpy(up_off.astype(np.int64)).to(device)
@@ -175,18 +202,12 @@ class HNSW(Index):
         raise ValueError("HNSW cannot remove vectors")
 
     def consistency_problem(self) -> str | None:
-        problem = super().consistency_problem()
         n, M = self.ntotal, self.M
+        problem = super().consistency_problem() or self._storage_problem()
         for name, t, shape in (
-            ("vectors", self.vectors, (n, self.dim)),
             ("neighbors", self.neighbors, (n, 2 * M)),
             ("levels", self.levels, (n,)),
             ("upper_offsets", self.upper_offsets, (n + 1,)),
-            *(
-                (("codes", self.codes, (n, self.dim)), ("code_factors", self.code_factors, (n, 2)))
-                if self.traversal == "int8"
-                else ()
-            ),
         ):
             problem = problem or shape_problem(name, t, shape)
         if problem:
@@ -195,6 +216,19 @@ class HNSW(Index):
             self.neighbors, self.levels, self.upper_offsets, self.upper_neighbors,
             int(self.entry_point[0]), M,
         )  # fmt: skip
+
+    def _storage_problem(self) -> str | None:
+        """``consistency_problem`` for what the search reads of the nodes."""
+        n = self.ntotal
+        checks = [("vectors", self.vectors, (n, self.dim))]
+        if self.traversal == "int8":
+            checks += [("codes", self.codes, (n, self.dim)), ("code_factors", self.code_factors,
+                                                                (n, 2))]  # fmt: skip
+        for name, t, shape in checks:
+            problem = shape_problem(name, t, shape)
+            if problem:
+                return problem
+        return None
 
     # -- search -------------------------------------------------------------------------------
     def _search_work(self, nq: int, k: int, efSearch: int | None = None, **params) -> float:
@@ -206,13 +240,23 @@ class HNSW(Index):
         sources = tuple(self.buffers())
 
         def compute():
-            arrays = (self.vectors, self.neighbors, self.upper_offsets, self.upper_neighbors)
-            codes = (self.codes, self.code_factors) if self.traversal == "int8" else ()
-            return tuple(t.cpu().contiguous().numpy() for t in (*arrays, *codes))
+            graph_arrays = (self.neighbors, self.upper_offsets, self.upper_neighbors)
+            data, *codes = self._search_store()
+            return (data, *(t.cpu().contiguous().numpy() for t in graph_arrays), *codes)
 
         return self._derived("graph_arrays", sources, compute)
 
-    def _rows_numba(self, q: np.ndarray, k: int, ef: int, slots: int):
+    def _search_store(self) -> tuple:
+        """What :func:`vq.kernels.graph.hnsw_search` reads of the nodes, numpy: the vectors,
+        then the int8 codes and their factors for an int8 traversal."""
+        codes = (self.codes, self.code_factors) if self.traversal == "int8" else ()
+        return tuple(t.cpu().contiguous().numpy() for t in (self.vectors, *codes))
+
+    def search_vectors(self) -> torch.Tensor:
+        """float32 [ntotal, dim]: the vectors the static search compares."""
+        return self.vectors.float()
+
+    def _rows_numba(self, q: np.ndarray, k: int, ef: int, slots: int, mask=graph.NO_FILTER):
         data, nbr0, up_off, up_nbr, *codes = self._arrays()
         out_dist = np.empty((q.shape[0], k), np.float32)
         out_rows = np.empty((q.shape[0], k), np.int64)
@@ -220,10 +264,28 @@ class HNSW(Index):
         try:
             graph.hnsw_search(q, data, self.metric == "ip", nbr0, up_off, up_nbr,
                               int(self.entry_point[0]), self.max_level, ef, seen, out_dist,
-                              out_rows, tuple(codes) or None)  # fmt: skip
+                              out_rows, tuple(codes) or None, mask)  # fmt: skip
         finally:
             self._seen_pool.give_back(seen)
         return out_dist, out_rows
+
+    def _rows_filtered(self, q: np.ndarray, k: int, ef: int, slots: int, allowed: IdFilter):
+        """``_rows_numba`` under a filter: see :func:`vq.index.hnsw_graph.filtered_search`."""
+        data, _, _, _, *codes = self._arrays()
+
+        def scan(rows, which):
+            out_dist = np.empty((which.shape[0], k), np.float32)
+            out_rows = np.empty((which.shape[0], k), np.int64)
+            graph.rows_scan(np.ascontiguousarray(q[which]), data, self.metric == "ip", rows,
+                            out_dist, out_rows, tuple(codes) or None)  # fmt: skip
+            return out_dist, out_rows
+
+        def search(mask):
+            return self._rows_numba(q, k, ef, slots, mask)
+
+        mask = allowed.row_mask(self)
+        cap = max(ef, k)
+        return filtered_search(search, scan, mask, q.shape[0], k, cap, 2 * self.M)
 
     def searcher(self, k=None, *, efSearch=None, steps=None, width=1, upper_steps=4, copy=True):
         """The search as a static-shape graph over a snapshot of the graph (``copy=False``:
@@ -233,21 +295,45 @@ class HNSW(Index):
         return HNSWSearch(self, k, efSearch, steps, width, upper_steps, copy)
 
     def _search_ids(self, q: torch.Tensor, k: int, efSearch: int | None = None, allowed=None):
-        if allowed is not None:
-            raise NotImplementedError(
-                "HNSW has no filtered search yet (allowed=): filter with a FlatIndex or an IVF "
-                "index, or search HNSW with a larger k and drop the ids you do not want"
-            )
-        if self.ntotal == 0 or _cpu.fast_path(q):
-            return super()._search_ids(q, k, efSearch=efSearch)
+        # a filtered search runs the numba kernels (on CPU copies off the CPU): the static
+        # graph search has no filter
+        if self.ntotal == 0 or _cpu.fast_path(q) or allowed is not None:
+            return super()._search_ids(q, k, efSearch=efSearch, allowed=allowed)
         return search_in_chunks(HNSWSearch(self, k, efSearch, copy=False), q, k)
 
-    def _search_rows(self, q: torch.Tensor, k: int, efSearch: int | None = None):
+    def _search_rows(self, q: torch.Tensor, k: int, efSearch: int | None = None,
+                     allowed: IdFilter | None = None):  # fmt: skip
+        """The k nearest rows; under a filter (``allowed``), the graph walks every node and
+        only allowed ones are returned (faiss's HNSW with an ``IDSelector``), and where
+        few rows are allowed, or the walk met fewer than k of them, those rows are scanned
+        exactly: k results wherever k rows are allowed."""
         ef = check_positive(self.efSearch if efSearch is None else efSearch, "efSearch")
         qn = q.detach().cpu().contiguous().numpy()
         slots = kernels.threads.get_num_threads()
-        dist, rows = self._rows_numba(qn, k, ef, slots)
+        if allowed is None:
+            dist, rows = self._rows_numba(qn, k, ef, slots)
+        else:
+            dist, rows = self._rows_filtered(qn, k, ef, slots, allowed)
         return torch.from_numpy(dist).to(q.device), torch.from_numpy(rows).to(q.device)
+
+    def _range_hits(self, q: torch.Tensor, radius: float, allowed, efSearch: int | None = None):
+        """Approximate, as faiss's HNSW range search: the results of a search with a beam of
+        efSearch (default max(self.efSearch, :data:`RANGE_EF`)) that lie within the radius;
+        a vector the beam does not reach is missed, and a query has at most efSearch hits
+        (raise efSearch for a wide radius)."""
+        ef = check_positive(max(self.efSearch, RANGE_EF) if efSearch is None else efSearch,
+                            "efSearch")  # fmt: skip
+        k, ip, parts = min(ef, self.ntotal), self.metric == "ip", []
+        slots = kernels.threads.get_num_threads()
+        for s in range(0, q.shape[0], self.search_batch_size):
+            qs = q[s : s + self.search_batch_size].contiguous().numpy()
+            if allowed is None:
+                dist, rows = self._rows_numba(qs, k, ef, slots)
+            else:
+                dist, rows = self._rows_filtered(qs, k, ef, slots, allowed)
+            hit = (rows >= 0) & (dist < (-radius if ip else radius))
+            parts.append((np.nonzero(hit)[0] + s, rows[hit], dist[hit]))
+        return parts
 
     def route(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``k`` nearest stored rows of float32 CPU rows ``x`` [n, dim], as a coarse
@@ -282,117 +368,30 @@ class HNSW(Index):
         an ``IndexIDMap`` unless the ids are 0 … ntotal - 1): it returns the same ids."""
         faiss = import_faiss()
         out = faiss.IndexHNSWFlat(self.dim, self.M, faiss_metric(self.metric))
-        h = out.hnsw
-        h.efConstruction, h.efSearch = self.efConstruction, self.efSearch
-        levels = self.levels.cpu().numpy().astype(np.int64)
-        cum = faiss.vector_to_array(h.cum_nneighbor_per_level).astype(np.int64)
-        if self.ntotal and levels.max() + 1 >= len(cum):
-            raise ValueError(f"faiss's HNSW{self.M} has no level {levels.max()}")
-        nbr0, up_nbr = self.neighbors.cpu().numpy(), self.upper_neighbors.cpu().numpy()
-        flat = faiss_neighbors(nbr0, levels, up_nbr)
-        offsets = np.concatenate([[0], np.cumsum(cum[levels + 1])]).astype(np.uint64)
-        faiss.copy_array_to_vector((levels + 1).astype(np.int32), h.levels)
-        faiss.copy_array_to_vector(offsets, h.offsets)
-        faiss.copy_array_to_vector(flat, h.neighbors)
-        h.entry_point, h.max_level = int(self.entry_point[0]), self.max_level
+        self._graph_to_faiss(faiss, out.hnsw)
         out.storage.add(self.vectors.float().cpu().numpy())
         out.ntotal = self.ntotal
         return with_id_map(out, self.stored_ids())
 
-
-class _SeenPool:
-    """Visit stamps (:func:`vq.kernels.graph.new_seen`) reused from search to search; each
-    search takes its own, so that searches may run from many threads at once."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.free: list[np.ndarray] = []
-
-    def take(self, slots: int, n: int) -> np.ndarray:
-        with self.lock:
-            for j, s in enumerate(self.free):
-                if s.shape == (slots, n + 1):
-                    return self.free.pop(j)
-        return graph.new_seen(slots, n)
-
-    def give_back(self, seen: np.ndarray) -> None:
-        with self.lock:
-            self.free = [s for s in self.free if s.shape[1] == seen.shape[1]][-7:] + [seen]
-
-    def __reduce__(self):  # copies get an empty pool
-        return (type(self), ())
+    def _graph_to_faiss(self, faiss, h) -> None:
+        h.efConstruction, h.efSearch = self.efConstruction, self.efSearch
+        levels = self.levels.cpu().numpy()
+        nbr0, up_nbr = self.neighbors.cpu().numpy(), self.upper_neighbors.cpu().numpy()
+        graph_to_faiss(faiss, h, levels, nbr0, up_nbr, int(self.entry_point[0]), self.max_level)
 
 
 def hnsw_from_faiss(f, metric: str) -> HNSW:
     """An :class:`HNSW` with the graph, vectors, entry point, efConstruction and efSearch of
     the faiss ``IndexHNSWFlat`` ``f`` (its ``storage`` an ``IndexFlat``)."""
     faiss = import_faiss()
-    h = f.hnsw
-    M = int(h.nb_neighbors(1))
-    cum = faiss.vector_to_array(h.cum_nneighbor_per_level).astype(np.int64)
-    if len(cum) < 2 or cum[1] != 2 * M or np.any(np.diff(cum[1:]) != M):
-        raise ValueError("only faiss HNSW graphs with 2M level-0 and M upper links convert")
     storage = faiss.downcast_index(f.storage)
     if not isinstance(storage, faiss.IndexFlat):
         raise ValueError(f"only IndexHNSWFlat converts, got storage {type(storage).__name__}")
+    M, nbr0, levels, up_off, up_nbr, entry = graph_from_faiss(faiss, f)
+    h = f.hnsw
     out = HNSW(f.d, M, metric, efConstruction=int(h.efConstruction), efSearch=int(h.efSearch))
     n = f.ntotal
-    levels = faiss.vector_to_array(h.levels).astype(np.int64) - 1
-    offsets = faiss.vector_to_array(h.offsets).astype(np.int64)
-    flat = faiss.vector_to_array(h.neighbors).astype(np.int32)
-    if levels.shape != (n,) or offsets.shape != (n + 1,) or (n and levels.min() < 0):
-        raise ValueError("the faiss HNSW graph does not match its ntotal")
-    nbr0 = flat[offsets[:-1, None] + np.arange(2 * M)] if n else np.zeros((0, 2 * M), np.int32)
-    up_off = np.concatenate([[0], np.cumsum(levels)]).astype(np.int64)
-    owner = np.repeat(np.arange(n), levels)
-    within = np.arange(int(up_off[-1])) - up_off[owner]
-    starts = offsets[owner] + 2 * M + within * M
-    up_nbr = flat[starts[:, None] + np.arange(M)].reshape(-1, M)
     data = storage.reconstruct_n(0, n) if n else np.zeros((0, f.d), np.float32)
-    entry = int(h.entry_point) if n else -1
     out._set_graph(data, nbr0, levels, up_off, up_nbr, entry, torch.device("cpu"))
     out.check_consistent()
     return out
-
-
-def faiss_neighbors(nbr0: np.ndarray, levels: np.ndarray, up_nbr: np.ndarray) -> np.ndarray:
-    """faiss's flat neighbour array (per node: 2M level-0 slots, then M per upper level)."""
-    n, M = nbr0.shape[0], up_nbr.shape[1]
-    sizes = 2 * M + levels * M
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    flat = np.full(int(offsets[-1]), -1, np.int32)
-    flat[offsets[:-1, None] + np.arange(2 * M)] = nbr0
-    owner = np.repeat(np.arange(n), levels)
-    within = np.arange(owner.shape[0]) - np.repeat(np.cumsum(levels) - levels, levels)
-    flat[(offsets[owner] + 2 * M + within * M)[:, None] + np.arange(M)] = up_nbr
-    return flat
-
-
-def graph_problem(nbr0, levels, up_off, up_nbr, entry: int, M: int) -> str | None:
-    """What makes these graph arrays unsafe to search (a neighbour out of range, an upper
-    link to a node without that level, offsets that do not follow the levels, a bad entry
-    point), in words, or None."""
-    n = nbr0.shape[0]
-    if n and (int(levels.min()) < 0 or int(levels.max()) > _MAX_LEVEL):
-        return f"node levels outside [0, {_MAX_LEVEL}]"
-    if int(up_off[0]) != 0 or not torch.equal(up_off.diff(), levels.long()):
-        return "upper-level offsets that do not follow the node levels"
-    problem = shape_problem("upper_neighbors", up_nbr, (int(up_off[-1]), M))
-    if problem:
-        return problem
-    for name, t in (("neighbors", nbr0), ("upper_neighbors", up_nbr)):
-        if t.numel() and (int(t.min()) < -1 or int(t.max()) >= n):
-            return f"{name} ids outside [-1, {n})"
-    if up_nbr.numel():
-        row_level = torch.arange(up_nbr.shape[0]) - torch.repeat_interleave(
-            up_off[:-1], levels.long()
-        )
-        row_level = row_level + 1
-        target = levels.long()[up_nbr.long().clamp_min(0)]
-        if bool(((up_nbr >= 0) & (target < row_level[:, None])).any()):
-            return "upper-level links to nodes without that level"
-    if n == 0:
-        return None if entry == -1 else f"entry point {entry} in an empty graph"
-    if not 0 <= entry < n or int(levels[entry]) != int(levels.max()):
-        return f"entry point {entry} that is not a node of the top level"
-    return None

@@ -32,7 +32,8 @@ class HNSWSearch(Searcher):
         copy: hold a snapshot of the graph (True) or the index's own buffers.
 
     Buffers:
-        vectors float32 [n, dim]; neighbors int64 [n, 2M]; upper_offsets int64 [n + 1];
+        vectors float32 [n, dim] (``index.search_vectors()``: decoded codes for
+        :class:`vq.index.HNSWSQ`); neighbors int64 [n, 2M]; upper_offsets int64 [n + 1];
         upper_neighbors int64 [rows, M]; entry int64 [1].
     """
 
@@ -46,7 +47,7 @@ class HNSWSearch(Searcher):
                                     "steps")  # fmt: skip
         self.upper_steps = check_positive(upper_steps, "upper_steps")
         self.max_level = index.max_level
-        self.register_buffer("vectors", kept(index.vectors.float(), copy))
+        self.register_buffer("vectors", kept(index.search_vectors(), copy))
         self.register_buffer("neighbors", index.neighbors.long())
         self.register_buffer("upper_offsets", kept(index.upper_offsets, copy))
         self.register_buffer("upper_neighbors", index.upper_neighbors.long())

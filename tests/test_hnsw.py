@@ -297,15 +297,3 @@ def test_searches_from_many_threads_equal_one_at_a_time(data, built):
                               range(0, 200, 20)))  # fmt: skip
     for a, b in zip(expected, found, strict=True):
         np.testing.assert_array_equal(a, b)
-
-
-def test_filtered_and_range_search_are_refused_with_what_to_use_instead():
-    x = np.random.default_rng(3).standard_normal((300, 8)).astype(np.float32)
-    index = vq.HNSW(8, M=8)
-    index.add(x)
-    before = index.search(x[:2], 3)[1]
-    with pytest.raises(NotImplementedError, match="HNSW has no filtered search yet"):
-        index.search(x[:2], 3, allowed=np.arange(10))
-    with pytest.raises(NotImplementedError, match="HNSW has no range_search yet"):
-        index.range_search(x[:2], 1.0)
-    np.testing.assert_array_equal(index.search(x[:2], 3)[1], before)

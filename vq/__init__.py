@@ -11,6 +11,7 @@ from vq._version import __version__ as __version__
 from vq.clustering import KMeansResult, kmeans, lbg
 from vq.index import (
     HNSW,
+    HNSWSQ,
     IVFPQ,
     IVFSQ,
     FlatIndex,
@@ -52,6 +53,7 @@ __all__ = [
     "FlatIndex",
     "IdFilter",
     "HNSW",
+    "HNSWSQ",
     "Gradient",
     "GroupedResidualVQ",
     "IVFFlat",

@@ -39,6 +39,7 @@ COMMON = (
     "SQ8",
     "IVF64,SQ8",
     "HNSW32",
+    "HNSW32,SQ8",
 )
 
 
@@ -129,13 +130,12 @@ def _warm_one(description: str, metric: str, dim: int, threads: int | None = Non
 
 def _filtered_and_range(index, x: np.ndarray) -> None:
     """The filtered searches (an id filter, a bitmap) and the range search, where the kind
-    has them (HNSW: its int8 traversal instead)."""
-    if isinstance(index, HNSW):
+    has them (HNSW: its int8 traversal too)."""
+    if type(index) is HNSW:
         int8 = HNSW(index.dim, index.M, index.metric, traversal="int8")
         int8.add(x)
         for batch in (x[:64], x[:1]):
             int8.search(batch, 10)
-        return
     for allowed in (IdFilter(np.arange(0, len(x), 3)), np.arange(len(x)) % 2 == 0):
         for batch in (x[:64], x[:1]):
             index.search(batch, 10, allowed=allowed)

@@ -26,86 +26,23 @@ compressed codes replaces it (and re-ranks the survivors exactly).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
-from numba.extending import overload
+from numba import njit
 
 from vq.kernels.cache import kernel
 from vq.kernels.exact import exact_distance
+from vq.kernels.graph_store import (
+    borrow_store,
+    node_distance,
+    prefetch_node,
+    prepare_query,
+)
 from vq.kernels.heaps import heapify_pair, push_pair, sift_down_pair, sort_pair_heap
-from vq.kernels.simd import borrow, prefetch_line
+from vq.kernels.simd import borrow
 from vq.kernels.threads import get_num_threads, parallel_for
 
 _EPOCHS = 65535
-
-
-@njit(inline="always", fastmath=True)
-def int8_distance(x, store, i, inner_product):
-    """:func:`exact_distance` estimated from int8 codes with a scale per vector:
-    ``store`` = (codes int8 [n, d], factors float32 [n, 2]: the scale s and s²‖c‖²),
-    ``x`` = (query float32 [d], ‖q‖²)."""
-    q, qn = x
-    codes, factors = store
-    dot = np.float32(0.0)
-    for j in range(q.shape[0]):
-        dot += q[j] * np.float32(codes[i, j])
-    s = factors[i, 0]
-    if inner_product:
-        return -s * dot
-    return qn - np.float32(2.0) * s * dot + factors[i, 1]
-
-
-def node_distance(x, store, i, inner_product):
-    """The distance the traversal ranks by: :func:`exact_distance` for a float32 ``store``
-    [n, d], :func:`int8_distance` for a tuple of int8 codes and factors (the one function
-    a compressed layout replaces; a numba overload, resolved by the store's type)."""
-
-
-def prepare_query(q, store):
-    """The query as :func:`node_distance` takes it for ``store``: ``q`` itself, or
-    ``(q, ‖q‖²)`` for int8 codes."""
-
-
-def prefetch_node(store, i):
-    """Ask the CPU for the cache lines of node i in ``store``."""
-
-
-@overload(node_distance, jit_options={"fastmath": True})
-def _node_distance(x, store, i, inner_product):
-    if isinstance(store, types.Array):
-        return lambda x, store, i, inner_product: exact_distance(x, store, i, inner_product)
-    return lambda x, store, i, inner_product: int8_distance(x, store, i, inner_product)
-
-
-@overload(prepare_query, jit_options={"fastmath": True})
-def _prepare_query(q, store):
-    if isinstance(store, types.Array):
-        return lambda q, store: q
-
-    def impl(q, store):
-        qn = np.float32(0.0)
-        for j in range(q.shape[0]):
-            qn += q[j] * q[j]
-        return q, qn
-
-    return impl
-
-
-@overload(prefetch_node)
-def _prefetch_node(store, i):
-    if isinstance(store, types.Array):
-
-        def impl(store, i):
-            for byte in range(0, store.shape[1] * 4, 64):
-                prefetch_line(store, i, byte)
-
-        return impl
-
-    def impl8(store, i):
-        codes = store[0]
-        for byte in range(0, codes.shape[1], 64):
-            prefetch_line(codes, i, byte)
-
-    return impl8
+#: ``allowed`` of an unfiltered search
+NO_FILTER = np.zeros(0, dtype=np.uint8)
 
 
 @njit(inline="always", fastmath=True)
@@ -170,16 +107,23 @@ def greedy(x, data, ip, nbr0, up_off, up_nbr, level, v, dv):
 
 @njit(inline="always", fastmath=True)
 def beam(x, data, ip, nbr0, up_off, up_nbr, level, entry, d_entry, cap, ef, seen, hd, hi,
-         scratch):  # fmt: skip
+         scratch, allowed, rd, ri):  # fmt: skip
     """Beam search at ``level`` from ``entry``: the ``cap`` nearest nodes seen, in the
     max-heap ``hd``/``hi`` [>= cap] (ids encoded: expanded node v is ``-v - 2``); returns
-    their number. ``ef`` is faiss's stopping efSearch (see the module docstring);
-    ``scratch`` int64 [>= 2M] holds a node's unvisited neighbours."""
+    their number and, with a filter, how many allowed nodes ``rd``/``ri`` hold. ``ef`` is
+    faiss's stopping efSearch (see the module docstring); ``scratch`` int64 [>= 2M] holds a
+    node's unvisited neighbours. ``allowed`` uint8 [n] (or [0]: no filter): the beam walks
+    every node, and the ``cap`` nearest allowed ones seen are kept in the max-heap
+    ``rd``/``ri`` (faiss's search with an ``IDSelector``)."""
     epoch = next_epoch(seen)
     deg = degree(nbr0, up_nbr, level)
+    filtered = allowed.shape[0] > 0
     hd[0], hi[0] = d_entry, entry
-    size, valid = 1, 1
+    size, valid, rsize = 1, 1, 0
     seen[entry] = epoch
+    if filtered and allowed[entry] != 0:
+        rd[0], ri[0] = d_entry, entry
+        rsize = 1
     while valid > 0:
         best, bd = -1, np.float32(np.inf)
         for j in range(size - 1, -1, -1):  # the nearest unexpanded (faiss's pop_min)
@@ -207,6 +151,8 @@ def beam(x, data, ip, nbr0, up_off, up_nbr, level, entry, d_entry, cap, ef, seen
         for j in range(fresh):
             w = scratch[j]
             d = node_distance(x, data, w, ip)
+            if filtered and allowed[w] != 0:
+                rsize = keep_nearest(rd, ri, rsize, cap, d, w)
             if size == cap:
                 if d >= hd[0]:
                     continue
@@ -217,7 +163,20 @@ def beam(x, data, ip, nbr0, up_off, up_nbr, level, entry, d_entry, cap, ef, seen
                 push_pair(hd, hi, size, d, w)
                 size += 1
             valid += 1
-    return size
+    return size, rsize
+
+
+@njit(inline="always")
+def keep_nearest(heap_d, heap_i, count, limit, dist, node):
+    """Offer (dist, node) to the max-heap ``heap_d``/``heap_i`` of at most ``limit``
+    entries (``count`` now); returns its new count."""
+    grown = count
+    if count < limit:
+        push_pair(heap_d, heap_i, count, dist, node)
+        grown = count + 1
+    elif dist < heap_d[0]:
+        sift_down_pair(heap_d, heap_i, count, 0, dist, node)
+    return grown
 
 
 @njit(inline="always")
@@ -241,34 +200,83 @@ def descend(x, data, ip, nbr0, up_off, up_nbr, entry, max_level, stop):
 
 @kernel(nogil=True, fastmath=True)
 def hnsw_search_range(s0, s1, slices, queries, store, data, rerank, ip, nbr0, up_off, up_nbr,
-                      entry, max_level, ef, seen, out_dist, out_idx):  # fmt: skip
+                      entry, max_level, ef, seen, allowed, out_dist, out_idx):  # fmt: skip
     """:func:`hnsw_search` for slices ``s0..s1`` of ``slices`` (slice s: queries
     ``nq * s // slices`` .. and the visit stamps ``seen[s]``) on the calling thread."""
     queries, data, nbr0 = borrow(queries), borrow(data), borrow(nbr0)
+    up_off, up_nbr, seen = borrow(up_off), borrow(up_nbr), borrow(seen)
+    store = borrow_store(store)
     out_dist, out_idx = borrow(out_dist), borrow(out_idx)
     nq, k = out_dist.shape
     cap = max(ef, k)
     hd = np.empty(cap, dtype=np.float32)
     hi = np.empty(cap, dtype=np.int64)
     scratch = np.empty(nbr0.shape[1], dtype=np.int64)
+    allowed = borrow(allowed)
+    filtered = allowed.shape[0] > 0
+    rd = np.empty(cap if filtered else 0, dtype=np.float32)
+    ri = np.empty(cap if filtered else 0, dtype=np.int64)
     for s in range(s0, s1):
         stamps = seen[s]
         for q in range(nq * s // slices, nq * (s + 1) // slices):
-            x = prepare_query(queries[q], store)
+            x = prepare_query(queries[q], store, ip)
             v, dv = descend(x, store, ip, nbr0, up_off, up_nbr, entry, max_level, 0)
-            size = beam(x, store, ip, nbr0, up_off, up_nbr, 0, v, dv, cap, ef, stamps, hd, hi,
-                        scratch)  # fmt: skip
+            size, rsize = beam(x, store, ip, nbr0, up_off, up_nbr, 0, v, dv, cap, ef, stamps,
+                               hd, hi, scratch, allowed, rd, ri)  # fmt: skip
+            if filtered:  # the allowed nodes seen, not the beam
+                size = rsize
+                for j in range(size):
+                    hd[j], hi[j] = rd[j], ri[j]
             decode_sorted(hd, hi, size)
             if rerank:  # the beam's nodes by their exact distances
                 for j in range(size):
                     hd[j] = exact_distance(queries[q], data, hi[j], ip)
                 heapify_pair(hd, hi, size)
                 sort_pair_heap(hd, hi, size)
-            for j in range(k):
-                if j < size:
-                    out_dist[q, j], out_idx[q, j] = hd[j], hi[j]
-                else:
-                    out_dist[q, j], out_idx[q, j] = np.inf, -1
+            write_row(hd, hi, size, out_dist, out_idx, q)
+
+
+@njit(inline="always")
+def write_row(hd, hi, size, out_dist, out_idx, q):
+    """Row q of the outputs := the first k of ``size`` sorted results, padded (+inf, -1)."""
+    for j in range(out_dist.shape[1]):
+        if j < size:
+            out_dist[q, j], out_idx[q, j] = hd[j], hi[j]
+        else:
+            out_dist[q, j], out_idx[q, j] = np.inf, -1
+
+
+@kernel(nogil=True, fastmath=True)
+def rows_scan_range(q0, q1, queries, store, data, rerank, ip, rows, out_dist, out_idx):
+    """:func:`rows_scan` for queries ``q0..q1`` on the calling thread."""
+    queries, data, rows = borrow(queries), borrow(data), borrow(rows)
+    store = borrow_store(store)
+    out_dist, out_idx = borrow(out_dist), borrow(out_idx)
+    k = out_dist.shape[1]
+    hd = np.empty(k, dtype=np.float32)
+    hi = np.empty(k, dtype=np.int64)
+    for q in range(q0, q1):
+        x = prepare_query(queries[q], store, ip)
+        size = 0
+        for r in range(rows.shape[0]):
+            w = rows[r]
+            if rerank:
+                d = exact_distance(queries[q], data, w, ip)
+            else:
+                d = node_distance(x, store, w, ip)
+            size = keep_nearest(hd, hi, size, k, d, w)
+        sort_pair_heap(hd, hi, size)
+        write_row(hd, hi, size, out_dist, out_idx, q)
+
+
+def rows_scan(queries, data, inner_product, rows, out_dist, out_idx, codes=None):
+    """The ``k`` nearest of the graph's nodes ``rows`` (int64 [m]) for each query, by an exact
+    scan (a search under a filter that allows few nodes); arguments as :func:`hnsw_search`'s:
+    the distances are exact where ``data`` holds the vectors (``codes`` None, or int8 codes
+    beside them), else those of the compressed ``store`` (see :func:`hnsw_search`)."""
+    store, rerank = _store(data, codes)
+    parallel_for(rows_scan_range, queries.shape[0], queries, store, data, rerank,
+                 bool(inner_product), rows, out_dist, out_idx)  # fmt: skip
 
 
 def new_seen(slots: int, n: int) -> np.ndarray:
@@ -277,7 +285,7 @@ def new_seen(slots: int, n: int) -> np.ndarray:
 
 
 def hnsw_search(queries, data, inner_product, nbr0, up_off, up_nbr, entry, max_level, ef, seen,
-                out_dist, out_idx, codes=None):  # fmt: skip
+                out_dist, out_idx, codes=None, allowed=NO_FILTER):  # fmt: skip
     """The ``k`` nearest nodes of each query by HNSW search; threads split the queries.
 
     Args:
@@ -285,7 +293,12 @@ def hnsw_search(queries, data, inner_product, nbr0, up_off, up_nbr, entry, max_l
             node of level ``max_level``; a non-empty graph).
         codes: None (the traversal reads ``data``), or (int8 [n, d], float32 [n, 2]) codes
             with a scale per vector (:func:`int8_codes`): the traversal reads them, and the
-            beam's nodes are re-ranked on ``data``.
+            beam's nodes are re-ranked on ``data``; or scalar-quantizer codes ``(codes uint8
+            [n, code_size], offset, scale, table, kind)`` as :mod:`vq.kernels.sq` reads them:
+            the traversal and the distances returned are on the codes (``data`` float32
+            [0, d]: no vectors are kept).
+        allowed: uint8 [n], 0 for nodes a filtered search must not return (the beam still
+            walks them), or [0]: no filter.
         inner_product: rank by negated inner products instead of squared L2 distances.
         ef: efSearch (the beam holds max(ef, k) nodes).
         seen: uint16 [slots, n + 1] visit stamps (:func:`new_seen`), one row per thread,
@@ -294,17 +307,18 @@ def hnsw_search(queries, data, inner_product, nbr0, up_off, up_nbr, entry, max_l
             (-1 padding).
     """
     slices = max(1, min(get_num_threads(), seen.shape[0], queries.shape[0]))
-    store = data if codes is None else tuple(codes)
-    parallel_for(hnsw_search_range, slices, slices, queries, store, data, codes is not None,
+    store, rerank = _store(data, codes)
+    parallel_for(hnsw_search_range, slices, slices, queries, store, data, rerank,
                  bool(inner_product), nbr0, up_off, up_nbr, int(entry), int(max_level), int(ef),
-                 seen, out_dist, out_idx)  # fmt: skip
+                 seen, allowed, out_dist, out_idx)  # fmt: skip
 
 
-def int8_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """int8 codes with one scale per vector, for the traversal: codes int8 [n, d] =
-    round(x / s) with s = max|x| / 127, and factors float32 [n, 2] = (s, s² ‖c‖²)."""
-    s = np.abs(x).max(axis=1) / 127.0
-    s = np.where(s > 0, s, 1.0).astype(np.float32)
-    codes = np.clip(np.rint(x / s[:, None]), -127, 127).astype(np.int8)
-    norms = (codes.astype(np.float32) ** 2).sum(1) * s * s
-    return codes, np.stack([s, norms], axis=1).astype(np.float32)
+def _store(data, codes) -> tuple:
+    """What the traversal reads, and whether the results are re-ranked on ``data``."""
+    if codes is None:
+        return data, False
+    codes = tuple(codes)
+    if len(codes) == 5:
+        c, offset, scale, table, kind = codes
+        return (c, offset, scale, table, np.int64(kind)), False
+    return codes, True

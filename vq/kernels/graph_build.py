@@ -5,6 +5,12 @@ Reference: Malkov & Yashunin, TPAMI 2018 (levels, neighbour selection by heurist
 lock-free scheme of ParlayANN (M. D. Manohar et al., "ParlayANN: Scalable and Deterministic
 Parallel Graph-Based Approximate Nearest Neighbor Search Algorithms", PPoPP 2024).
 
+A new node keeps at most M neighbours of its own on every level, chosen by the heuristic
+among its efConstruction nearest (hnswlib's rule; faiss keeps up to 2M on level 0, unpruned
+while fewer than 2M are found): level-0 lists then fill to 2M through reverse links only. The
+pruned lists make every later insertion visit fewer nodes, at the same recall per efSearch
+as hnswlib's graph (bench.hnsw).
+
 Nodes are inserted highest level first (as faiss does), in batches. Within a batch, each new
 node searches the graph as it was before the batch (read-only: threads split the batch) and
 writes its own neighbour lists; then the reverse links are grouped by target node and each
@@ -20,14 +26,15 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import intrinsic
 
 from vq.kernels.cache import kernel
 from vq.kernels.graph import (
     beam,
     decode_sorted,
-    degree,
     descend,
     pair_distance,
 )
@@ -94,33 +101,77 @@ def select_neighbours(data, ip, cand_d, cand_i, size, out_rows, row, m):
     return count
 
 
+@intrinsic
+def claim(typingctx, counter, amount):
+    """Atomically add ``amount`` to ``counter[0]`` (int64 [1]) and return the value before:
+    threads taking work from one counter each get a range no other thread gets."""
+    if not (isinstance(counter, types.Array) and counter.dtype == types.int64):
+        raise numba.core.errors.TypingError(f"claim: expected an int64 array, got {counter}")
+    sig = types.int64(counter, types.int64)
+
+    def codegen(context, builder, signature, args):
+        a = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.atomic_rmw("add", a.data, args[1], "seq_cst")
+
+    return sig, codegen
+
+
+if numba.config.DISABLE_JIT:  # the kernels run as plain Python (numba's debugging mode)
+
+    def claim(counter, amount):  # noqa: F811
+        before = int(counter[0])
+        counter[0] += amount
+        return before
+
+
+#: nodes a thread takes from the batch at a time (the rest go to whichever thread is free)
+CLAIM = 2
+
+
 @kernel(nogil=True, fastmath=True)
-def insert_range(s0, s1, slices, nodes, data, ip, levels, nbr0, up_off, up_nbr, entry,
-                 max_level, ef, seen):  # fmt: skip
-    """Phase one of a batch, for slices ``s0..s1`` of ``slices`` of ``nodes``: each node's
-    own neighbour lists, from a search of the graph without the batch."""
-    data = borrow(data)
+def insert_range(s0, s1, nodes, data, ip, levels, nbr0, up_off, up_nbr, entry, max_level, ef,
+                 seen, counter):  # fmt: skip
+    """Phase one of a batch, on thread slots ``s0..s1`` (visit stamps ``seen[s]``): each
+    node's own neighbour lists, from a search of the graph without the batch. The nodes are
+    taken :data:`CLAIM` at a time from ``counter`` (int64 [1], 0 at the start), so that a
+    thread held up (a busy machine) leaves its share to the others; which thread inserts a
+    node does not change its lists."""
+    data, levels, nbr0, up_off, up_nbr = (borrow(data), borrow(levels), borrow(nbr0),
+                                          borrow(up_off), borrow(up_nbr))  # fmt: skip
+    seen, nodes = borrow(seen), borrow(nodes)
     hd = np.empty(ef, dtype=np.float32)
     hi = np.empty(ef, dtype=np.int64)
     scratch = np.empty(nbr0.shape[1], dtype=np.int64)
+    no_filter = np.zeros(0, dtype=np.uint8)
     nb = nodes.shape[0]
     for s in range(s0, s1):
         stamps = seen[s]
-        for b in range(nb * s // slices, nb * (s + 1) // slices):
-            u = nodes[b]
-            x = data[u]
-            top = min(np.int64(levels[u]), max_level)
-            v, dv = descend(x, data, ip, nbr0, up_off, up_nbr, entry, max_level, top)
-            for level in range(top, -1, -1):
-                size = beam(x, data, ip, nbr0, up_off, up_nbr, level, v, dv, ef, ef, stamps,
-                            hd, hi, scratch)  # fmt: skip
-                decode_sorted(hd, hi, size)
-                m = degree(nbr0, up_nbr, level)
-                if level == 0:
-                    select_neighbours(data, ip, hd, hi, size, nbr0, u, m)
-                else:
-                    select_neighbours(data, ip, hd, hi, size, up_nbr, up_off[u] + level - 1, m)
-                v, dv = hi[0], hd[0]
+        while True:
+            b0 = claim(counter, CLAIM)
+            if b0 >= nb:
+                break
+            for b in range(b0, min(b0 + CLAIM, nb)):
+                _insert_one(nodes[b], data, ip, levels, nbr0, up_off, up_nbr, entry,
+                            max_level, ef, stamps, hd, hi, scratch, no_filter)  # fmt: skip
+
+
+@njit(inline="always", fastmath=True)
+def _insert_one(u, data, ip, levels, nbr0, up_off, up_nbr, entry, max_level, ef, stamps, hd,
+                hi, scratch, no_filter):  # fmt: skip
+    """Node u's own lists at its levels: a beam of ``ef`` per level, then the heuristic."""
+    x = data[u]
+    top = min(np.int64(levels[u]), max_level)
+    v, dv = descend(x, data, ip, nbr0, up_off, up_nbr, entry, max_level, top)
+    for level in range(top, -1, -1):
+        size, _ = beam(x, data, ip, nbr0, up_off, up_nbr, level, v, dv, ef, ef, stamps, hd,
+                       hi, scratch, no_filter, hd, hi)  # fmt: skip
+        decode_sorted(hd, hi, size)
+        m = up_nbr.shape[1]  # hnswlib: M links of its own at every level
+        if level == 0:
+            select_neighbours(data, ip, hd, hi, size, nbr0, u, m)
+        else:
+            select_neighbours(data, ip, hd, hi, size, up_nbr, up_off[u] + level - 1, m)
+        v, dv = hi[0], hd[0]
 
 
 @njit(inline="always", fastmath=True)
@@ -156,7 +207,9 @@ def link_range(g0, g1, targets, target_levels, starts, sources, data, ip, nbr0, 
     """Phase two of a batch for groups ``g0..g1``: group g adds ``sources[starts[g]:
     starts[g + 1]]`` to the list of node ``targets[g]`` at level ``target_levels[g]``;
     ``width`` bounds a list plus its group."""
-    data = borrow(data)
+    data, nbr0, up_off, up_nbr = borrow(data), borrow(nbr0), borrow(up_off), borrow(up_nbr)
+    targets, target_levels, starts, sources = (borrow(targets), borrow(target_levels),
+                                               borrow(starts), borrow(sources))  # fmt: skip
     cd = np.empty(width, dtype=np.float32)
     ci = np.empty(width, dtype=np.int64)
     for g in range(g0, g1):
@@ -223,9 +276,9 @@ def hnsw_insert(nodes, data, inner_product, levels, nbr0, up_off, up_nbr, entry,
         if levels[u] <= max_level:
             size = int(min(max(1, inserted * BATCH_FRACTION), MAX_BATCH))
         batch = nodes[pos : pos + size]
-        slices = max(1, min(len(seen), len(batch)))
-        parallel_for(insert_range, slices, slices, batch, data, ip, levels, nbr0, up_off, up_nbr,
-                     int(entry), int(max_level), ef, seen)  # fmt: skip
+        slots = max(1, min(len(seen), len(batch)))
+        parallel_for(insert_range, slots, batch, data, ip, levels, nbr0, up_off, up_nbr,
+                     int(entry), int(max_level), ef, seen, np.zeros(1, np.int64))  # fmt: skip
         targets, tlevels, starts, sources = _reverse_links(batch, levels, nbr0, up_off, up_nbr)
         width = nbr0.shape[1] + int(np.diff(starts).max(initial=0))
         parallel_for(link_range, len(targets), targets, tlevels, starts, sources, data, ip, nbr0,
