@@ -1,16 +1,50 @@
-"""Shared benchmark plumbing: thread pinning, alternating timing, tables, CSV and the header."""
+"""Shared benchmark plumbing: thread pinning, alternating timing, tables, CSV and the header,
+fresh child processes and their memory."""
 
 from __future__ import annotations
 
 import csv
+import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+REPO = RESULTS.parent.parent
+
+
+def rss_kib(field: str = "VmRSS") -> int:
+    """Resident set size in KiB from Linux /proc: "VmRSS" now, "VmHWM" its peak ("RssAnon",
+    "RssFile": its parts).
+
+    The peak is read from VmHWM, not ``ru_maxrss``: on Linux a process keeps the ``ru_maxrss``
+    of the process that forked it across exec, so a child would report its parent's peak.
+    """
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0  # not Linux, or a field this kernel lacks
+
+
+def run_fresh(module: str, function: str, *args) -> dict:
+    """``module.function(*args)`` in a fresh Python process (its memory counted from zero),
+    which prints one JSON line last; returns that line parsed."""
+    code = f"from {module} import {function}; {function}(" + ", ".join(map(repr, args)) + ")"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{module}.{function}{args[:2]} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def set_threads(n: int) -> None:

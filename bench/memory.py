@@ -16,26 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import report, set_threads
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _rss_kib(field: str = "VmRSS") -> int:
-    """Resident set size in KiB from Linux /proc: "VmRSS" now, "VmHWM" its peak.
-
-    The peak is read from VmHWM, not ``ru_maxrss``: on Linux a process keeps the ``ru_maxrss``
-    of the process that forked it across exec, so a child would report its parent's peak.
-    """
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
+from bench.common import report, rss_kib, run_fresh, set_threads
 
 
 def child(system: str, data: str, empty: str, out: str, threads: int) -> None:
@@ -57,11 +41,11 @@ def child(system: str, data: str, empty: str, out: str, threads: int) -> None:
     warm = vq.load_index(empty) if system == "vq" else faiss.read_index(empty)
     warm.add(x[:1000])
     del warm
-    loaded_rss = _rss_kib()
-    loaded_peak = _rss_kib("VmHWM")
+    loaded_rss = rss_kib()
+    loaded_peak = rss_kib("VmHWM")
     index.add(x)
-    peak = _rss_kib("VmHWM")
-    after_rss = _rss_kib()
+    peak = rss_kib("VmHWM")
+    after_rss = rss_kib()
     if system == "vq":
         index.save(out)
     else:
@@ -77,20 +61,7 @@ def child(system: str, data: str, empty: str, out: str, threads: int) -> None:
 
 
 def run_child(system: str, data: Path, empty: Path, out: Path, threads: int) -> dict:
-    code = (
-        "from bench.memory import child; "
-        f"child({system!r}, {str(data)!r}, {str(empty)!r}, {str(out)!r}, {threads})"
-    )
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{system} child failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_fresh("bench.memory", "child", system, str(data), str(empty), str(out), threads)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -27,16 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import report, set_threads
-from bench.memory import _rss_kib
+from bench.common import report, rss_kib, run_fresh, set_threads
 
-REPO = Path(__file__).resolve().parent.parent
 MODES = {"in memory": {}, "mmap": {"mmap": True}, "mmap + verify": {"mmap": True, "verify": True}}
 
 
@@ -59,31 +55,21 @@ def child(mode: str, cache: str, path: str, small: str, queries: str, out: str, 
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-    before, anon = _rss_kib(), _rss_kib("RssAnon")
+    before, anon = rss_kib(), rss_kib("RssAnon")
     t0 = time.perf_counter()
     index = vq.load_index(path, **MODES[mode])
     t1 = time.perf_counter()
-    loaded = _rss_kib()
+    loaded = rss_kib()
     _, ids = index.search(q, 10, nprobe=nprobe)
     t2 = time.perf_counter()
     np.save(out, ids)
-    result = {"before": before, "peak": _rss_kib("VmHWM"), "load": t1 - t0, "search": t2 - t1}
-    result["anon"], result["loaded"] = _rss_kib("RssAnon") - anon, loaded - before
+    result = {"before": before, "peak": rss_kib("VmHWM"), "load": t1 - t0, "search": t2 - t1}
+    result["anon"], result["loaded"] = rss_kib("RssAnon") - anon, loaded - before
     print(json.dumps(result))
 
 
 def _run(*args) -> dict:
-    code = "from bench.mmap import child; child(" + ", ".join(map(repr, args)) + ")"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{args[:2]} child failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_fresh("bench.mmap", "child", *args)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
