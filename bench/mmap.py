@@ -6,18 +6,20 @@ against the in-memory load, and what verifying the checksum costs.
 
 Builds the index once and saves it; then each mode loads the file and searches ``--nq`` queries
 in a fresh Python process, so that its peak RSS is its own. The child first searches a small
-throwaway index of the same kind (numba loads its compiled kernels and LLVM once per process,
-a cost of the process rather than of the index), then reads its RSS, loads, reads its RSS
-again, searches, and reads the peak (VmHWM from /proc, not ``ru_maxrss``: on Linux a child
-keeps the ``ru_maxrss`` of the process that forked it across exec, see bench/memory.py) and
+throwaway index of the same kind, loaded the same way (numba loads its compiled kernels and
+LLVM once per process, a cost of the process rather than of the index), then reads its RSS,
+loads, reads its RSS again, searches, and reads the peak (VmHWM from /proc, not
+``ru_maxrss``: on Linux a child keeps the ``ru_maxrss`` of the process that forked it across
+exec, see bench/memory.py) and
 the anonymous memory (RssAnon) held after the search. Each mode runs twice: with the file's
 pages in the page cache as the parent wrote them ("warm"), and dropped from it first
 (``posix_fadvise(DONTNEED)``, "cold": a file larger than memory, or not read lately). A mapped
-file's pages that a search touches count in RSS (file-backed, clean, given back under memory
-pressure); from a warm cache the kernel maps cached pages around each fault (fault-around, by
-whole large folios on recent kernels), so a few probes show much of the file; from a cold cache
-only the pages read (the mapping is advised ``MADV_RANDOM``: no read-ahead). IVFPQ's
-precomputed table is filled for the probed lists only (anonymous memory). Prints a table (load
+file's pages that a process touches count in its RSS, and from a warm cache the kernel maps
+whole large folios around each fault, so an IVF search reads its probed lists with ``pread``
+instead (:mod:`vq.index.mapped`: the bytes copied into memory freed after the call, nothing
+mapped). IVFPQ's precomputed table is filled for the probed lists only (anonymous memory).
+Two baselines: the in-memory load's peak (its loader holds the file's pages and the copy at
+once) and its RSS once loaded (the copy alone). Prints a table (load
 s, search s, RSS after load, peak RSS increase and its ratio to the in-memory load, anonymous
 memory, identical results); writes bench/results/mmap.csv.
 """
@@ -42,10 +44,15 @@ def child(mode: str, cache: str, path: str, small: str, queries: str, out: str, 
     import numpy as np
 
     import vq
+    from vq.index import fileformat
 
     set_threads(1)
     q = np.load(queries)
-    warm = vq.load_index(small)
+    small_bytes = fileformat.SMALL_BYTES
+    if "mmap" in MODES[mode]:  # the small index's tensors mapped too, whatever their size
+        fileformat.SMALL_BYTES = 0
+    warm = vq.load_index(small, **MODES[mode])
+    fileformat.SMALL_BYTES = small_bytes
     warm.search(q, 10, nprobe=nprobe)  # the kernels of this search loaded, its tables built
     warm.search(q[:1], 10, nprobe=nprobe)
     del warm
@@ -134,6 +141,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 "peak RSS increase MiB": increase,
                 "increase / in-memory": increase
                 / max(1e-9, (base["peak"] - base["before"]) / 1024),
+                "increase / in-memory loaded": increase / max(1e-9, base["loaded"] / 1024),
                 "anonymous increase MiB": r["anon"] / 1024,
                 "anonymous / in-memory": r["anon"] / max(1, base["anon"]),
                 "same ids": bool(np.array_equal(r["ids"], results["in memory", "warm"]["ids"])),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import mmap
+import os
 import struct
 from pathlib import Path
 
@@ -29,12 +30,15 @@ import torch
 from safetensors import SafetensorError
 
 from vq._version import __version__
+from vq.index.mapped import MappedFile, register
 from vq.parallel.atomic import remove_stale_temporaries, write_safetensors
 
 FORMAT = "vq.index"
 FORMAT_VERSION = 2
 #: the oldest format version this vq reads
 MIN_FORMAT_VERSION = 1
+#: tensors smaller than this are read at a mapped load, not mapped (offsets, codebooks...)
+SMALL_BYTES = 1 << 20
 #: safetensors headers larger than this are refused before being read
 _MAX_HEADER_BYTES = 1 << 24
 
@@ -170,14 +174,15 @@ _DTYPES = {
 def map_tensors(path: Path, meta: dict, verify: bool) -> dict[str, torch.Tensor]:
     """The tensors of an index file memory-mapped, not read: each a view of the file's bytes
     (copy-on-write, ``numpy.memmap`` mode "c": writing to one copies the pages it touches and
-    never changes the file), so only the pages a search reads become resident. ``verify``:
-    compute the checksum now (reads every byte once); otherwise the data are not read here
-    (ranges and shapes are checked from the header alone). The mapping is advised random
-    access (``MADV_RANDOM``, where the platform has it): a page fault reads that page from
-    disk and no read-ahead around it (128 KiB by default on Linux, eight times the lists a
-    probe of IVF1024 over 1M vectors reads), so what a search does not read is not loaded.
-    Pages already in the page cache may still be mapped around a fault (the kernel's
-    fault-around): they count in RSS, clean and shared, but cost no read.
+    never changes the file), so only the pages a search reads become resident. Tensors under
+    :data:`SMALL_BYTES` (offsets, codebooks, centroids) are read instead. ``verify``: compute
+    the checksum now (reads every byte once); otherwise the data are not read here (ranges and
+    shapes are checked from the header alone). The mapping is advised random access
+    (``MADV_RANDOM``, where the platform has it): a page fault reads that page from disk and no
+    read-ahead around it, so what is not read is not loaded. Pages already in the page cache
+    are still mapped around a fault (whole large folios: see :mod:`vq.index.mapped`), which is
+    why IVF searches read the probed lists with ``pread`` instead (each mapped tensor is
+    registered there, with its byte offset and a descriptor of the file).
 
     Raises:
         ValueError: a tensor whose dtype, shape and byte range disagree, or (``verify``) a
@@ -187,6 +192,7 @@ def map_tensors(path: Path, meta: dict, verify: bool) -> dict[str, torch.Tensor]
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))
         pages = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # (numpy.memmap mode "c")
+        source = MappedFile(path, os.dup(f.fileno()))
     data = np.frombuffer(pages, dtype=np.uint8)  # (holds the mapping while a view lives)
     base = 8 + n
     tensors = {}
@@ -200,7 +206,14 @@ def map_tensors(path: Path, meta: dict, verify: bool) -> dict[str, torch.Tensor]
         if int(np.prod(shape, dtype=np.int64)) * np.dtype(kind[0]).itemsize != end - start:
             raise ValueError(f"{path}: corrupted vq index file (tensor {name!r}: bad byte range)")
         array = data[base + start : base + end].view(kind[0]).reshape(shape)
+        if end - start < SMALL_BYTES:  # read, not mapped: a search never faults on the map
+            array = np.empty_like(array)
+            if os.preadv(source.fd, [memoryview(array.reshape(-1).view(np.uint8))],
+                         base + start) != end - start:  # fmt: skip
+                raise ValueError(f"{path}: truncated vq index file (tensor {name!r})")
         tensors[name] = torch.from_numpy(array).view(kind[1])
+        if end - start >= SMALL_BYTES:
+            register(source, tensors[name], base + start)
     if verify and tensors_checksum(tensors) != meta.get("checksum"):
         raise ValueError(f"{path}: checksum mismatch: the file is corrupted or was modified")
     if hasattr(mmap, "MADV_RANDOM"):  # a fault reads its page alone: no read-ahead

@@ -44,14 +44,21 @@ def load_index(
     Args:
         path: the file.
         device: where to put its buffers (search then runs there).
-        mmap: map the stored data (codes, vectors, ids) from the file instead of reading them
-            (CPU): only the pages a search touches become resident, so an index larger than
-            memory can be searched; results are those of an in-memory load. The mapping is
-            advised random access (no read-ahead: a fault reads its own page) and
+        mmap: map the stored data (codes, vectors, ids: tensors from 1 MiB; smaller ones are
+            read) from the file instead of reading them (CPU), so an index larger than memory
+            can be searched; results are those of an in-memory load. IVF searches read the
+            lists they probe with ``pread`` into memory of their own, freed after the call
+            (at most about 64 MiB of lists at a time), and the result ids likewise: none of
+            the file's pages is mapped into the process, even from a warm page cache, where
+            touching the mapping would map whole large folios around each page (see
+            :mod:`vq.index.mapped`). Other reads (Flat/PQ/HNSW searches, filtered masks,
+            range search, ``reconstruct``, export) go through the mapping: only the pages they
+            touch become resident. The mapping is advised random access (no read-ahead) and
             copy-on-write: the index never writes to the file; ``add``, ``remove_ids`` and
             ``merge_from`` copy the buffers they change into memory first. While mapped, the
             file must not be truncated or rewritten in place (``index.save`` writes a new file
-            and renames it, which is safe); a search would then fault.
+            and renames it, which is safe): an IVF search then raises an OSError that says
+            so, and a read through the mapping would fault.
         verify: check the tensors' checksum, which reads every byte (default: True, and
             False with ``mmap``, whose point is not to read everything; ``mmap=True,
             verify=True`` reads the whole file once at load, and its pages stay resident until

@@ -30,12 +30,17 @@ from vq.index.hnsw import HNSW
 from vq.index.ivfsearch import IVFSearch, padded_rows, probe
 from vq.index.ivfstorage import IVFStorage
 from vq.index.lean import ivf_lean_search
+from vq.index.mapped import file_range, read_lists, read_rows
 from vq.index.searching import results_by_id
 from vq.index.spill import SPILL_COPIES
 from vq.index.static import INF, search_in_chunks
 from vq.quantizers import VectorQuantizer
 
 _NO_NORMS = np.zeros(0, np.float32)
+
+
+#: bytes of probed lists a search of a memory-mapped IVF index reads at a time
+FILE_SCAN_BYTES = 64 << 20
 
 
 class IVFIndex(IVFStorage, Index):
@@ -139,7 +144,10 @@ class IVFIndex(IVFStorage, Index):
         return False  # ids in list order, always held
 
     def _finish(self, val: torch.Tensor, rows: torch.Tensor, k: int):
-        return results_by_id(val, rows, k, self.metric, self.ids)
+        if file_range(self.ids) is None or not _cpu.fast_path(rows):
+            return results_by_id(val, rows, k, self.metric, self.ids)
+        at, stored = self._ids_of(rows.contiguous().numpy())
+        return results_by_id(val, torch.from_numpy(at), k, self.metric, torch.from_numpy(stored))
 
     def _remove(self, ids: torch.Tensor) -> int:
         return super()._remove(ids) // self.copies  # vectors removed, not rows
@@ -296,18 +304,58 @@ class IVFIndex(IVFStorage, Index):
         dist = _cpu.empty((q.shape[0], kc))
         rows = _cpu.empty((q.shape[0], kc), torch.int64)
         mask = kernel_mask(self, allowed)
-        self._scan_numba(q, coarse, lists, dist, rows, ranked or self.spill, mask)
+        if not self._scan_from_file(q, coarse, lists, dist, rows, ranked or self.spill, mask):
+            self._scan_numba(q, coarse, lists, dist, rows, ranked or self.spill, mask, self)
         if not self.spill:
             return dist, rows
         out_dist, out_rows = _cpu.empty((q.shape[0], k)), _cpu.empty((q.shape[0], k), torch.int64)
-        kernels.unique_rows(dist.numpy(), rows.numpy(), self.ids.numpy(), out_dist.numpy(),
-                            out_rows.numpy())  # fmt: skip
+        at, stored = self._ids_of(rows.numpy())
+        kernels.unique_rows(dist.numpy(), at, stored, out_dist.numpy(), out_rows.numpy())
+        if file_range(self.ids) is not None:  # (positions in rows: back to stored rows)
+            out = out_rows.numpy()
+            out[...] = np.where(out >= 0, rows.numpy().reshape(-1)[np.maximum(out, 0)], -1)
         return out_dist, out_rows
 
-    def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked, allowed) -> None:
+    def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked, allowed, store) -> None:
         """The numba scan: the k nearest rows, ascending (in any order if not ``ranked``),
-        of those ``allowed`` (uint8 [ntotal], 0: skipped; or empty) lets through."""
+        of those ``allowed`` (uint8 [rows], 0: skipped; or empty) lets through, in the row
+        buffers and ``offsets`` of ``store`` (the index itself, or a
+        :class:`vq.index.mapped.LocalLists` of rows read from its file)."""
         raise NotImplementedError
+
+    def _scan_from_file(self, q, coarse, lists, dist, rows, ranked, mask) -> bool:
+        """``_scan_numba`` for an index whose row buffers are mapped from its file
+        (``load_index(path, mmap=True)``): the probed lists read with ``pread`` instead of
+        through the mapping (see :mod:`vq.index.mapped`), a block of queries at a time (at
+        most about :data:`FILE_SCAN_BYTES` read per block), then freed; False, having done
+        nothing, for any other index."""
+        if not self.rows_mapped():
+            return False
+        buffers = {name: self._buffers[name] for name in self._row_buffers}
+        offsets, probes = self.offsets.numpy(), lists.numpy()
+        row_bytes = sum(t[0].numel() * t.element_size() for t in buffers.values())
+        per_query = probes.shape[1] * row_bytes * self.n_rows / self.nlist + 1
+        step = max(1, int(FILE_SCAN_BYTES // per_query))
+        for s in range(0, q.shape[0], step):
+            e = min(q.shape[0], s + step)
+            local = read_lists(buffers, offsets, probes[s:e])
+            part = local.take(mask) if mask.shape[0] else mask
+            self._scan_numba(q[s:e], coarse[s:e], lists[s:e], dist[s:e], rows[s:e], ranked,
+                             part, local)  # fmt: skip
+            got = rows[s:e].numpy()
+            got[...] = local.stored_rows(got)
+        return True
+
+    def _ids_of(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(at, stored)`` with ``stored[at] == ids[rows]`` (-1 rows stay -1): the stored ids
+        themselves, or, mapped from the index file, the ids of ``rows`` alone read with
+        ``pread`` (``at`` indexes ``rows.reshape(-1)``)."""
+        if file_range(self.ids) is None:
+            return rows, self.ids.numpy()
+        flat = rows.reshape(-1)
+        stored = read_rows(self.ids, np.maximum(flat, 0)).numpy()
+        at = np.where(rows >= 0, np.arange(flat.shape[0]).reshape(rows.shape), -1)
+        return np.ascontiguousarray(at), stored
 
     def _lean_search(self):
         """The whole search of a few queries as one kernel call on the calling thread (the
@@ -322,11 +370,23 @@ class IVFIndex(IVFStorage, Index):
     def _lean_closure(self, refine: tuple | None):
         """The lean search, and with ``refine`` = (vectors, ids, k_factor) that of a
         re-ranking wrapper, in the same kernel call (see :func:`vq.index.lean.ivf_lean_search`);
-        none with a graph-routed coarse quantizer (the lean kernels scan the centroids)."""
-        return None if self.coarse_hnsw else ivf_lean_search(self, refine)
+        none with a graph-routed coarse quantizer (the lean kernels scan the centroids) or
+        with rows mapped from the index file (the lean kernels read them through the mapping:
+        see ``_scan_from_file``)."""
+        if self.coarse_hnsw or (refine is not None and self.rows_mapped()):
+            return None
+        return ivf_lean_search(self, refine)
 
-    def _lean_kernel(self) -> tuple:
-        """The kind's lean kernel and its stored arrays: ``kernel(q, centroids_t, c_norms,
+    def rows_mapped(self) -> bool:
+        """Whether the stored rows and ids are (still) those of the index file this index was
+        loaded from with ``load_index(path, mmap=True)``: searches then read the lists they
+        probe from the file (see :mod:`vq.index.mapped`)."""
+        names = (*self._row_buffers, "ids")
+        return all(file_range(self._buffers[name]) is not None for name in names)
+
+    def _lean_kernel(self, store) -> tuple:
+        """The kind's lean kernel and its stored arrays (the row buffers and ``offsets`` of
+        ``store``: the index, or lists read from its file): ``kernel(q, centroids_t, c_norms,
         nprobe, *args, ids, inner_product, ref_vectors, ref_ids, k_candidates, out_dist,
         out_ids, ranked)`` searches numpy arrays
         of at most 16 queries on the calling thread, from the coarse step to ids (see

@@ -56,8 +56,8 @@ class IVFFlat(IVFIndex):
         :mod:`vq.export` writes out)."""
         return IVFFlatSearch(self, k, nprobe, capacity, copy)
 
-    def _lean_kernel(self) -> tuple:
-        x, offsets = self.vectors.contiguous().numpy(), self.offsets.numpy()
+    def _lean_kernel(self, store) -> tuple:
+        x, offsets = store.vectors.contiguous().numpy(), store.offsets.numpy()
         return kernels.ivf_flat_lean, (x, offsets)
 
     def _range_hits(self, q, radius: float, allowed=None, nprobe=None, max_codes=None) -> list:
@@ -72,12 +72,12 @@ class IVFFlat(IVFIndex):
 
         return probed_hits(radius, ip, lists, self.list_sizes().numpy(), call)
 
-    def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked, allowed) -> None:
+    def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked, allowed, store) -> None:
         kernels.ivf_flat_scan(
             q.contiguous().numpy(),
-            self.vectors.numpy(),
+            store.vectors.numpy(),
             lists.contiguous().numpy(),
-            self.offsets.numpy(),
+            store.offsets.numpy(),
             allowed,
             self.metric == "ip",
             out_dist.numpy(),

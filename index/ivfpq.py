@@ -225,23 +225,25 @@ class IVFPQ(IVFIndex):
             list_tables = np.zeros((0, self.pq.M * self.pq.ksub), np.float32)
         return (*arrays, list_tables, kind, alpha), coarse_base
 
-    def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked, allowed) -> None:
+    def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked, allowed, store) -> None:
         # the kernels build each query's tables themselves (from C-contiguous rows)
         q = q.contiguous()
         args, coarse_base = self._kernel_args(lists.numpy())
         base = coarse.numpy() if coarse_base else np.zeros(tuple(coarse.shape), np.float32)
         tables = (*args, np.ascontiguousarray(base), lists.contiguous().numpy())
-        if self.fast_scan:
-            packed = self._packed.get(self.codes, self.offsets)
+        if self.fast_scan:  # (rows read from the file: packed for this scan alone)
+            packed = (self._packed if store is self else PackedCodes()).get(
+                store.codes, store.offsets
+            )
             scale, offset = np.empty(q.shape[0], np.float32), np.empty(q.shape[0], np.float32)
             scan = ivf_fastscan_lists(self.pq.M // 2, self.pq.dsub, fastscan_kernels.best_isa())
             scan(
                 q.numpy(),
                 *tables,
                 packed.list_blocks,
-                self.offsets.numpy(),
+                store.offsets.numpy(),
                 packed.packed,
-                block_bits(allowed, self.offsets, packed.list_blocks),
+                block_bits(allowed, store.offsets, packed.list_blocks),
                 out_dist.numpy(),
                 out_rows.numpy(),
                 scale,
@@ -249,12 +251,12 @@ class IVFPQ(IVFIndex):
                 ranked,
             )
             return
-        codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)
+        codes, words = kernels.code_view(store.codes.contiguous().numpy(), self.pq.ksub)
         kernels.ivfpq_scanner(self.pq.M, words, self.pq.dsub)(
             q.numpy(),
             *tables,
             codes,
-            self.offsets.numpy(),
+            store.offsets.numpy(),
             row_bits(allowed),
             out_dist.numpy(),
             out_rows.numpy(),
@@ -287,22 +289,27 @@ class IVFPQ(IVFIndex):
         sources = (self.codes, self.quantizer.codebook, self.pq.codebooks)
         return self._derived("row_terms", sources, lambda: residual_terms(self).numpy())
 
-    def _lean_kernel(self) -> tuple:
+    def _lean_kernel(self, store) -> tuple:
         args, coarse_base = self._kernel_args(_NO_LISTS)  # the lean kernel probes by itself
-        offsets = self.offsets.numpy()
+        offsets = store.offsets.numpy()
         if self.fast_scan:
-            packed = self._packed.get(self.codes, self.offsets)
+            packed = (self._packed if store is self else PackedCodes()).get(
+                store.codes, store.offsets
+            )
             isa = fastscan_kernels.best_isa()
             kernel = ivf_fastscan_lean(self.pq.M // 2, self.pq.dsub, isa)
             args = (*args, coarse_base, packed.list_blocks, offsets, packed.packed)
         else:
-            codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)
+            codes, words = kernels.code_view(store.codes.contiguous().numpy(), self.pq.ksub)
             kernel = kernels.ivfpq_lean(self.pq.M, words, self.pq.dsub)
             args = (*args, coarse_base, codes, offsets)
         list_tables, state = args[3], self._tables
         if not (list_tables.shape[0] and state.missing):
             return kernel, args
         inputs = self._table_inputs()
+        if store is not self:  # lists read from the file: it may probe no other
+            state.fill(store.lists, list_tables, inputs)
+            return kernel, args
 
         def lean(q, centroids_t, c_norms, nprobe, *rest):  # first the rows it may read
             state.fill_near(q, centroids_t, c_norms, nprobe, list_tables, inputs)

@@ -23,8 +23,8 @@ import threading
 import numpy as np
 import torch
 
+from vq.index.lean import near_lists
 from vq.kernels.list_tables import list_table_rows
-from vq.kernels.small import probe_lists
 from vq.kernels.threads import parallel_for
 
 #: tables at least this large are anonymous mappings (pages resident once written); smaller
@@ -88,28 +88,10 @@ class ListTables:
 
     def fill_near(self, q, centroids_t, c_norms, nprobe, table, inputs) -> None:
         """Fill the rows of every list that a lean search of ``q`` (float32 [nq, d]) may probe
-        (the lean kernel runs :func:`vq.kernels.small.probe_lists` over ``centroids_t`` [d,
-        nlist] and ``c_norms`` [nlist] itself): the lists whose squared distance, as computed
-        here (the same kernel, on the calling thread), is within a rounding bound of the
-        ``nprobe``-th smallest. Each value is a float32 dot product of d terms, within
-        ``δ = (d + 3) · 2⁻²⁴ · (‖q‖² + ‖c‖²)`` of the exact distance wherever it is computed,
-        so a list the lean kernel picks lies within 4 δ of this ``nprobe``-th value; the band
-        is twice that wide (every list where the band reaches past the ``2 nprobe + 8``
-        nearest)."""
-        if not self.missing:
-            return
-        nlist = c_norms.shape[0]
-        wide = min(nlist, 2 * nprobe + 8)
-        scores = np.empty((q.shape[0], wide), dtype=np.float32)
-        lists = np.empty((q.shape[0], wide), dtype=np.int64)
-        probe_lists(q, centroids_t, c_norms, False, scores, lists)
-        bound = (q.shape[1] + 8) * 2.0**-21 * ((q * q).sum(1) + c_norms.max(initial=0.0))
-        with np.errstate(invalid="ignore"):  # NaN queries match nothing (the kernel refuses them)
-            near = scores <= (scores[:, nprobe - 1] + bound)[:, None]
-        if wide < nlist and near[:, -1].any():
-            self.fill(None, table, inputs)
-        else:
-            self.fill(lists[near], table, inputs)
+        (:func:`vq.index.lean.near_lists`; L2, ``c_norms`` [nlist] the centroids' squared
+        norms)."""
+        if self.missing:
+            self.fill(near_lists(q, centroids_t, c_norms, False, nprobe), table, inputs)
 
 
 def filled_table(index, state: ListTables, lists: np.ndarray | None) -> torch.Tensor:

@@ -126,12 +126,12 @@ class IVFSQ(IVFIndex):
         c = self.quantizer.codebook
         return self._derived("centroids", (c,), lambda: c.float().contiguous().numpy())
 
-    def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked, allowed) -> None:
+    def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked, allowed, store) -> None:
         sq_kernels.sq_ivf_scan(
             q.contiguous().numpy(),
             lists.contiguous().numpy(),
-            self.offsets.numpy(),
-            self.codes.numpy(),
+            store.offsets.numpy(),
+            store.codes.numpy(),
             self._centroid_array(),
             self.by_residual,
             *kernel_arrays(self, self.sq),
@@ -155,8 +155,13 @@ class IVFSQ(IVFIndex):
 
         return probed_hits(radius, ip, lists, self.list_sizes().numpy(), call)
 
-    def _lean_kernel(self) -> tuple:
-        args = (self.offsets.numpy(), self.codes.numpy(), self._centroid_array(), self.by_residual)
+    def _lean_kernel(self, store) -> tuple:
+        args = (
+            store.offsets.numpy(),
+            store.codes.numpy(),
+            self._centroid_array(),
+            self.by_residual,
+        )
         return sq_kernels.sq_ivf_lean, (*args, *kernel_arrays(self, self.sq))
 
 

@@ -21,7 +21,9 @@ import torch
 from vq import _cpu
 from vq._checks import check_positive, is_eager
 from vq._cpu import numpy_path
+from vq.index.mapped import read_lists
 from vq.index.searching import NO_IDS
+from vq.kernels.small import probe_lists
 
 #: searches of at most this many queries may take the lean path
 SMALL_BATCH = 16
@@ -87,17 +89,22 @@ def search_small(index, queries: Any, k: Any, params: dict):
 
 
 def ivf_lean_search(index, refine: tuple | None) -> Callable:
-    """The lean search of an IVF index (``index._lean_kernel()``: the coarse step, the scan of
+    """The lean search of an IVF index (``index._lean_kernel``: the coarse step, the scan of
     the probed lists and ids in one kernel call on the calling thread), and with ``refine`` =
     (vectors, ids, k_factor) that of a re-ranking wrapper around it, in the same call (see
     ``Index._lean_search_refined``). The closure returns None for a call whose estimated
     work is not small (the general, parallel path)."""
-    kernel, args = index._lean_kernel()
+    mapped = refine is None and index.rows_mapped()
+    kernel, args = (None, ()) if mapped else index._lean_kernel(index)
     ip = index.metric == "ip"
     norms = _NO_NORMS if ip else index._centroid_norms()
     c = index.quantizer.codebook
     centroids_t = index._derived("centroids_t", (c,), lambda: c.float().T.contiguous().numpy())
     ids = index.ids.numpy() if index.ids.shape[0] == index.ntotal else NO_IDS
+    if mapped:  # the lists the kernel may probe read from the file first (see ivf.py)
+        c_sq = norms if not ip else (centroids_t * centroids_t).sum(0)
+        rows = {name: index._buffers[name] for name in index._row_buffers}
+        offsets = index.offsets.numpy()
     ref_x, ref_ids, k_factor = refine or (np.zeros((0, index.dim), np.float32), NO_IDS, None)
     nlist = index.nlist
     # _search_work's estimate: fixed + nprobe * per_probe per query
@@ -120,9 +127,42 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
             return None
         out_dist = np.empty((nq, k), np.float32)
         out_ids = np.empty((nq, k), np.int64)
-        if not kernel(q, centroids_t, norms, nprobe, *args, ids, ip, ref_x, ref_ids, kc,
-                      out_dist, out_ids, ranked):  # fmt: skip
-            return None  # a NaN or an infinity: the general path says so
+        if not mapped:
+            if not kernel(q, centroids_t, norms, nprobe, *args, ids, ip, ref_x, ref_ids, kc,
+                          out_dist, out_ids, ranked):  # fmt: skip
+                return None  # a NaN or an infinity: the general path says so
+            return out_dist, out_ids
+        lists = near_lists(q, centroids_t, c_sq, ip, nprobe)
+        local = read_lists(rows, offsets, np.arange(nlist) if lists is None else lists)
+        run, rest = index._lean_kernel(local)
+        if not run(q, centroids_t, norms, nprobe, *rest, NO_IDS, ip, ref_x, ref_ids, kc,
+                   out_dist, out_ids, ranked):  # fmt: skip
+            return None
+        at, stored = index._ids_of(local.stored_rows(out_ids))  # (the kernel's ids: rows here)
+        out_ids[...] = np.where(at >= 0, stored[np.maximum(at, 0)], -1)
         return out_dist, out_ids
 
     return search
+
+
+def near_lists(q, centroids_t, c_sq, inner_product: bool, nprobe: int) -> np.ndarray | None:
+    """Every list a lean search of ``q`` (float32 [nq, d]) may probe (the lean kernels run
+    :func:`vq.kernels.small.probe_lists` over ``centroids_t`` [d, nlist] themselves): the
+    lists whose score, as computed here (the same kernel, on the calling thread), is within a
+    rounding bound of the ``nprobe``-th smallest (int64, any shape), or None for all of them
+    (``c_sq``: float32 [nlist], the centroids' squared norms). Each score is a float32 dot
+    product of d terms, within ``δ = (d + 3) · 2⁻²⁴ · (‖q‖² + ‖c‖²)`` of the exact value
+    wherever it is computed, so a list the lean kernel picks lies within 4 δ of this
+    ``nprobe``-th value; the band is twice that wide (None where it reaches past the
+    ``2 nprobe + 8`` nearest)."""
+    nlist = c_sq.shape[0]
+    wide = min(nlist, 2 * nprobe + 8)
+    scores = np.empty((q.shape[0], wide), dtype=np.float32)
+    lists = np.empty((q.shape[0], wide), dtype=np.int64)
+    probe_lists(q, centroids_t, c_sq, inner_product, scores, lists)
+    bound = (q.shape[1] + 8) * 2.0**-21 * ((q * q).sum(1) + c_sq.max(initial=0.0))
+    with np.errstate(invalid="ignore"):  # NaN queries match nothing (the kernel refuses them)
+        near = scores <= (scores[:, nprobe - 1] + bound)[:, None]
+    if wide < nlist and near[:, -1].any():
+        return None
+    return lists[near]
