@@ -185,3 +185,18 @@ def test_autograd_input_is_detached(blobs):
     assert not r.centroids.requires_grad
     ref = vq.kmeans(blobs[:2000], 8, niter=2)
     np.testing.assert_array_equal(r.centroids.numpy(), ref.centroids)
+
+
+@pytest.mark.parametrize("most", [64, 16])
+def test_ivf_coarse_training_seeds_by_kmeanspp_up_to_the_limit_and_random_rows_above(
+    blobs, monkeypatch, most
+):
+    from vq.index import ivf
+
+    monkeypatch.setattr(ivf, "KMEANSPP_MAX_NLIST", most)
+    x = torch.as_tensor(np.asarray(blobs[:4000]))
+    index = vq.IVFFlat(x.shape[1], nlist=32, coarse_niter=3, seed=7)
+    index.train(x)
+    init = "k-means++" if 32 <= most else "random"
+    expected = vq.kmeans(x, 32, niter=3, init=init, seed=7).centroids
+    torch.testing.assert_close(index.quantizer.codebook, expected, rtol=0, atol=0)
