@@ -95,8 +95,8 @@ class HNSWSQ(HNSW):
 
     def _search_store(self) -> tuple:
         empty = np.zeros((0, self.dim), np.float32)
-        offset, scale, table, kind = kernel_arrays(self, self.sq)
-        return empty, self.codes.cpu().contiguous().numpy(), offset, scale, table, kind
+        offset, scale, kind = kernel_arrays(self, self.sq)
+        return empty, self.codes.cpu().contiguous().numpy(), offset, scale, kind
 
     def _vector_ns(self) -> float:
         return self.dim / 8

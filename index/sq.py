@@ -24,9 +24,7 @@ from vq.index.static import Searcher, kept, search_in_chunks
 from vq.kernels import sq as sq_kernels
 from vq.kernels.ranges import sq_hits
 from vq.quantizers import ScalarQuantizer
-from vq.quantizers.scalar_codes import decode_stored, float16_values, stored_values
-
-_NO_TABLE = np.zeros(0, np.float32)
+from vq.quantizers.scalar_codes import decode_stored, stored_values
 
 
 def sq_faiss_type(sq: ScalarQuantizer) -> int:
@@ -42,21 +40,19 @@ def copy_ranges(sq: ScalarQuantizer, fsq) -> None:
 
 
 def kernel_arrays(index: Index, sq: ScalarQuantizer) -> tuple:
-    """``(offset, scale, table, kind)`` as :mod:`vq.kernels.sq` reads them, kept on ``index``
-    until the ranges change: offset, scale float32 [d]; table float32 [65536] (fp16 / bf16)
-    or [0]; kind one of ``SQ8``, ``SQ6``, ``SQ4``, ``SQ_FLOAT``."""
+    """``(offset, scale, kind)`` as :mod:`vq.kernels.sq` reads them, kept on ``index`` until
+    the ranges change: offset, scale float32 [d]; kind one of ``SQ8``, ``SQ6``, ``SQ4``,
+    ``SQ_FP16``, ``SQ_BF16``."""
 
     def compute():
         if sq.is_float:
-            words = torch.arange(1 << 16)
-            pairs = torch.stack([words % 256, words // 256], dim=1)
-            table = float16_values(pairs, sq.bits).reshape(-1).numpy()
             ones, zeros = np.ones(sq.dim, np.float32), np.zeros(sq.dim, np.float32)
-            return zeros, ones, table, sq_kernels.SQ_FLOAT
+            kind = sq_kernels.SQ_FP16 if sq.bits == "fp16" else sq_kernels.SQ_BF16
+            return zeros, ones, kind
         scale = sq.cell_width().float()
         offset = (sq.vmin.float() + 0.5 * scale).numpy()
         kind = {8: sq_kernels.SQ8, 6: sq_kernels.SQ6, 4: sq_kernels.SQ4}[sq.bits]
-        return offset, scale.numpy(), _NO_TABLE, kind
+        return offset, scale.numpy(), kind
 
     return index._derived(f"sq_arrays/{sq.bits}", (sq.vmin, sq.vdiff), compute)
 

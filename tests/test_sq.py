@@ -124,6 +124,36 @@ def test_distance_tables_sum_to_the_decoded_distances(data, queries, bits):
         vq.ScalarQuantizer(13, 6).fit(data).distance_tables(queries[:3])
 
 
+def test_the_kernels_half_decoding_is_exact_for_every_16_bit_word():
+    from numba import njit
+
+    from vq.kernels.sq import half_value
+
+    @njit
+    def decode_all(out):
+        for w in range(65536):
+            out[w] = half_value(np.uint32(w))
+
+    got = np.empty(65536, np.float32)
+    decode_all(got)
+    expected = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+    same = (got.view(np.uint32) == expected.view(np.uint32)) | (np.isnan(got) & np.isnan(expected))
+    assert same.all(), np.flatnonzero(~same)[:5]
+
+
+def test_values_past_the_fp16_range_are_stored_as_infinities_and_searched_as_faiss_does(faiss):
+    x = np.random.default_rng(3).standard_normal((200, 13)).astype(np.float32)
+    x[7, 2] = 1e6  # past fp16's largest value: stored as +inf
+    index = _index("SQfp16", x)
+    ref = faiss.index_factory(13, "SQfp16")
+    ref.train(x)
+    ref.add(x)
+    D, I = index.search(x[:20], 10)
+    D_ref, I_ref = ref.search(x[:20], 10)
+    assert_same_search(D, I, D_ref, I_ref)
+    assert not np.isin(7, I)  # an infinite distance from every query
+
+
 # -- indexes: kernels against the torch search, and against faiss -------------------------------
 def _index(desc, data, metric="l2"):
     index = vq.index_factory(13, desc, metric)

@@ -294,7 +294,7 @@ def hnsw_search(queries, data, inner_product, nbr0, up_off, up_nbr, entry, max_l
         codes: None (the traversal reads ``data``), or (int8 [n, d], float32 [n, 2]) codes
             with a scale per vector (:func:`int8_codes`): the traversal reads them, and the
             beam's nodes are re-ranked on ``data``; or scalar-quantizer codes ``(codes uint8
-            [n, code_size], offset, scale, table, kind)`` as :mod:`vq.kernels.sq` reads them:
+            [n, code_size], offset, scale, kind)`` as :mod:`vq.kernels.sq` reads them:
             the traversal and the distances returned are on the codes (``data`` float32
             [0, d]: no vectors are kept).
         allowed: uint8 [n], 0 for nodes a filtered search must not return (the beam still
@@ -318,7 +318,7 @@ def _store(data, codes) -> tuple:
     if codes is None:
         return data, False
     codes = tuple(codes)
-    if len(codes) == 5:
-        c, offset, scale, table, kind = codes
-        return (c, offset, scale, table, np.int64(kind)), False
+    if len(codes) == 4:
+        c, offset, scale, kind = codes
+        return (c, offset, scale, np.int64(kind)), False
     return codes, True

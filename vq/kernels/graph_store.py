@@ -6,9 +6,8 @@ float32 vectors, int8 codes with a scale per vector, or scalar-quantizer codes (
 
 - float32 [n, d]: :func:`vq.kernels.exact.exact_distance`;
 - (codes int8 [n, d], factors float32 [n, 2]): :func:`int8_distance`;
-- (codes uint8 [n, code_size], offset float32 [d], scale float32 [d], table float32
-  [65536] or [0], kind int64): :func:`vq.kernels.sq.sq_distance` on a query prepared by
-  :func:`vq.kernels.sq.sq_prepare`.
+- (codes uint8 [n, code_size], offset float32 [d], scale float32 [d], kind int64):
+  :func:`vq.kernels.sq.sq_distance` on a query prepared by :func:`vq.kernels.sq.sq_prepare`.
 """
 
 from __future__ import annotations
@@ -54,8 +53,8 @@ def prefetch_node(store, i):
     """Ask the CPU for the cache lines of node i in ``store``."""
 
 
-def _is_sq(store) -> bool:  # (codes, offset, scale, table, kind): scalar-quantizer codes
-    return isinstance(store, types.BaseTuple) and len(store) == 5
+def _is_sq(store) -> bool:  # (codes, offset, scale, kind): scalar-quantizer codes
+    return isinstance(store, types.BaseTuple) and len(store) == 4
 
 
 @overload(node_distance, jit_options={"fastmath": True})
@@ -64,7 +63,7 @@ def _node_distance(x, store, i, inner_product):
         return lambda x, store, i, inner_product: exact_distance(x, store, i, inner_product)
     if _is_sq(store):
         return lambda x, store, i, inner_product: sq_distance(
-            store[0], i, x[0], x[1], store[2], store[3], store[4], inner_product
+            store[0], i, x[0], x[1], store[2], store[3], inner_product
         )
     return lambda x, store, i, inner_product: int8_distance(x, store, i, inner_product)
 
@@ -120,8 +119,7 @@ def _borrow_store(store):
     if isinstance(store, types.Array):
         return lambda store: borrow(store)
     if _is_sq(store):
-        return lambda store: (borrow(store[0]), borrow(store[1]), borrow(store[2]),
-                              borrow(store[3]), store[4])  # fmt: skip
+        return lambda store: (borrow(store[0]), borrow(store[1]), borrow(store[2]), store[3])
     return lambda store: (borrow(store[0]), borrow(store[1]))
 
 

@@ -17,7 +17,7 @@ from numba import njit
 from vq.kernels.cache import kernel
 from vq.kernels.exact import exact_distance
 from vq.kernels.simd import borrow
-from vq.kernels.sq import BLOCK, SQ4, SQ6, SQ8, SQ_FLOAT, block_distances, sq_prepare
+from vq.kernels.sq import BLOCK, SQ4, SQ6, SQ8, SQ_BF16, SQ_FP16, block_distances, sq_prepare
 from vq.kernels.threads import parallel_for
 
 _NO_CENTROID = np.zeros(0, np.float32)
@@ -90,7 +90,7 @@ def ivf_flat_range_rows(q0, q1, queries, vectors, probes, offsets, starts, thres
         counts[q] = c - starts[q]
 
 
-def sq_hits(queries, probes, offsets, codes, centroids, by_residual, offset, scale, table,
+def sq_hits(queries, probes, offsets, codes, centroids, by_residual, offset, scale,
             kind, starts, thresholds, allowed, inner_product, out_rows, out_dist,
             counts):  # fmt: skip
     """Range search (faiss ``range_search`` of ``IndexScalarQuantizer`` /
@@ -101,13 +101,13 @@ def sq_hits(queries, probes, offsets, codes, centroids, by_residual, offset, sca
     :func:`vq.kernels.sq.sq_ivf_scan`'s; a flat code array is one list (offsets [0, n],
     probes zeros [nq, 1], by_residual False). Threads split the queries."""
     parallel_for(sq_hits_range, queries.shape[0], queries, probes, offsets, codes, centroids,
-                 bool(by_residual), offset, scale, table, int(kind), starts, thresholds,
+                 bool(by_residual), offset, scale, int(kind), starts, thresholds,
                  allowed, bool(inner_product), out_rows, out_dist, counts)  # fmt: skip
 
 
 @kernel(nogil=True, fastmath=True)
 def sq_hits_range(q0, q1, queries, probes, offsets, codes, centroids, by_residual, offset,
-                  scale, table, kind, starts, thresholds, allowed, inner_product, out_rows,
+                  scale, kind, starts, thresholds, allowed, inner_product, out_rows,
                   out_dist, counts):  # fmt: skip
     """:func:`sq_hits` for queries ``q0..q1`` (int64) on the calling thread."""
     queries, codes = borrow(queries), borrow(codes)
@@ -125,38 +125,41 @@ def sq_hits_range(q0, q1, queries, probes, offsets, codes, centroids, by_residua
                 continue
             if by_residual:
                 const = sq_prepare(x, centroids[lst], offset, scale, inner_product, qa)
-            c = _hits_rows(codes, offsets[lst], offsets[lst + 1], qa, const, scale, table, kind,
+            c = _hits_rows(codes, offsets[lst], offsets[lst + 1], qa, const, scale, kind,
                            inner_product, allowed, thresholds[q], out_rows, out_dist, c,
                            buf)  # fmt: skip
         counts[q] = c - starts[q]
 
 
 @njit(inline="always")
-def _hits_rows(codes, r0, r1, qa, const, scale, table, kind, inner_product, allowed, t,
+def _hits_rows(codes, r0, r1, qa, const, scale, kind, inner_product, allowed, t,
                out_rows, out_dist, c, buf):  # fmt: skip
     """:func:`_hits_kind` with the kind a constant in each branch (see :func:`_push_rows`)."""
     if kind == SQ8:
-        return _hits_kind(codes, r0, r1, qa, const, scale, table, SQ8, inner_product, allowed,
+        return _hits_kind(codes, r0, r1, qa, const, scale, SQ8, inner_product, allowed,
                           t, out_rows, out_dist, c, buf)  # fmt: skip
     if kind == SQ4:
-        return _hits_kind(codes, r0, r1, qa, const, scale, table, SQ4, inner_product, allowed,
+        return _hits_kind(codes, r0, r1, qa, const, scale, SQ4, inner_product, allowed,
                           t, out_rows, out_dist, c, buf)  # fmt: skip
     if kind == SQ6:
-        return _hits_kind(codes, r0, r1, qa, const, scale, table, SQ6, inner_product, allowed,
+        return _hits_kind(codes, r0, r1, qa, const, scale, SQ6, inner_product, allowed,
                           t, out_rows, out_dist, c, buf)  # fmt: skip
-    return _hits_kind(codes, r0, r1, qa, const, scale, table, SQ_FLOAT, inner_product, allowed,
+    if kind == SQ_FP16:
+        return _hits_kind(codes, r0, r1, qa, const, scale, SQ_FP16, inner_product, allowed,
+                          t, out_rows, out_dist, c, buf)  # fmt: skip
+    return _hits_kind(codes, r0, r1, qa, const, scale, SQ_BF16, inner_product, allowed,
                       t, out_rows, out_dist, c, buf)  # fmt: skip
 
 
 @njit(inline="always")
-def _hits_kind(codes, r0, r1, qa, const, scale, table, kind, inner_product, allowed, t,
+def _hits_kind(codes, r0, r1, qa, const, scale, kind, inner_product, allowed, t,
                out_rows, out_dist, c, buf):  # fmt: skip
     """Rows ``r0..r1`` below ``t`` written from slot ``c`` of out_rows / out_dist, distances
     computed :data:`BLOCK` rows at a time as the top-k scan does; returns the next slot."""
     filtered = allowed.shape[0] > 0
     for s in range(r0, r1, BLOCK):
         e = min(s + BLOCK, r1)
-        block_distances(codes, s, e, qa, scale, table, kind, inner_product, buf)
+        block_distances(codes, s, e, qa, scale, kind, inner_product, buf)
         for i in range(s, e):
             acc = buf[i - s]
             dist = -(const + acc) if inner_product else acc
