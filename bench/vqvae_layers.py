@@ -13,7 +13,11 @@ The anchor's residual stacks pass the gradient stage by stage (each stage straig
 rotated onto its own codeword, from its own residual): vq's residual layers run with
 ``per_stage_gradient=True``, the same rule (one training step of ResidualFSQ, ResidualLFQ and
 ResidualVQ by SimVQ then equals the anchor's in codes, output, loss and gradients: see
-tests/test_lfq.py and tests/test_simvq.py).
+tests/test_lfq.py and tests/test_simvq.py). One step of LFQ at this configuration equals the
+anchor's too (tests/test_lfq.py; to 1e-5 of the entropies and gradients at τ = 100, where the
+anchor takes logarithms of probabilities clamped at 1e-5 and vq's entropies are exact), and so
+does one EMA step of GroupedResidualVQ from the same codebooks (tests/test_grouped_residual.py:
+the libraries' k-means initialisations and dead-code draws use their own random numbers).
 Each VQ-VAE pair starts from the same encoder/decoder weights and sees the same crops in the
 same order; both train alternately, step for step (the harness of part 2). Reports test
 reconstruction error and codebook usage (perplexity and fraction of codes used on the test
