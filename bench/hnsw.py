@@ -10,7 +10,8 @@ embeddings have), or the first n rows and nq queries of ``--vectors``, a safeten
 holding "database" and "queries" (such as the cache file of
 :func:`vq.datasets.text.sentence_embeddings`). Systems: vq (float traversal), vq-int8 (int8
 traversal, exact re-rank), vq-sq8 / vq-fp16 (``HNSW<M>,SQ8`` / ``HNSW<M>,SQfp16``: codes only),
-faiss, hnswlib. Builds alternate the systems ``--build-rounds`` times (best kept); searches
+vq-sq8-rfp16 (``HNSW<M>,SQ8,Refine(SQfp16)``: the beam re-ranked on fp16 vectors), faiss,
+hnswlib. Builds alternate the systems ``--build-rounds`` times (best kept); searches
 alternate at each efSearch (best of 3). Writes bench/results/hnsw.csv (the sweep) and
 hnsw_summary.csv.
 """
@@ -63,8 +64,15 @@ def builders(x: np.ndarray, M: int, efc: int, threads: int) -> dict:
         index.add(x)
         return index
 
+    def build_sq8_refine_fp16():  # HNSW<M>,SQ8,Refine(SQfp16): the beam re-ranked on fp16
+        index = vq.Refine(vq.HNSWSQ(x.shape[1], M, bits=8, efConstruction=efc), storage="fp16")
+        index.train(x)
+        index.add(x)
+        return index
+
     out = {"vq": build_vq, "vq-int8": build_vq_int8, "vq-sq8": build_sq(8),
-           "vq-fp16": build_sq("fp16"), "faiss": build_faiss}  # fmt: skip
+           "vq-fp16": build_sq("fp16"), "vq-sq8-rfp16": build_sq8_refine_fp16,
+           "faiss": build_faiss}  # fmt: skip
     try:
         import hnswlib
     except ImportError:
@@ -99,7 +107,12 @@ def searchers(built: dict, q: np.ndarray, k: int) -> dict:
 
         return run
 
-    table = {"vq": vq_search, "faiss": faiss_search, "hnswlib": hnswlib_search}
+    def refined_search(ef):  # the whole beam re-ranked: k_factor = efSearch / k
+        index = built["vq-sq8-rfp16"]
+        return lambda: index.search(q, k, efSearch=ef, k_factor=max(1, ef // k))[1]
+
+    table = {"vq": vq_search, "faiss": faiss_search, "hnswlib": hnswlib_search,
+             "vq-sq8-rfp16": refined_search}  # fmt: skip
     for name in ("vq-int8", "vq-sq8", "vq-fp16"):
         table[name] = lambda ef, name=name: vq_search(ef, name)
     return {name: table[name] for name in built}
@@ -128,7 +141,7 @@ def main(argv=None) -> None:
     p.add_argument("--build-rounds", type=int, default=1)
     p.add_argument("--unit-norm", action="store_true", help="normalise (as sentence embeddings)")
     p.add_argument("--vectors", help="safetensors file with 'database' and 'queries' arrays")
-    p.add_argument("--systems", default="vq,vq-int8,vq-sq8,vq-fp16,faiss,hnswlib")
+    p.add_argument("--systems", default="vq,vq-int8,vq-sq8,vq-fp16,vq-sq8-rfp16,faiss,hnswlib")
     args = p.parse_args(argv)
 
     import faiss

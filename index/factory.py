@@ -23,9 +23,10 @@ SUPPORTED = (
     "IVF<nlist>,Flat | IVF<nlist>,PQ<M>[x<nbits>|x4fs|x4fsr] | IVF<nlist>,SQ<8|6|4|fp16|bf16>, "
     "IVF<nlist>(soar[=<λ>]) for spilled lists, IVF<nlist>_HNSW<M> for graph-routed lists, "
     "optionally preceded by OPQ<M>[_<dim_out>], "
-    "and followed by RFlat or Refine(Flat) — e.g. 'PQ16', 'PQ16x8', 'IVF1024,Flat', "
-    "'IVF1024,PQ16', 'IVF1024,PQ32x4fs', 'IVF1024,PQ32x4fsr', 'OPQ16,IVF1024,PQ16', "
-    "'OPQ16_64,IVF1024,PQ16,RFlat'"
+    "and followed by RFlat or Refine(Flat), or Refine(SQfp16) (re-ranking on fp16 vectors) "
+    "— e.g. 'PQ16', 'PQ16x8', 'IVF1024,Flat', 'IVF1024,PQ16', 'IVF1024,PQ32x4fs', "
+    "'IVF1024,PQ32x4fsr', 'OPQ16,IVF1024,PQ16', 'OPQ16_64,IVF1024,PQ16,RFlat', "
+    "'HNSW32,SQ8,Refine(SQfp16)'"
 )
 
 _OPQ = re.compile(r"OPQ(\d+)(?:_(\d+))?")
@@ -70,7 +71,7 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
         M, dim_out = int(m[1]), int(m[2] or dim)
         opq = OPQ(dim, M, dim_out=dim_out)
         parts = parts[1:]
-    refine = bool(parts) and parts[-1] in ("RFlat", "Refine(Flat)")
+    refine = _REFINES.get(parts[-1]) if parts else None
     if refine:
         parts = parts[:-1]
     inner_dim = opq.dim_out if opq is not None else dim
@@ -106,8 +107,11 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
         raise fail(f"cannot read {','.join(parts)!r}" if parts else "no index type")
     if opq is not None:
         index = PreTransform(opq, index)
-    return Refine(index) if refine else index
+    return Refine(index, storage=refine) if refine else index
 
+
+#: the re-ranking suffixes, and how each keeps the vectors
+_REFINES = {"RFlat": "float32", "Refine(Flat)": "float32", "Refine(SQfp16)": "fp16"}
 
 _CLASSES = {
     cls.__name__: cls for cls in (FlatIndex, PQIndex, IVFFlat, IVFPQ, SQIndex, IVFSQ, HNSW, HNSWSQ)
@@ -124,7 +128,9 @@ def from_config(config: dict) -> Index:
             opq = OPQ(t.pop("dim"), t.pop("M"), t.pop("nbits"), **t)
             return PreTransform(opq, from_config(args["index"]), k=args.get("k"))
         if name == "Refine":
-            return Refine(from_config(args["index"]), args["k_factor"], k=args.get("k"))
+            inner = from_config(args["index"])
+            storage = args.get("storage", "float32")  # (files before fp16 storage: float32)
+            return Refine(inner, args["k_factor"], k=args.get("k"), storage=storage)
         if name in _CLASSES:
             return _CLASSES[name](**args)
     except (KeyError, TypeError) as err:

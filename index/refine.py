@@ -1,4 +1,6 @@
-"""Exact re-ranking: faiss's ``IndexRefineFlat`` (``",RFlat"`` / ``"Refine(Flat)"``)."""
+"""Exact re-ranking: faiss's ``IndexRefineFlat`` (``",RFlat"`` / ``"Refine(Flat)"``), or on
+vectors kept in fp16 (faiss's ``IndexRefine`` around an ``SQfp16`` index,
+``",Refine(SQfp16)"``: half the bytes, distances from the fp16 values)."""
 
 from __future__ import annotations
 
@@ -27,18 +29,26 @@ class Refine(Wrapper):
         k_factor: candidates per result (faiss's default is 1, which only re-sorts; 4–16 is
             what recall needs). ``search(..., k_factor=)`` overrides it per call.
         k: neighbours ``forward`` returns (default: the wrapped index's).
+        storage: how the vectors are kept: "float32" (``IndexRefineFlat``), or "fp16" (IEEE
+            half precision, rounded to nearest: 2 bytes a dimension, the distances of the
+            re-ranking those of the fp16 values; faiss's ``IndexRefine`` with an ``SQfp16``
+            refine index holds the same values).
 
     Submodules and buffers:
-        index; vectors: float32 [ntotal, dim]; ids: int64 [ntotal].
+        index; vectors: float32 (or float16) [ntotal, dim]; ids: int64 [ntotal].
     """
 
     _row_buffers = ("vectors",)
 
-    def __init__(self, index: Index, k_factor: int = 1, k: int | None = None):
+    def __init__(
+        self, index: Index, k_factor: int = 1, k: int | None = None, storage: str = "float32"
+    ):
         super().__init__(index.dim, index.metric, index.k if k is None else k, index.verbose)
-        self.index = index
+        if storage not in _STORAGE:
+            raise ValueError(f"storage must be one of {tuple(_STORAGE)}, got {storage!r}")
+        self.index, self.storage = index, storage
         self.k_factor = _check_k_factor(k_factor)
-        self.register_buffer("vectors", torch.zeros(0, index.dim))
+        self.register_buffer("vectors", torch.zeros(0, index.dim, dtype=_STORAGE[storage]))
 
     @property
     def is_trained(self) -> bool:
@@ -52,6 +62,7 @@ class Refine(Wrapper):
         return {
             "k": self.k,
             "k_factor": self.k_factor,
+            "storage": self.storage,
             "index": {"class": type(self.index).__name__, **self.index.config()},
         }
 
@@ -62,6 +73,8 @@ class Refine(Wrapper):
         n = self.ntotal
         problem = super().consistency_problem()
         problem = problem or shape_problem("vectors", self.vectors, (n, self.dim))
+        if problem is None and self.vectors.dtype != _STORAGE[self.storage]:
+            problem = f"vectors of dtype {self.vectors.dtype}, expected {_STORAGE[self.storage]}"
         inner = self.index.stored_ids()  # the wrapped index stores this one's rows as its ids
         if problem is None and (
             self.index.ntotal != n or (n and not 0 <= int(inner.min()) <= int(inner.max()) < n)
@@ -70,12 +83,21 @@ class Refine(Wrapper):
         return problem
 
     def to_faiss(self):
-        """faiss ``IndexRefineFlat`` around the wrapped index's ``to_faiss()``, with the same
+        """faiss ``IndexRefineFlat`` (fp16 storage: ``IndexRefine`` around an ``SQfp16``
+        index holding the same bytes) around the wrapped index's ``to_faiss()``, with the same
         vectors and k_factor, in an ``IndexIDMap`` unless the ids are 0 … ntotal - 1."""
         base = self.index.to_faiss()
-        vectors = np.ascontiguousarray(self.vectors.float().cpu().numpy())
         faiss = import_faiss()
-        out = keep_alive(faiss.IndexRefineFlat(base, faiss.swig_ptr(vectors)), base)
+        if self.storage == "fp16":
+            metric = faiss.METRIC_INNER_PRODUCT if self.metric == "ip" else faiss.METRIC_L2
+            refine = faiss.IndexScalarQuantizer(self.dim, faiss.ScalarQuantizer.QT_fp16, metric)
+            codes = self.vectors.cpu().contiguous().view(torch.uint8).numpy().reshape(-1)
+            faiss.copy_array_to_vector(codes, refine.codes)
+            refine.ntotal = self.ntotal
+            out = keep_alive(faiss.IndexRefine(base, refine), base, refine)
+        else:
+            vectors = np.ascontiguousarray(self.vectors.float().cpu().numpy())
+            out = keep_alive(faiss.IndexRefineFlat(base, faiss.swig_ptr(vectors)), base)
         out.k_factor = self.k_factor
         return with_id_map(out, self.stored_ids())
 
@@ -125,6 +147,14 @@ class Refine(Wrapper):
     def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         return self.vectors[rows.to(self.device)].float()
 
+    def kernel_vectors(self) -> np.ndarray:
+        """The stored vectors as the re-ranking kernels read them (CPU): float32 [ntotal,
+        dim], or their fp16 bits, uint16 [ntotal, dim] (see :mod:`vq.kernels.halves`)."""
+        x = self.vectors.contiguous()
+        if self.storage == "float32":
+            return x.numpy()
+        return x.view(torch.int16).numpy().view(np.uint16)
+
     def _search_work(self, nq: int, k: int, k_factor: int | None = None, **params) -> float:
         candidates = k * (self.k_factor if k_factor is None else k_factor)
         inner = self.index._search_work(nq, candidates, **params)
@@ -158,7 +188,7 @@ class Refine(Wrapper):
         dist, rows = empty((q.shape[0], kk)), empty((q.shape[0], kk), torch.int64)
         kernels.refine_scan(
             q.contiguous().numpy(),
-            self.vectors.numpy(),
+            self.kernel_vectors(),
             cand.contiguous().numpy(),
             self.metric == "ip",
             dist.numpy(),
@@ -171,7 +201,7 @@ class Refine(Wrapper):
         mapped to ids in one more kernel call — or in the wrapped index's own kernel call where
         it can re-rank (``_lean_search_refined``); None where the wrapped index has none."""
         ip = self.metric == "ip"
-        x = self.vectors.contiguous().numpy()
+        x = self.kernel_vectors()
         ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else NO_IDS
         fused = self.index._lean_search_refined(x, ids, lambda: self.k_factor)
         if fused is not None:
@@ -242,6 +272,10 @@ class RefineSearch(Searcher):
         wanted = k * (self.k_factor if k_factor is None else k_factor)
         own = max(1, (1 << 24) // (wanted * self.dim))  # the [B, wanted, dim] candidates
         return min(self.inner.chunk_rows(wanted, **options), own)
+
+
+#: the ``storage`` values and the dtype each keeps the vectors in
+_STORAGE = {"float32": torch.float32, "fp16": torch.float16}
 
 
 def _check_k_factor(k_factor) -> int:

@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from vq.kernels.cache import kernel
+from vq.kernels.halves import stored_value
 from vq.kernels.heaps import heap_replace_top, heap_reset, heap_sorted
 from vq.kernels.simd import borrow, prefetch_line
 from vq.kernels.threads import parallel_for
@@ -20,16 +21,17 @@ from vq.kernels.threads import parallel_for
 
 @njit(inline="always", fastmath=True)
 def exact_distance(x, vectors, i, inner_product):
-    """Squared L2 distance of the float32 vector x to row i of ``vectors``, or their negated
-    inner product (the row indexed in place, not taken as a view: see
+    """Squared L2 distance of the float32 vector x to row i of ``vectors`` (float32, or uint16
+    fp16 bits: :func:`vq.kernels.halves.stored_value`), or their negated inner product (the
+    row indexed in place, not taken as a view: see
     :func:`vq.kernels.heaps.heap_replace_top_row`)."""
     d = np.float32(0.0)
     if inner_product:
         for j in range(x.shape[0]):
-            d -= x[j] * vectors[i, j]
+            d -= x[j] * stored_value(vectors, i, j)
     else:
         for j in range(x.shape[0]):
-            diff = x[j] - vectors[i, j]
+            diff = x[j] - stored_value(vectors, i, j)
             d += diff * diff
     return d
 
@@ -94,7 +96,7 @@ def refine_scan(queries, vectors, candidates, inner_product, out_dist, out_idx):
     ``Refine`` (faiss ``IndexRefineFlat``); threads split the queries.
 
     Args:
-        queries: float32 [nq, d]; vectors: float32 [n, d].
+        queries: float32 [nq, d]; vectors: float32 [n, d], or uint16 [n, d] (fp16 values).
         candidates: int64 [nq, C] rows of ``vectors`` to rank (-1: skip).
         inner_product: False for squared L2 distances, True for negated inner products.
         out_dist: float32 [nq, k] ascending (+inf padding); out_idx: int64 [nq, k] rows of
@@ -110,7 +112,7 @@ def refine_range(q0, q1, queries, vectors, candidates, inner_product, out_dist, 
     queries, out_dist, out_idx = borrow(queries), borrow(out_dist), borrow(out_idx)
     n_cand = candidates.shape[1]
     k = out_dist.shape[1]
-    row_bytes = vectors.shape[1] * 4
+    row_bytes = vectors.shape[1] * vectors.itemsize
     heap_d = np.empty(k, dtype=np.float32)
     heap_i = np.empty(k, dtype=np.int64)
     for q in range(q0, q1):

@@ -41,14 +41,13 @@ from numba import njit
 
 from vq.kernels.cache import kernel
 from vq.kernels.exact import finish_lean
+from vq.kernels.halves import half_value
 from vq.kernels.heaps import heap_replace_top, heap_reset, heap_sorted
 from vq.kernels.simd import borrow
 from vq.kernels.small import all_finite, probe_few
 from vq.kernels.threads import parallel_for
 
 SQ8, SQ6, SQ4, SQ_FP16, SQ_BF16 = 0, 1, 2, 3, 4
-#: 2**112: a half's exponent bits placed in a float32's, times this, give its value
-_HALF_TO_FLOAT = np.float32(2.0**112)
 _NO_CENTROID = np.zeros(0, np.float32)
 
 
@@ -137,20 +136,6 @@ def _sum6(codes, row, qa, scale, inner_product):
             j = 4 * full + i
             acc += _term(qa[j], scale[j], np.float32((word >> (6 * i)) & 63), inner_product)
     return acc
-
-
-@njit(inline="always")
-def half_value(word):
-    """float32 value of an IEEE half's bits (``word`` uint32 below 2**16), exactly: the sign
-    moved to bit 31, exponent and mantissa to bits 13-27, then the float32 read from those
-    bits times 2**112 (normal and subnormal halves alike); infinities and NaNs (exponent 31)
-    get a float32 exponent of 255 through a mask (integer operations only: no branch or
-    select, which kept the loop from vectorising)."""
-    sign = (word & np.uint32(0x8000)) << np.uint32(16)
-    bits = sign | ((word & np.uint32(0x7FFF)) << np.uint32(13))
-    # all ones where the exponent is 31 (0x7C00 + 0x0400 carries into bit 15), else 0
-    special = np.uint32(0) - (((word & np.uint32(0x7C00)) + np.uint32(0x0400)) >> np.uint32(15))
-    return np.uint32(bits | (special & np.uint32(0x7F800000))).view(np.float32) * _HALF_TO_FLOAT
 
 
 @njit(inline="always", fastmath=True)
