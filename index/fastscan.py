@@ -81,19 +81,18 @@ class PackedCodes:
         pending, self._pending = self._pending, None
         if offsets is None:
             self.packed = fastscan.pack_codes(c).reshape(-1, 32)
-        elif pending is not None and self._same(pending[0], source):
-            o = offsets.cpu().numpy()
-            blocks = np.zeros_like(o)
-            np.cumsum(-(-np.diff(o) // fastscan.BLOCK), out=blocks[1:])
-            pairs = c.shape[1] // 2
-            packed = np.empty((int(blocks[-1]), pairs, 32), dtype=np.uint8)
-            old = self.packed.reshape(-1, pairs, 32)
-            args = (c, o, pending[1], old, self.list_blocks, packed, blocks)
-            parallel_for(repack_lists, o.shape[0] - 1, *args)
-            self.packed, self.list_blocks = packed.reshape(-1, 32), blocks
-        else:
-            self.packed, self.list_blocks = fastscan.pack_lists(c, offsets.cpu().numpy())
-        self._source = source
+            self._source = source
+            return
+        o = offsets.cpu().numpy()
+        blocks = np.zeros_like(o)
+        np.cumsum(-(-np.diff(o) // fastscan.BLOCK), out=blocks[1:])
+        packed = np.empty((int(blocks[-1]) * c.shape[1] // 2, 32), dtype=np.uint8)
+        if pending is not None and self._same(pending[0], source):
+            changed, old = pending[1], (self.packed.reshape(-1), self.list_blocks)
+        else:  # every list packed
+            changed, old = np.ones(o.shape[0] - 1, dtype=bool), (packed.reshape(-1), blocks)
+        parallel_for(repack_lists, o.shape[0] - 1, c, o, changed, *old, packed.reshape(-1), blocks)
+        self.packed, self.list_blocks, self._source = packed, blocks, source
 
     def moved(self, before: tuple, codes: torch.Tensor, offsets: torch.Tensor, changed) -> None:
         """The rows were moved (``remove_ids``, ``add``): the codes and offsets were ``before``

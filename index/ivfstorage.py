@@ -137,7 +137,10 @@ class IVFStorage:
         a list, the later lists moved down by as many rows as were removed before them)."""
         if self.ids.device.type != "cpu":
             return super()._remove(ids)
-        wanted = np.unique(ids.cpu().numpy()).astype(np.int64, copy=False)
+        wanted = np.sort(ids.cpu().numpy().astype(np.int64))  # (np.unique hashes: far slower)
+        distinct = np.ones(wanted.shape, dtype=bool)
+        np.not_equal(wanted[1:], wanted[:-1], out=distinct[1:])
+        wanted = wanted[distinct]
         id_lists = self.__dict__.setdefault("_id_lists", IdLists())
         lists, starts, keys, pos = id_lists.current(self.ids, self.offsets).find(wanted)
         if not lists.size:
