@@ -24,6 +24,8 @@ from vq.kernels.threads import parallel_for
 
 #: queries served per pass over a block of codes by the flat scan (3 measured best with AVX2)
 QUERY_BLOCK = 3
+#: IVF codes of at least this many rows are packed on the thread pool
+PARALLEL_ROWS = 1 << 16
 
 
 def check_fast_scan(fast_scan: bool, M: int, nbits: int) -> bool:
@@ -91,7 +93,11 @@ class PackedCodes:
             changed, old = pending[1], (self.packed.reshape(-1), self.list_blocks)
         else:  # every list packed
             changed, old = np.ones(o.shape[0] - 1, dtype=bool), (packed.reshape(-1), blocks)
-        parallel_for(repack_lists, o.shape[0] - 1, c, o, changed, *old, packed.reshape(-1), blocks)
+        args = (c, o, changed, *old, packed.reshape(-1), blocks)
+        if o[-1] >= PARALLEL_ROWS:
+            parallel_for(repack_lists, o.shape[0] - 1, *args)
+        else:  # a small index: the pool's wake-up would cost more (and it stays asleep)
+            repack_lists(0, o.shape[0] - 1, *args)
         self.packed, self.list_blocks, self._source = packed, blocks, source
 
     def moved(self, before: tuple, codes: torch.Tensor, offsets: torch.Tensor, changed) -> None:
