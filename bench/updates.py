@@ -8,9 +8,15 @@ lists through ``to_faiss()``. Each system first removes one id (kernels loaded, 
 buffers its own: an index loaded from a file copies them on its first write, which the row
 "first remove after load" times on a freshly loaded copy). Then, for each m, both remove the
 same m random stored ids, alternately, ``--rounds`` times (the median is kept; each round
-new ids), and search 10 queries right after (vq's fast-scan indexes repack their codes on the
-first search after a change; the first row's search times are those of the index before any
-removal). "n/a" where faiss's ``remove_ids`` raises (fast-scan kinds in some faiss versions).
+new ids), and search 10 queries right after (the first search after a change: vq's fast-scan
+indexes repack the lists the removal changed, those that lost rows and those it rotated, and
+copy the others' blocks; the first row's search times are those of the index before any
+removal). vq's removal copies, per touched list, a kept row into each removed row's place, and
+moves each later list down by R rows by copying min(R, its size) rows (R removed before it):
+few rows for a few ids, up to about every row once R passes the list sizes (1,000 ids over
+1,024 lists of ~1,000 rows move about half the rows). faiss keeps each list in its own array
+and moves none. "n/a" where faiss's ``remove_ids`` raises (fast-scan kinds in some faiss
+versions).
 Prints a table; writes bench/results/updates.csv.
 """
 

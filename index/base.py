@@ -36,6 +36,7 @@ from vq.index.ranges import range_search
 from vq.index.searching import (
     check_options,
     derived,
+    drop_derived,
     filtered_params,
     option_names,
     results_by_id,
@@ -191,7 +192,7 @@ class Index(Updates, nn.Module):
     def add(self, x: Any) -> None:
         """Add vectors [n, dim] with ids ``ntotal, ntotal + 1, …`` (faiss's sequential ids)."""
         t = as_vectors(x, self.dim, "x")
-        with self._writing():
+        with self._writing(rows_only=True):
             ids = IdRange(self.ntotal, t.shape[0], self.device)  # made a chunk at a time
             check_new_ids(self, ids, "add: the sequential ids")
             self._add(t, ids)
@@ -202,7 +203,7 @@ class Index(Updates, nn.Module):
         name vectors by id)."""
         t = as_vectors(x, self.dim, "x")
         i = as_ids(ids, t.shape[0], "ids")
-        with self._writing():
+        with self._writing(rows_only=True):
             i = i.to(self.device)
             check_new_ids(self, i, "ids")
             self._add(t, i)
@@ -211,7 +212,7 @@ class Index(Updates, nn.Module):
         """Remove every stored vector whose id is in ``ids`` (integers: an array, tensor, list
         or one int; ids not stored are ignored); returns how many were removed."""
         i = as_ids(ids, None, "ids", unique=False, stored=False)
-        with self._writing():
+        with self._writing(rows_only=True):
             return self._remove(i.to(self.device))
 
     def search(
@@ -276,16 +277,18 @@ class Index(Updates, nn.Module):
         return self.ids.shape[0] != self.ntotal
 
     @contextmanager
-    def _writing(self) -> Iterator[None]:
+    def _writing(self, rows_only: bool = False) -> Iterator[None]:
         """The index for this thread alone (see ``ReadWriteLock``); on the way out, the lean
         searches and derived arrays of the whole module tree are dropped (their storage with
-        them)."""
+        them). ``rows_only``: a write of stored rows alone (``add``, ``remove_ids``), which
+        keeps the derived arrays whose sources it left as they were (those of the codebooks:
+        the first search after it rebuilds nothing that does not depend on the rows)."""
         with self._lock.write():
             try:
                 yield
             finally:
                 drop(self, "_lean_cache")
-                drop(self, "_derived_cache")
+                drop_derived(self, stale_only=rows_only)
 
     # -- the lean path of small searches (see vq.index.lean) ---------------------------------
     def _lean(self):

@@ -3,7 +3,8 @@
 
 The index keeps its plain codes [ntotal, M] (what save/load, to_faiss, remove_ids, the torch
 path and export read) and, on the CPU, a block-packed copy (see :mod:`vq.kernels.fastscan`),
-built on the first search after the codes change. A search quantizes each query's float
+built on the first search after the codes change (after ``remove_ids`` or ``add`` on an IVF
+index, only the lists they changed are packed again). A search quantizes each query's float
 look-up tables to uint8, scans with byte shuffles into uint16 sums, and returns distances
 mapped back to floats (approximate, as faiss's fast-scan distances are; wrap the index in
 :class:`vq.Refine` for exact ones). The torch path (CUDA, export) uses the float tables.
@@ -11,14 +12,20 @@ mapped back to floats (approximate, as faiss's fast-scan distances are; wrap the
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 
 from vq import _cpu
 from vq.kernels import fastscan
+from vq.kernels.fastscan_pack import repack_lists
+from vq.kernels.threads import parallel_for
 
 #: queries served per pass over a block of codes by the flat scan (3 measured best with AVX2)
 QUERY_BLOCK = 3
+#: IVF codes of at least this many rows are packed on the thread pool
+PARALLEL_ROWS = 1 << 16
 
 
 def check_fast_scan(fast_scan: bool, M: int, nbits: int) -> bool:
@@ -34,28 +41,81 @@ def check_fast_scan(fast_scan: bool, M: int, nbits: int) -> bool:
 
 class PackedCodes:
     """The block-packed copy of an index's codes, rebuilt when the codes (or list offsets)
-    tensors are replaced or modified in place. It holds the tensors it was built from, so a
-    new tensor can never be mistaken for them."""
+    tensors are replaced or modified in place; after a removal or an add that said which lists
+    changed (:meth:`moved`), only those lists are packed anew and the others' blocks copied
+    (:func:`vq.kernels.fastscan_pack.repack_lists`: the same bytes as a whole repack). It
+    holds the tensors it was built from, so a new tensor can never be mistaken for them; it
+    is rebuilt under its own lock (concurrent searches wait for one rebuild). Copies and
+    pickles start empty."""
 
     def __init__(self):
         self._source: tuple = ()
+        self._pending: tuple | None = None  # (the source it will be, changed lists: bool)
+        self._lock = threading.Lock()
         self.packed = np.zeros((0, 32), dtype=np.uint8)
         self.list_blocks = np.zeros(1, dtype=np.int64)
 
-    def get(self, codes: torch.Tensor, offsets: torch.Tensor | None = None) -> PackedCodes:
-        source = (codes, codes._version, offsets, None if offsets is None else offsets._version)
-        same = len(self._source) == 4 and all(
-            a is b if isinstance(a, torch.Tensor) or a is None else a == b
-            for a, b in zip(self._source, source, strict=True)
+    def __reduce__(self):
+        return PackedCodes, ()
+
+    @staticmethod
+    def _key(codes: torch.Tensor, offsets: torch.Tensor | None) -> tuple:
+        return (codes, codes._version, offsets, None if offsets is None else offsets._version)
+
+    @staticmethod
+    def _same(a: tuple, b: tuple) -> bool:
+        return len(a) == 4 and all(
+            x is y if isinstance(x, torch.Tensor) or x is None else x == y
+            for x, y in zip(a, b, strict=True)
         )
-        if not same:
-            c = codes.cpu().numpy().astype(np.uint8, copy=False)
-            if offsets is None:
-                self.packed = fastscan.pack_codes(c).reshape(-1, 32)
-            else:
-                self.packed, self.list_blocks = fastscan.pack_lists(c, offsets.cpu().numpy())
-            self._source = source
+
+    def get(self, codes: torch.Tensor, offsets: torch.Tensor | None = None) -> PackedCodes:
+        source = self._key(codes, offsets)
+        if self._same(self._source, source):
+            return self
+        with self._lock:
+            if not self._same(self._source, source):
+                self._rebuild(codes, offsets, source)
         return self
+
+    def _rebuild(self, codes: torch.Tensor, offsets: torch.Tensor | None, source: tuple) -> None:
+        c = codes.cpu().numpy().astype(np.uint8, copy=False)
+        pending, self._pending = self._pending, None
+        if offsets is None:
+            self.packed = fastscan.pack_codes(c).reshape(-1, 32)
+            self._source = source
+            return
+        o = offsets.cpu().numpy()
+        blocks = np.zeros_like(o)
+        np.cumsum(-(-np.diff(o) // fastscan.BLOCK), out=blocks[1:])
+        packed = np.empty((int(blocks[-1]) * c.shape[1] // 2, 32), dtype=np.uint8)
+        if pending is not None and self._same(pending[0], source):
+            changed, old = pending[1], (self.packed.reshape(-1), self.list_blocks)
+        else:  # every list packed
+            changed, old = np.ones(o.shape[0] - 1, dtype=bool), (packed.reshape(-1), blocks)
+        args = (c, o, changed, *old, packed.reshape(-1), blocks)
+        if o[-1] >= PARALLEL_ROWS:
+            parallel_for(repack_lists, o.shape[0] - 1, *args)
+        else:  # a small index: the pool's wake-up would cost more (and it stays asleep)
+            repack_lists(0, o.shape[0] - 1, *args)
+        self.packed, self.list_blocks, self._source = packed, blocks, source
+
+    def moved(self, before: tuple, codes: torch.Tensor, offsets: torch.Tensor, changed) -> None:
+        """The rows were moved (``remove_ids``, ``add``): the codes and offsets were ``before``
+        (the two tensors) and are now ``codes`` and ``offsets``; ``changed`` (bool [nlist])
+        marks the lists that do not hold the same rows in the same order (the others only
+        moved as a whole). If this copy was of ``before`` (or was to become it), the next
+        :meth:`get` packs only the changed lists; otherwise it packs every list."""
+        old = self._key(*before)
+        with self._lock:
+            if self._pending is not None and self._same(self._pending[0], old):
+                marks = self._pending[1] | changed
+            elif self._same(self._source, old):
+                marks = np.array(changed, dtype=bool)
+            else:
+                self._pending = None
+                return
+            self._pending = (self._key(codes, offsets), marks)
 
     def clear(self) -> None:
         self.__init__()

@@ -5,9 +5,11 @@ faiss's ``IndexIVF.remove_ids`` tests every stored id against the selector (it k
 unless ``make_direct_map`` was called). Here the first ``remove_ids`` builds, from the stored
 ids and list offsets, the ids sorted and the list of each (12 bytes per stored row: int64 +
 int32); a removal then looks its ids up (a binary search each), reads only the lists that hold
-them, and marks their entries gone. The map stays valid across removals (they do not move a
-kept row to another list) and is dropped at any other change of the ids or lists (``add``,
-``merge_from``, a load, a buffer replaced): the next removal builds it again.
+them (each only until its removed rows are found), and marks their entries gone. The map holds
+lists, not rows, so it stays valid across removals: they move kept rows within their lists and
+move lists down, but never move a row to another list. It is dropped at any other change of
+the ids or lists (``add``, ``merge_from``, a load, a buffer replaced): the next removal builds
+it again.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import weakref
 
 import numpy as np
 import torch
+
+from vq.kernels import rows as row_kernels
 
 
 def _state(ids: torch.Tensor, offsets: torch.Tensor) -> tuple:
@@ -42,6 +46,7 @@ class IdLists:
         self.state: tuple | None = None
         self.keys = np.zeros(0, dtype=np.int64)
         self.lists = np.zeros(0, dtype=np.int32)
+        self.nlist = 0
 
     def __reduce__(self):
         return IdLists, ()
@@ -55,22 +60,29 @@ class IdLists:
             order = np.argsort(stored)
             self.keys = stored[order]
             sizes = np.diff(offsets.numpy())
+            self.nlist = sizes.shape[0]
             self.lists = np.repeat(np.arange(sizes.shape[0], dtype=np.int32), sizes)[order]
             self.state = state
         return self
 
-    def find(self, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For ``wanted`` (int64, ascending, distinct): the lists holding them (int64,
-        ascending, distinct) and the map entries that say so (int64 positions, for
-        :meth:`forget`); ids not stored are ignored. O(m log n)."""
-        lo = np.searchsorted(self.keys, wanted, side="left")
-        hi = np.searchsorted(self.keys, wanted, side="right")  # (spilled: two rows an id)
-        counts = hi - lo
-        total = int(counts.sum())
-        starts = np.repeat(lo - (np.cumsum(counts) - counts), counts)
-        pos = starts + np.arange(total, dtype=np.int64)
-        live = pos[self.lists[pos] >= 0]
-        return np.unique(self.lists[live]).astype(np.int64), live
+    def find(self, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """For ``wanted`` (int64, ascending, distinct; ids not stored are ignored), grouped by
+        the list holding them: ``(lists, starts, ids, pos)`` — the lists (int64 [t],
+        ascending, distinct), where each one's ids start (int64 [t + 1]), the ids of the rows
+        to remove (int64 [starts[-1]], ascending within each list; a spilled id twice where its
+        two rows share a list) and the map entries that say so (int64, for :meth:`forget`).
+        O(m log n + nlist)."""
+        counts = np.empty(self.nlist, dtype=np.int64)
+        pos = np.empty(2 * wanted.shape[0], dtype=np.int64)  # (spilled: two rows an id)
+        found = row_kernels.ids_by_list(self.keys, self.lists, wanted, pos, counts)
+        if found > pos.shape[0]:
+            pos = np.empty(found, dtype=np.int64)
+            row_kernels.ids_by_list(self.keys, self.lists, wanted, pos, counts)
+        pos = pos[:found]
+        lists = np.flatnonzero(counts)
+        starts = np.zeros(lists.shape[0] + 1, dtype=np.int64)
+        np.cumsum(counts[lists], out=starts[1:])
+        return lists, starts, self.keys[pos], pos
 
     def forget(self, pos: np.ndarray, ids: torch.Tensor, offsets: torch.Tensor) -> None:
         """Mark the entries ``pos`` removed and take the stored ``ids`` and ``offsets`` as

@@ -148,6 +148,11 @@ class IVFPQ(IVFIndex):
         target = self._residuals(x, lists) if self.by_residual else x
         return {"codes": self.pq.encode_rows(target)}
 
+    def _rows_moved(self, before: dict, changed) -> None:
+        if self.fast_scan:  # the packed copy: only the changed lists packed again
+            old = (before["codes"], before["offsets"])
+            self._packed.moved(old, self.codes, self.offsets, changed)
+
     def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         rows = rows.to(self.device)
         x = pq_decode(self.codes[rows], self.pq.codebooks.float())

@@ -8,11 +8,19 @@ into its slots; a spilled index (SOAR, :mod:`vq.index.spill`) writes two rows pe
 its list and in its SOAR list. ``merge_from`` inserts another index's rows the same way.
 
 ``remove_ids`` finds the rows to remove through an id → list map (:mod:`vq.index.idlists`,
-built on the first removal and kept across removals) and reads only the lists that hold them;
-it then moves the rows after the first removed one down in place and shortens the lists. The
-search kernels read list l as ``offsets[l]:offsets[l + 1]``, with no room between lists, so the
-lists after the first touched one move (one memory-speed pass over them, and O(n) still); room
-left at the end of each list would make that proportional to the touched lists too.
+built on the first removal and kept across removals) and reads only the lists that hold them,
+each until its removed rows are found. It then removes them in place with few copies
+(:func:`vq.index.storage.remove_list_rows`): within a list, each removed row takes the list's
+last kept row (faiss's swap-with-last); each later list moves down by the R rows removed before
+it by copying only its last min(R, size) rows into the free rows at its front. The search
+kernels' contract stays CSR (list l is ``offsets[l]:offsets[l + 1]``, no room between lists),
+and a removal costs the rows read in the touched lists plus the sum of min(R, size) over the
+later lists, not a pass over every stored row. As with faiss's ``remove_ids``, the order of
+the rows within a list changes (a list moved by fewer rows than it keeps is rotated): search
+results equal those of an index built without the removed ids, up to the order among equal
+distances (the kernels break ties by row). A kind keeping a copy of its rows in another layout
+(the fast-scan packed codes) is told which lists changed (``_rows_moved``) and updates only
+those.
 """
 
 from __future__ import annotations
@@ -24,8 +32,12 @@ import torch
 
 from vq.index.idlists import IdLists
 from vq.index.spill import SPILL_COPIES, soar_assign
-from vq.index.storage import IdRange, move_lists, remove_rows, reserve, set_rows
+from vq.index.storage import IdRange, move_lists, remove_list_rows, remove_rows, reserve, set_rows
 from vq.kernels import rows as row_kernels
+from vq.kernels.threads import parallel_for
+
+#: removals reading at least this many rows of their lists find them on the thread pool
+PARALLEL_ROWS = 1 << 16
 
 
 class IVFStorage:
@@ -113,26 +125,53 @@ class IVFStorage:
         for name in names:
             set_rows(self, name, n0 + n)
         self.offsets = new
+        if new.device.type == "cpu":  # the lists that grew hold new rows at their ends
+            self._rows_moved({**before, "offsets": old}, (new.diff() != old.diff()).numpy())
 
     def _remove(self, ids: torch.Tensor) -> int:
         """Remove the rows holding ``ids``; returns how many rows. On the CPU: the lists that
         hold them found through the id → list map (:class:`vq.index.idlists.IdLists`, built
-        on the first removal and kept across removals), only those lists' rows read, then the
-        rows after the first removed one moved down (CSR: the lists after it shift)."""
+        on the first removal and kept across removals), only those lists read (each until its
+        rows are found, on the thread pool where many lists are), then the rows removed in
+        place by few copies (:func:`vq.index.storage.remove_list_rows`: swap-with-last within
+        a list, the later lists moved down by as many rows as were removed before them)."""
         if self.ids.device.type != "cpu":
             return super()._remove(ids)
-        wanted = np.unique(ids.cpu().numpy()).astype(np.int64, copy=False)
+        wanted = np.sort(ids.cpu().numpy().astype(np.int64))  # (np.unique hashes: far slower)
+        distinct = np.ones(wanted.shape, dtype=bool)
+        np.not_equal(wanted[1:], wanted[:-1], out=distinct[1:])
+        wanted = wanted[distinct]
         id_lists = self.__dict__.setdefault("_id_lists", IdLists())
-        lists, pos = id_lists.current(self.ids, self.offsets).find(wanted)
+        lists, starts, keys, pos = id_lists.current(self.ids, self.offsets).find(wanted)
         if not lists.size:
             return 0
-        offsets = self.offsets.numpy()
-        scanned = int((offsets[lists + 1] - offsets[lists]).sum())
-        found = np.empty(scanned, np.int64)
-        count = row_kernels.rows_in_lists(self.ids.numpy(), offsets, lists, wanted, found)
-        self._remove_rows(found[:count])
+        offsets, count = self.offsets.numpy(), int(starts[-1])
+        found, per_list = np.empty(count, np.int64), np.empty(lists.shape[0], np.int64)
+        scan = (self.ids.numpy(), offsets, lists, starts, keys, found, per_list)
+        if int((offsets[lists + 1] - offsets[lists]).sum()) >= PARALLEL_ROWS:
+            parallel_for(row_kernels.rows_of_ids, lists.shape[0], *scan)
+        else:  # a few short lists: the pool's wake-up would cost more
+            row_kernels.rows_of_ids(0, lists.shape[0], *scan)
+        if int(per_list.sum()) != count:  # (the map is checked against the ids it was built for)
+            raise RuntimeError("remove_ids: the id -> list map is out of date; please report this")
+        before = {name: self._buffers[name] for name in (*self._row_buffers, "offsets")}
+        new, _ = remove_list_rows(self, (*self._row_buffers, "ids"), offsets, found)
+        self.offsets = torch.from_numpy(new)
         id_lists.forget(pos, self.ids, self.offsets)
+        # a list's order changed where rows left it, or where it moved down by fewer rows
+        # than it keeps (rotated); the other lists hold their rows in the same order
+        shift, kept = offsets[:-1] - new[:-1], np.diff(new)
+        changed = (shift > 0) & (shift < kept)
+        changed[lists] = True
+        self._rows_moved(before, changed)
         return count
+
+    def _rows_moved(self, before: dict[str, torch.Tensor], changed: np.ndarray) -> None:
+        """Called after ``remove_ids`` or ``add`` moved stored rows on the CPU: ``before`` the
+        row buffers and offsets as they were, ``changed`` (bool [nlist]) the lists whose rows
+        are not the same rows in the same order (the others may have moved as a whole). A
+        kind keeping a copy of its rows in another layout updates that copy's changed lists
+        only (see :meth:`vq.index.fastscan.PackedCodes.moved`); here nothing."""
 
     def _drop_rows(self, drop: np.ndarray, first: int, removed: int) -> None:
         self._remove_rows(np.flatnonzero(drop[first:]).astype(np.int64) + first)

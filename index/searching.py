@@ -11,6 +11,7 @@ the static search graphs end with (and which the kernel is tested against).
 from __future__ import annotations
 
 import inspect
+import weakref
 
 import numpy as np
 import torch
@@ -87,16 +88,41 @@ def search_steps(index, q: torch.Tensor, k: int, params: dict):
     return dist, ids
 
 
+def _source_key(sources: tuple[torch.Tensor, ...]) -> tuple:
+    return tuple((t.data_ptr(), t._version, t.shape, t.device) for t in sources)
+
+
 def derived(module, name: str, sources: tuple[torch.Tensor, ...], compute):
     """``compute()``, kept in ``module`` under ``name`` until one of the ``sources`` tensors is
     replaced, modified in place or moved (arrays derived from codebooks or stored data that
-    every search reads; an index drops them all when it is written to)."""
-    key = tuple((t.data_ptr(), t._version, t.shape, t.device) for t in sources)
+    every search reads; an index drops them when it is written to, see :func:`drop_derived`)."""
+    key = _source_key(sources)
     entry = module.__dict__.get("_derived_cache", {}).get(name)
     if entry is None or entry[0] != key:
-        entry = (key, compute())
+        entry = (key, compute(), tuple(weakref.ref(t) for t in sources))
         module.__dict__.setdefault("_derived_cache", {})[name] = entry
     return entry[1]
+
+
+def drop_derived(root, *, stale_only: bool = False) -> None:
+    """Forget the :func:`derived` arrays of every module in the tree of ``root`` (and the
+    storage they hold); with ``stale_only``, only those with a source that is no longer one of
+    the tree's buffers or parameters as it was (replaced, resized, modified in place), so that
+    a write of stored rows (``add``, ``remove_ids``) keeps the arrays derived from the
+    codebooks, which it does not touch."""
+    tensors = [t for m in root.modules() for t in (*m._buffers.values(), *m._parameters.values())]
+    own = {id(t) for t in tensors if t is not None}
+    for m in root.modules():
+        cache = m.__dict__.get("_derived_cache")
+        if not cache:
+            continue
+        if not stale_only:
+            del m.__dict__["_derived_cache"]
+            continue
+        for name, (key, _, refs) in list(cache.items()):
+            sources = tuple(ref() for ref in refs)
+            if any(t is None or id(t) not in own for t in sources) or _source_key(sources) != key:
+                del cache[name]
 
 
 def query_rows(q: torch.Tensor, device: torch.device) -> torch.Tensor:

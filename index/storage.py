@@ -11,8 +11,11 @@ writes in place into tensors it allocated (it records their address and size): a
 assigned or loaded from elsewhere — a memory-mapped file, a user's tensor — is copied on the
 first write, never modified.
 
-Shrinking: ``remove_ids`` moves the kept rows down in place (:func:`vq.kernels.rows.remove_rows`,
-from the first removed row on), with no copy of the buffers.
+Shrinking: ``remove_ids`` works in place, with no copy of the buffers. Rows held in inverted
+lists (:func:`remove_list_rows`) take each removed row's place with its list's last kept row
+and move each later list down by copying as many of its rows as were removed before it (the
+order within lists changes, as in faiss); rows without lists (:func:`remove_rows`) move down
+together from the first removed row on.
 """
 
 from __future__ import annotations
@@ -177,6 +180,27 @@ def remove_rows(index, names: tuple[str, ...], rows: np.ndarray) -> None:
             _install(
                 index, name, buf[torch.from_numpy(keep).to(buf.device)].contiguous(), n - rows.size
             )
+
+
+def remove_list_rows(index, names: tuple[str, ...], offsets: np.ndarray, rows: np.ndarray):
+    """Remove the stored rows ``rows`` (int64, ascending, distinct) of CSR inverted lists
+    (``offsets`` int64 [nlist + 1], on the CPU) from each buffer in ``names``, in place
+    (:func:`vq.kernels.rows.remove_from_lists`: each removed row takes its list's last kept
+    row, each later list moves down by copying as many rows as were removed before it; the
+    order of rows within a list changes). A buffer the index does not own (loaded, memory
+    mapped, assigned) is copied first, as it is. Returns the new offsets (int64 [nlist + 1])
+    and how many rows of each buffer were copied."""
+    new, moves = np.empty_like(offsets), 0
+    for name in names:
+        buf = index._buffers[name]
+        n = buf.shape[0]
+        full = _owned(index, name)
+        if full is None:  # not the index's own: copy it (exactly its rows) before writing
+            full = buf.contiguous().clone()
+        words = byte_rows(full)
+        moves = row_kernels.remove_from_lists(words.reshape(-1), words.shape[1], offsets, rows, new)
+        _install(index, name, full, n - rows.shape[0])
+    return new, moves
 
 
 def move_lists(full: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:

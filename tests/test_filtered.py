@@ -12,7 +12,7 @@ import torch
 
 import vq
 from vq import _cpu
-from vq.index import IVFPQ, FlatIndex, IVFFlat, PQIndex, Refine
+from vq.index import IVFPQ, FlatIndex, IVFFlat, IVFIndex, PQIndex, Refine
 from vq.kernels.bitmask import pack_rows, rows_allowed
 from vq.kernels.fastscan_ivf import block_bits
 
@@ -58,10 +58,27 @@ def built(blobs):
     return out
 
 
+def _row_keys(ivf):
+    """(list, id) of each stored row, as one int64: one row each, spilled indexes too."""
+    lists = np.repeat(np.arange(ivf.nlist), ivf.list_sizes().numpy())
+    return (lists << 40) | ivf.ids.numpy()
+
+
 def _only(index, allowed_ids):
-    """The same trained index holding only the allowed vectors (the oracle)."""
+    """The same trained index holding only the allowed vectors, in the order ``index`` holds
+    them (the oracle: kernels break ties by row, and ``remove_ids`` reorders rows within
+    lists, so each IVF index's rows are put back in ``index``'s order)."""
     sub = copy.deepcopy(index)
     sub.remove_ids(np.setdiff1d(index.stored_ids().numpy(), allowed_ids))
+    full = dict(index.named_modules())
+    for prefix, m in sub.named_modules():
+        if isinstance(m, IVFIndex):
+            before = _row_keys(full[prefix])
+            sorter = np.argsort(before)
+            rank = sorter[np.searchsorted(before, _row_keys(m), sorter=sorter)]
+            order = torch.from_numpy(np.argsort(rank))
+            for name in (*m._row_buffers, "ids"):
+                setattr(m, name, getattr(m, name)[order].contiguous())
     return sub
 
 

@@ -13,7 +13,9 @@ variant) are the ``*_template`` modules, one cached source file per configuratio
   candidates, Flat blocks) and rows to ids.
 - :mod:`vq.kernels.select`: the k nearest columns of rows of inner products (coarse steps).
 - :mod:`vq.kernels.fastscan`, :mod:`vq.kernels.fastscan_ivf`: 4-bit fast-scan (byte-shuffle
-  look-ups of uint8 tables), flat and over inverted lists.
+  look-ups of uint8 tables), flat and over inverted lists; :mod:`vq.kernels.fastscan_pack`
+  packs inverted lists into its blocks (only the lists that changed).
+- :mod:`vq.kernels.rows`: stored rows moved in place (add, remove_ids, merge_from).
 - :mod:`vq.kernels.simd`: 16-float vector helpers (LLVM intrinsics) the kernels share.
 - :mod:`vq.kernels.small`: the lean path of a few queries (flat rows, the coarse probe), on
   the calling thread.

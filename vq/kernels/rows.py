@@ -4,8 +4,11 @@ index's buffers without allocating copies of them.
 Every buffer is seen as rows of unsigned words, [capacity, words] (a row of codes, of a vector,
 an int64 id), so one kernel serves codes, vectors and ids alike. Inverted lists are CSR (list l
 holds rows ``offsets[l]:offsets[l + 1]``): growing a list moves the lists after it towards the
-end (last list first, so that no row is overwritten before it has moved), removing rows moves
-the rows after them towards the start.
+end (last list first, so that no row is overwritten before it has moved); removing rows from
+lists fills each removed row with its list's last kept row and moves each later list down by
+copying only as many of its rows as were removed before it (:func:`remove_from_lists`), found
+first by :func:`rows_of_ids` over the lists that hold them; a buffer without lists (Flat, PQ)
+moves the rows after the first removed one down (:func:`remove_rows`).
 """
 
 from __future__ import annotations
@@ -65,46 +68,167 @@ def remove_rows(flat, width, rows, n):
     return n - r
 
 
+@kernel(nogil=True)
+def ids_by_list(keys, key_lists, wanted, out_pos, out_counts):
+    """The entries of an id → list map (``keys`` int64 [n] ascending, ``key_lists`` int32
+    [n] the list of each, -1 once removed) that hold ``wanted`` (int64 [m], ascending,
+    distinct), grouped by list: their positions go to ``out_pos`` (int64; by list ascending,
+    then by id) and each list's count to ``out_counts`` (int64 [nlist], zeroed here);
+    returns how many (where that is more than ``out_pos`` holds, it is left unwritten). A
+    binary search an id (from where the previous one ended), then a counting sort:
+    O(m log n + nlist)."""
+    out_counts[:] = 0
+    found = np.empty(wanted.shape[0] * 2, dtype=np.int64)  # (spilled: two rows an id)
+    e, lo, n = 0, 0, keys.shape[0]
+    for j in range(wanted.shape[0]):
+        v, hi = wanted[j], n
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if keys[mid] < v:
+                lo = mid + 1
+            else:
+                hi = mid
+        i = lo
+        while i < n and keys[i] == v:
+            lst = key_lists[i]
+            if lst >= 0:
+                if e == found.shape[0]:
+                    grown = np.empty(2 * e, dtype=np.int64)
+                    grown[:e] = found
+                    found = grown
+                found[e] = i
+                e += 1
+                out_counts[lst] += 1
+            i += 1
+    if e > out_pos.shape[0]:
+        return e  # (out_pos too short: nothing written but the counts)
+    cursor = np.empty(out_counts.shape[0], dtype=np.int64)
+    total = 0
+    for lst in range(out_counts.shape[0]):
+        cursor[lst] = total
+        total += out_counts[lst]
+    for t in range(e):
+        lst = key_lists[found[t]]
+        out_pos[cursor[lst]] = found[t]
+        cursor[lst] += 1
+    return e
+
+
+#: lists with at most this many ids to find compare each row with all of them; more go
+#: into a small hash set per list
+FEW_IDS = 4
 #: Fibonacci hashing's multiplier (2**64 / the golden ratio, odd)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 @kernel(nogil=True)
-def rows_in_lists(ids, offsets, lists, wanted, out_rows):
-    """The rows of inverted lists ``lists`` (int64 [t], ascending, distinct) whose id is in
-    ``wanted`` (int64 [m], distinct): ``ids`` int64 [n_rows] the id of each row, ``offsets``
-    int64 [nlist + 1] the CSR lists; written to ``out_rows`` (int64, at least the touched
-    lists' rows long) ascending; returns how many. ``wanted`` goes into a hash set (open
-    addressing, at least four slots an id), so each row of the touched lists costs about one
-    probe: O(m + rows scanned), nothing of the other lists read."""
-    m = wanted.shape[0]
+def rows_of_ids(t0, t1, ids, offsets, lists, starts, wanted, out_rows, out_found):
+    """The rows to remove from touched inverted lists ``t0 <= t < t1`` (a ``parallel_for``
+    body): list ``lists[t]`` (int64 [t]) holds ``starts[t + 1] - starts[t]`` rows whose id is
+    one of ``wanted[starts[t]:starts[t + 1]]`` (int64, distinct within a list but where a
+    spilled id has both rows in it; ``starts`` int64 [t + 1]). Its rows (``ids`` int64
+    [n_rows], ``offsets`` int64 [nlist + 1] the CSR lists) are read in order until that many
+    are found, each id compared with the list's wanted ones (at most :data:`FEW_IDS`) or
+    looked up in a hash set of them (open addressing, at least four slots an id, small
+    enough to stay in cache). The rows go to ``out_rows[starts[t]:starts[t + 1]]`` (int64,
+    ascending) and their count to ``out_found[t]`` (less than asked only where the id →
+    list map was wrong). Nothing of the other lists is read, nor the rest of a list once its
+    rows are found."""
+    widest = 1
+    for t in range(t0, t1):
+        widest = max(widest, starts[t + 1] - starts[t])
     bits = 1
-    while (1 << bits) < 4 * m:
+    while (1 << bits) < 4 * widest:
         bits += 1
-    mask = (1 << bits) - 1
-    shift = np.uint64(64 - bits)
-    keys = np.empty(mask + 1, dtype=np.int64)
-    used = np.zeros(mask + 1, dtype=np.bool_)
-    for j in range(m):
-        v = wanted[j]
-        h = np.int64((np.uint64(v) * _GOLDEN) >> shift)
-        while used[h] and keys[h] != v:
-            h = (h + 1) & mask
-        used[h] = True
-        keys[h] = v
-    count = 0
-    for t in range(lists.shape[0]):
-        lst = lists[t]
+    keys = np.empty(1 << bits, dtype=np.int64)
+    used = np.zeros(1 << bits, dtype=np.bool_)
+    for t in range(t0, t1):
+        lst, lo, hi = lists[t], starts[t], starts[t + 1]
+        w, found = hi - lo, 0
+        if w <= FEW_IDS:
+            for i in range(offsets[lst], offsets[lst + 1]):
+                v = ids[i]
+                hit = False
+                for a in range(lo, hi):
+                    hit = hit or wanted[a] == v
+                if hit:
+                    out_rows[lo + found] = i
+                    found += 1
+                    if found == w:
+                        break
+            out_found[t] = found
+            continue
+        b = 1
+        while (1 << b) < 4 * w:
+            b += 1
+        mask, shift = (1 << b) - 1, np.uint64(64 - b)
+        used[: mask + 1] = False
+        for a in range(lo, hi):
+            h = np.int64((np.uint64(wanted[a]) * _GOLDEN) >> shift)
+            while used[h] and keys[h] != wanted[a]:
+                h = (h + 1) & mask
+            used[h] = True
+            keys[h] = wanted[a]
         for i in range(offsets[lst], offsets[lst + 1]):
             v = ids[i]
             h = np.int64((np.uint64(v) * _GOLDEN) >> shift)
             while used[h]:
                 if keys[h] == v:
-                    out_rows[count] = i
-                    count += 1
+                    out_rows[lo + found] = i
+                    found += 1
                     break
                 h = (h + 1) & mask
-    return count
+            if found == w:
+                break
+        out_found[t] = found
+
+
+@kernel(nogil=True)
+def remove_from_lists(flat, width, offsets, rows, out_offsets):
+    """Remove rows ``rows`` (int64 [r], ascending, distinct) from CSR inverted lists (list l:
+    rows ``offsets[l]:offsets[l + 1]``; ``offsets`` int64 [nlist + 1]) of ``flat``
+    ([capacity * width] unsigned words, rows of ``width`` words back to back), in place,
+    moving few rows; the new offsets go to ``out_offsets`` (int64 [nlist + 1]); returns how
+    many rows were copied.
+
+    List by list, ascending: within a list holding removed rows, each removed row below its
+    new size takes the list's last kept row (faiss's swap-with-last), so its kept rows come
+    first; then a list after R removed rows moves down by R by copying only its last
+    min(R, kept) rows into the R free rows before it (one copy, source and destination never
+    overlap). Rows of the lists before the first touched one are not read; the copies number
+    at most r + sum over the later lists of min(R_l, kept_l), whatever their sizes. The order
+    of the rows within a list changes (faiss's ``remove_ids`` changes it too): a list moved by
+    R < kept is rotated by R."""
+    nlist = offsets.shape[0] - 1
+    j, before, moves = 0, 0, 0
+    out_offsets[0] = 0
+    for lst in range(nlist):
+        o, e = offsets[lst], offsets[lst + 1]
+        j0 = j
+        while j < rows.shape[0] and rows[j] < e:
+            j += 1
+        kept = e - o - (j - j0)
+        tail, back = e - 1, j - 1  # the last kept row is found from the end
+        for h in range(j0, j):
+            hole = rows[h]
+            if hole >= o + kept:
+                break
+            while back >= j0 and rows[back] == tail:
+                back -= 1
+                tail -= 1
+            for b in range(width):
+                flat[hole * width + b] = flat[tail * width + b]
+            tail -= 1
+            moves += 1
+        if before and kept:
+            n = min(before, kept)
+            src, dst = (o + kept - n) * width, (o - before) * width
+            for i in range(n * width):
+                flat[dst + i] = flat[src + i]
+            moves += n
+        before += j - j0
+        out_offsets[lst + 1] = e - before
+    return moves
 
 
 @kernel(nogil=True)
