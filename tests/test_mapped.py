@@ -2,6 +2,8 @@
 read with ``pread`` (vq.index.mapped), so a search maps none of the file's pages, even from a
 warm page cache, and returns what the in-memory load returns."""
 
+import mmap
+import os
 import sys
 from pathlib import Path
 
@@ -93,9 +95,7 @@ def test_a_mapped_search_from_a_warm_page_cache_maps_none_of_the_files_pages(dat
         np.testing.assert_array_equal(a, b)
 
 
-def test_a_mapped_index_written_to_searches_its_own_copy_and_the_file_is_not_read(
-    data, tmp_path
-):
+def test_a_mapped_index_written_to_searches_its_own_copy_and_the_file_is_not_read(data, tmp_path):
     x, q = data
     path = _saved("ivfpq", x, tmp_path / "index.vq")
     mapped, loaded = vq.load_index(path, mmap=True), vq.load_index(path)
@@ -115,3 +115,36 @@ def test_a_mapped_index_whose_file_is_truncated_in_place_raises_a_clear_error(da
         f.truncate(1024)
     with pytest.raises(OSError, match="shorter than when it was mapped"):
         mapped.search(q, K, nprobe=32)
+
+
+def _drop_cached(path) -> bool:
+    """Drop ``path``'s pages from the page cache; False where they stay (tmpfs)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as probe:
+            probe.madvise(mmap.MADV_RANDOM)
+            probe[len(probe) // 2]
+            return _mapped_kib(path) <= 16
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_a_mapped_index_from_a_cold_cache_loads_and_searches_mapping_almost_nothing(data, tmp_path):
+    x, q = data
+    big = np.concatenate([x + 0.01 * j for j in range(6)])  # 60k vectors, a 1.5 MB file
+    index = IVFPQ(x.shape[1], nlist=64, M=16, nprobe=1, niter=4)
+    index.train(x)
+    index.add(big)
+    path = tmp_path / "big.vq"
+    index.save(path)
+    if not _drop_cached(path):
+        pytest.skip("this file system keeps the file's pages in memory (tmpfs)")
+    mapped = vq.load_index(path, mmap=True)
+    after_load = _mapped_kib(path)
+    d, i = mapped.search(q[:1], K)  # one list of ~940 rows, read with pread: nothing mapped
+    assert after_load < path.stat().st_size / 1024 / 16 and _mapped_kib(path) <= after_load
+    for a, b in zip((d, i), index.search(q[:1], K), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert mapped._tables.filled.sum() == 1  # one row of the precomputed table

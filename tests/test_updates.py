@@ -3,10 +3,6 @@
 faiss (reconstruct, merge_from), and their invariants and errors."""
 
 import copy
-import mmap
-import os
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -346,53 +342,6 @@ def test_a_memory_mapped_index_searches_as_a_loaded_one_and_copies_before_writin
     loaded.add_with_ids(x[:10], np.arange(10) * 2 + 1)
     _assert_same_storage(mapped, loaded)
     assert path.read_bytes() == raw  # the file never changes
-
-
-def _mapped_kib(path) -> int:
-    """KiB of ``path``'s mappings resident in this process (/proc/self/smaps)."""
-    total, inside = 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split(maxsplit=1)[0]
-        if "-" in head and not head.endswith(":"):  # a mapping's first line
-            inside = line.endswith(str(path))
-        elif inside and head == "Rss:":
-            total += int(line.split()[1])
-    return total
-
-
-def _drop_cached(path) -> bool:
-    """Drop ``path``'s pages from the page cache; False where they stay (tmpfs)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as probe:
-            probe.madvise(mmap.MADV_RANDOM)
-            probe[len(probe) // 2]
-            return _mapped_kib(path) <= 16
-    finally:
-        os.close(fd)
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
-def test_a_mapped_index_loads_and_searches_reading_few_of_its_pages(trained, data, tmp_path):
-    x, q = data
-    big = np.concatenate([x + 0.01 * j for j in range(30)])  # 60k vectors, a 1.5 MB file
-    index = IVFPQ(x.shape[1], nlist=64, M=16, nprobe=1, niter=4)
-    index.train(x)
-    index.add(big)
-    path = tmp_path / "big.vq"
-    index.save(path)
-    if not _drop_cached(path):
-        pytest.skip("this file system keeps the file's pages in memory (tmpfs)")
-    mapped = vq.load_index(path, mmap=True)
-    after_load = _mapped_kib(path)
-    d, i = mapped.search(q[:1], K)  # one list of ~940 rows: a few pages of codes
-    size_kib = path.stat().st_size / 1024
-    # (no read-ahead: 48 and 152 KiB of 1,448 here; 104 and 356 with the kernel's read-ahead)
-    assert after_load < size_kib / 16 and _mapped_kib(path) < size_kib / 6
-    for a, b in zip((d, i), index.search(q[:1], K), strict=True):
-        np.testing.assert_array_equal(a, b)
-    assert mapped._tables.filled.sum() == 1  # one row of the precomputed table
 
 
 def test_a_mapped_load_refuses_a_truncated_file_and_verify_catches_a_tampered_one(

@@ -14,6 +14,7 @@ moves the rows after the first removed one down (:func:`remove_rows`).
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from vq.kernels.cache import kernel
 
@@ -68,6 +69,18 @@ def remove_rows(flat, width, rows, n):
     return n - r
 
 
+@njit(inline="always")
+def lower_bound(values, lo, hi, v):
+    """The first position in ``lo..hi`` of ``values`` (ascending) whose value is not below v."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if values[mid] < v:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 @kernel(nogil=True)
 def ids_by_list(keys, key_lists, wanted, out_pos, out_counts):
     """The entries of an id → list map (``keys`` int64 [n] ascending, ``key_lists`` int32
@@ -81,13 +94,8 @@ def ids_by_list(keys, key_lists, wanted, out_pos, out_counts):
     found = np.empty(wanted.shape[0] * 2, dtype=np.int64)  # (spilled: two rows an id)
     e, lo, n = 0, 0, keys.shape[0]
     for j in range(wanted.shape[0]):
-        v, hi = wanted[j], n
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if keys[mid] < v:
-                lo = mid + 1
-            else:
-                hi = mid
+        v = wanted[j]
+        lo = lower_bound(keys, lo, n, v)
         i = lo
         while i < n and keys[i] == v:
             lst = key_lists[i]
@@ -240,13 +248,7 @@ def mark_ids(stored, sorted_ids, out_drop):
     first = stored.shape[0]
     for i in range(stored.shape[0]):
         v = stored[i]
-        lo, hi = 0, m
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if sorted_ids[mid] < v:
-                lo = mid + 1
-            else:
-                hi = mid
+        lo = lower_bound(sorted_ids, 0, m, v)
         hit = lo < m and sorted_ids[lo] == v
         out_drop[i] = np.uint8(1) if hit else np.uint8(0)
         if hit and i < first:
