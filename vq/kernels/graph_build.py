@@ -126,7 +126,7 @@ if numba.config.DISABLE_JIT:  # the kernels run as plain Python (numba's debuggi
 
 
 #: nodes a thread takes from the batch at a time (the rest go to whichever thread is free)
-CLAIM = 2
+CLAIM = 1
 
 
 @kernel(nogil=True, fastmath=True)
@@ -210,24 +210,35 @@ def _link(data, ip, rows, row, v, sources, s0, s1, cd, ci):
     select_neighbours(data, ip, cd, ci, size, rows, row, m)
 
 
+#: reverse-link groups a thread takes at a time
+LINK_CLAIM = 16
+
+
 @kernel(nogil=True, fastmath=True)
-def link_range(g0, g1, targets, target_levels, starts, sources, data, ip, nbr0, up_off, up_nbr,
-               width):  # fmt: skip
-    """Phase two of a batch for groups ``g0..g1``: group g adds ``sources[starts[g]:
-    starts[g + 1]]`` to the list of node ``targets[g]`` at level ``target_levels[g]``;
-    ``width`` bounds a list plus its group."""
+def link_range(s0, s1, targets, target_levels, starts, sources, data, ip, nbr0, up_off, up_nbr,
+               width, counter):  # fmt: skip
+    """Phase two of a batch, on each thread ``parallel_for`` gave a slice (``s0``, ``s1``
+    are not used otherwise): group g adds ``sources[starts[g]:starts[g + 1]]`` to the list
+    of node ``targets[g]`` at level ``target_levels[g]``; ``width`` bounds a list plus its
+    group. The groups are taken :data:`LINK_CLAIM` at a time from ``counter`` (int64 [1],
+    0 at the start), as the nodes of phase one."""
     data, nbr0, up_off, up_nbr = borrow(data), borrow(nbr0), borrow(up_off), borrow(up_nbr)
     targets, target_levels, starts, sources = (borrow(targets), borrow(target_levels),
                                                borrow(starts), borrow(sources))  # fmt: skip
     cd = np.empty(width, dtype=np.float32)
     ci = np.empty(width, dtype=np.int64)
-    for g in range(g0, g1):
-        v, level = targets[g], target_levels[g]
-        if level == 0:
-            _link(data, ip, nbr0, v, v, sources, starts[g], starts[g + 1], cd, ci)
-        else:
-            row = up_off[v] + level - 1
-            _link(data, ip, up_nbr, row, v, sources, starts[g], starts[g + 1], cd, ci)
+    ng = targets.shape[0]
+    while True:
+        g0 = claim(counter, LINK_CLAIM)
+        if g0 >= ng:
+            break
+        for g in range(g0, min(g0 + LINK_CLAIM, ng)):
+            v, level = targets[g], target_levels[g]
+            if level == 0:
+                _link(data, ip, nbr0, v, v, sources, starts[g], starts[g + 1], cd, ci)
+            else:
+                row = up_off[v] + level - 1
+                _link(data, ip, up_nbr, row, v, sources, starts[g], starts[g + 1], cd, ci)
 
 
 def _reverse_links(batch, levels, nbr0, up_off, up_nbr):
@@ -298,8 +309,9 @@ def hnsw_insert(nodes, data, inner_product, levels, nbr0, up_off, up_nbr, entry,
                      np.zeros(1, np.int64))  # fmt: skip
         targets, tlevels, starts, sources = _reverse_links(batch, levels, nbr0, up_off, up_nbr)
         width = nbr0.shape[1] + int(np.diff(starts).max(initial=0))
-        parallel_for(link_range, len(targets), targets, tlevels, starts, sources, data, ip, nbr0,
-                     up_off, up_nbr, width)  # fmt: skip
+        threads = max(1, min(len(seen), -(-len(targets) // LINK_CLAIM)))
+        parallel_for(link_range, threads, targets, tlevels, starts, sources, data, ip, nbr0,
+                     up_off, up_nbr, width, np.zeros(1, np.int64))  # fmt: skip
         if levels[u] > max_level:
             entry, max_level = u, int(levels[u])
         pos += len(batch)
