@@ -20,6 +20,12 @@ taken, and the graph does not depend on the number of threads. Batches grow with
 (a fraction :data:`BATCH_FRACTION` of it, at most :data:`MAX_BATCH` nodes), so that a new node
 misses few neighbours by not seeing the rest of its batch; a node that raises the top level
 is inserted alone and becomes the entry point.
+
+The insertion searches may walk int8 codes of the vectors (:func:`hnsw_insert`'s ``codes``,
+as ``HNSW(traversal="int8")`` searches): a quarter of the bytes per visited node, the beam
+then ranked by exact distances and the neighbours chosen on the vectors, so that the lists
+are those of a build on the vectors but for near ties (a third less build time on 384-d
+sentence embeddings at efConstruction 200, the same recall per efSearch).
 """
 
 from __future__ import annotations
