@@ -48,6 +48,7 @@ from vq.index.hnsw_graph import (
     graph_from_faiss,
     graph_problem,
     graph_to_faiss,
+    insertion_codes,
 )
 from vq.index.hnsw_static import HNSWSearch
 from vq.index.searching import NO_IDS, shape_problem
@@ -175,9 +176,11 @@ class HNSW(Index):
         # faiss's order: highest level first, a seeded shuffle within a level
         perm = n0 + rng.permutation(b)
         order = perm[np.argsort(-new_levels[perm - n0], kind="stable")]
+        stored = self._search_store()[1:] if self.traversal == "int8" else ()
+        codes = insertion_codes(data, n0, stored)  # what the insertions walk (or None)
         entry, _ = graph_build.hnsw_insert(order, data, self.metric == "ip", levels, nbr0, up_off,
                                            up_nbr, int(self.entry_point[0]), self.max_level,
-                                           self.efConstruction)  # fmt: skip
+                                           self.efConstruction, codes)  # fmt: skip
         self._append_ids(ids)
         self._set_graph(None, nbr0, levels, up_off, up_nbr, entry, self.neighbors.device)
         self._keep_batch(encoded, data)

@@ -11,9 +11,13 @@ import numpy as np
 import torch
 
 from vq.index.searching import shape_problem
-from vq.kernels import graph
+from vq.kernels import graph, graph_store
 
 MAX_LEVEL = 32
+#: an insertion walks int8 codes when it adds at least 1 / CODES_RATIO of the stored vectors
+#: (the codes of every vector are made for it: dim operations per vector, against thousands
+#: of distances per inserted one)
+CODES_RATIO = 64
 #: a filtered search scans the allowed rows exactly when there are at most this many per
 #: beam slot and link (the distances a graph search computes are about beam * 2M)
 SCAN_FACTOR = 2
@@ -40,6 +44,20 @@ class SeenPool:
 
     def __reduce__(self):  # copies get an empty pool
         return (type(self), ())
+
+
+def insertion_codes(data: np.ndarray, n0: int, stored: tuple = ()) -> tuple | None:
+    """The int8 codes the insertion searches of rows ``n0:`` of ``data`` (float32 [n, d])
+    walk (:func:`vq.kernels.graph_build.hnsw_insert`): (int8 [n, d], float32 [n, 2]) for
+    every row, the ``stored`` codes of rows ``:n0`` reused where given; None for a batch
+    under 1 / :data:`CODES_RATIO` of the index (coding every vector would cost more than it
+    saves: those insertions read the vectors)."""
+    if (data.shape[0] - n0) * CODES_RATIO < n0:
+        return None
+    if not stored:
+        return graph_store.int8_codes(data)
+    codes, factors = graph_store.int8_codes(data[n0:])
+    return np.concatenate([stored[0], codes]), np.concatenate([stored[1], factors])
 
 
 def filtered_search(search, scan, mask: np.ndarray, nq: int, k: int, cap: int, degree: int):

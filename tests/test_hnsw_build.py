@@ -1,0 +1,55 @@
+"""HNSW construction on int8 codes (vq.kernels.graph_build.hnsw_insert with ``codes``): the
+lists it gives are those of the build on the vectors but for near ties, and an index uses
+the codes only for batches worth coding every vector for."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vq.index.hnsw_graph import CODES_RATIO, insertion_codes
+from vq.kernels import graph_build, graph_store
+
+M = 8
+
+
+def build(x: np.ndarray, codes, ef: int = 40):
+    """The graph of x inserted in one batch, as vq.HNSW orders it: (nbr0, up_nbr, entry)."""
+    rng = np.random.default_rng(3)
+    levels = graph_build.random_levels(x.shape[0], M, rng)
+    nbr0 = np.full((x.shape[0], 2 * M), -1, np.int32)
+    up_off = np.concatenate([[0], np.cumsum(levels, dtype=np.int64)])
+    up_nbr = np.full((int(up_off[-1]), M), -1, np.int32)
+    order = np.argsort(-levels, kind="stable").astype(np.int64)
+    entry, _ = graph_build.hnsw_insert(order, x, False, levels, nbr0, up_off, up_nbr, -1, -1, ef,
+                                       codes)  # fmt: skip
+    return nbr0, up_nbr, entry
+
+
+@pytest.mark.parametrize("fixture", ["blobs", "aniso"])
+def test_build_on_codes_chooses_the_neighbours_of_the_build_on_vectors(request, fixture):
+    x = np.ascontiguousarray(request.getfixturevalue(fixture)[:2000])
+    on_vectors = build(x, None)[0]
+    codes, factors = graph_store.int8_codes(x)
+    assert shared_links(on_vectors, build(x, (codes, factors))[0]) >= 0.97  # near ties aside
+    # the walk reads the codes: codes of other vectors lead it elsewhere
+    shuffled = np.random.default_rng(0).permutation(x.shape[0])
+    assert shared_links(on_vectors, build(x, (codes[shuffled], factors[shuffled]))[0]) < 0.9
+
+
+def shared_links(a: np.ndarray, b: np.ndarray) -> float:
+    """The fraction of the links of lists ``a`` that lists ``b`` hold too."""
+    same = sum(
+        len(set(r[r >= 0].tolist()) & set(s[s >= 0].tolist())) for r, s in zip(a, b, strict=True)
+    )
+    return same / int((a >= 0).sum())
+
+
+def test_insertion_codes_only_for_batches_worth_coding_the_index_for(blobs):
+    x = np.ascontiguousarray(blobs[:1300])
+    assert (1300 - 1290) * CODES_RATIO < 1290 and insertion_codes(x, 1290) is None
+    full = graph_store.int8_codes(x)
+    for stored in ((), graph_store.int8_codes(x[:1000])):
+        codes, factors = insertion_codes(x, 1000, stored)
+        np.testing.assert_array_equal(codes, full[0])
+        np.testing.assert_array_equal(factors, full[1])
