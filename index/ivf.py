@@ -30,7 +30,7 @@ from vq.index.hnsw import HNSW
 from vq.index.ivfsearch import IVFSearch, padded_rows, probe
 from vq.index.ivfstorage import IVFStorage
 from vq.index.lean import ivf_lean_search
-from vq.index.mapped import file_range, read_lists, read_rows
+from vq.index.mapped import file_range
 from vq.index.searching import results_by_id
 from vq.index.spill import SPILL_COPIES
 from vq.index.static import INF, search_in_chunks
@@ -41,8 +41,6 @@ _NO_NORMS = np.zeros(0, np.float32)
 
 #: the coarse k-means starts from k-means++ seeds up to this many lists, from random rows above
 KMEANSPP_MAX_NLIST = 4096
-#: bytes of probed lists a search of a memory-mapped IVF index reads at a time
-FILE_SCAN_BYTES = 64 << 20
 
 
 class IVFIndex(IVFStorage, Index):
@@ -326,40 +324,6 @@ class IVFIndex(IVFStorage, Index):
         :class:`vq.index.mapped.LocalLists` of rows read from its file)."""
         raise NotImplementedError
 
-    def _scan_from_file(self, q, coarse, lists, dist, rows, ranked, mask) -> bool:
-        """``_scan_numba`` for an index whose row buffers are mapped from its file
-        (``load_index(path, mmap=True)``): the probed lists read with ``pread`` instead of
-        through the mapping (see :mod:`vq.index.mapped`), a block of queries at a time (at
-        most about :data:`FILE_SCAN_BYTES` read per block), then freed; False, having done
-        nothing, for any other index."""
-        if not self.rows_mapped():
-            return False
-        buffers = {name: self._buffers[name] for name in self._row_buffers}
-        offsets, probes = self.offsets.numpy(), lists.numpy()
-        row_bytes = sum(t[0].numel() * t.element_size() for t in buffers.values())
-        per_query = probes.shape[1] * row_bytes * self.n_rows / self.nlist + 1
-        step = max(1, int(FILE_SCAN_BYTES // per_query))
-        for s in range(0, q.shape[0], step):
-            e = min(q.shape[0], s + step)
-            local = read_lists(buffers, offsets, probes[s:e])
-            part = local.take(mask) if mask.shape[0] else mask
-            self._scan_numba(q[s:e], coarse[s:e], lists[s:e], dist[s:e], rows[s:e], ranked,
-                             part, local)  # fmt: skip
-            got = rows[s:e].numpy()
-            got[...] = local.stored_rows(got)
-        return True
-
-    def _ids_of(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(at, stored)`` with ``stored[at] == ids[rows]`` (-1 rows stay -1): the stored ids
-        themselves, or, mapped from the index file, the ids of ``rows`` alone read with
-        ``pread`` (``at`` indexes ``rows.reshape(-1)``)."""
-        if file_range(self.ids) is None:
-            return rows, self.ids.numpy()
-        flat = rows.reshape(-1)
-        stored = read_rows(self.ids, np.maximum(flat, 0)).numpy()
-        at = np.where(rows >= 0, np.arange(flat.shape[0]).reshape(rows.shape), -1)
-        return np.ascontiguousarray(at), stored
-
     def _lean_search(self):
         """The whole search of a few queries as one kernel call on the calling thread (the
         coarse step, the scan of the probed lists, ids: the kind's ``_lean_kernel``); a call
@@ -379,13 +343,6 @@ class IVFIndex(IVFStorage, Index):
         if self.coarse_hnsw or (refine is not None and self.rows_mapped()):
             return None
         return ivf_lean_search(self, refine)
-
-    def rows_mapped(self) -> bool:
-        """Whether the stored rows and ids are (still) those of the index file this index was
-        loaded from with ``load_index(path, mmap=True)``: searches then read the lists they
-        probe from the file (see :mod:`vq.index.mapped`)."""
-        names = (*self._row_buffers, "ids")
-        return all(file_range(self._buffers[name]) is not None for name in names)
 
     def _lean_kernel(self, store) -> tuple:
         """The kind's lean kernel and its stored arrays (the row buffers and ``offsets`` of

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from vq.index.idlists import IdLists
+from vq.index.mapped import file_range, read_lists, read_rows
 from vq.index.spill import SPILL_COPIES, soar_assign
 from vq.index.storage import IdRange, move_lists, remove_list_rows, remove_rows, reserve, set_rows
 from vq.kernels import rows as row_kernels
@@ -40,10 +41,15 @@ from vq.kernels.threads import parallel_for
 PARALLEL_ROWS = 1 << 16
 
 
+#: bytes of probed lists a search of a memory-mapped IVF index reads at a time
+FILE_SCAN_BYTES = 64 << 20
+
+
 class IVFStorage:
     """The storage half of :class:`vq.index.IVFIndex` (a mixin: it reads the index's
     ``offsets``, ``ids``, ``_row_buffers``, ``_assign``, ``spill`` and the kind's
-    ``_encode_rows``)."""
+    ``_encode_rows``), and the reading of rows from a mapped index file for the kind's
+    ``_scan_numba`` (:mod:`vq.index.mapped`)."""
 
     def data_buffers(self) -> tuple[str, ...]:
         return (*super().data_buffers(), "offsets")
@@ -187,3 +193,45 @@ class IVFStorage:
 
     def _row_lists(self, rows: torch.Tensor) -> torch.Tensor:  # the list of each stored row
         return torch.searchsorted(self.offsets, rows.to(self.device), right=True) - 1
+
+    # -- reading rows from the index file (``load_index(path, mmap=True)``) ------------------
+    def rows_mapped(self) -> bool:
+        """Whether the stored rows and ids are (still) those of the index file this index was
+        loaded from with ``load_index(path, mmap=True)``: searches then read the lists they
+        probe from the file (see :mod:`vq.index.mapped`)."""
+        names = (*self._row_buffers, "ids")
+        return all(file_range(self._buffers[name]) is not None for name in names)
+
+    def _scan_from_file(self, q, coarse, lists, dist, rows, ranked, mask) -> bool:
+        """``_scan_numba`` for an index whose row buffers are mapped from its file
+        (``load_index(path, mmap=True)``): the probed lists read with ``pread`` instead of
+        through the mapping (see :mod:`vq.index.mapped`), a block of queries at a time (at
+        most about :data:`FILE_SCAN_BYTES` read per block), then freed; False, having done
+        nothing, for any other index."""
+        if not self.rows_mapped():
+            return False
+        buffers = {name: self._buffers[name] for name in self._row_buffers}
+        offsets, probes = self.offsets.numpy(), lists.numpy()
+        row_bytes = sum(t[0].numel() * t.element_size() for t in buffers.values())
+        per_query = probes.shape[1] * row_bytes * self.n_rows / self.nlist + 1
+        step = max(1, int(FILE_SCAN_BYTES // per_query))
+        for s in range(0, q.shape[0], step):
+            e = min(q.shape[0], s + step)
+            local = read_lists(buffers, offsets, probes[s:e])
+            part = local.take(mask) if mask.shape[0] else mask
+            self._scan_numba(q[s:e], coarse[s:e], lists[s:e], dist[s:e], rows[s:e], ranked,
+                             part, local)  # fmt: skip
+            got = rows[s:e].numpy()
+            got[...] = local.stored_rows(got)
+        return True
+
+    def _ids_of(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(at, stored)`` with ``stored[at] == ids[rows]`` (-1 rows stay -1): the stored ids
+        themselves, or, mapped from the index file, the ids of ``rows`` alone read with
+        ``pread`` (``at`` indexes ``rows.reshape(-1)``)."""
+        if file_range(self.ids) is None:
+            return rows, self.ids.numpy()
+        flat = rows.reshape(-1)
+        stored = read_rows(self.ids, np.maximum(flat, 0)).numpy()
+        at = np.where(rows >= 0, np.arange(flat.shape[0]).reshape(rows.shape), -1)
+        return np.ascontiguousarray(at), stored

@@ -12,7 +12,7 @@ import pytest
 
 import vq
 from vq.index import IVFPQ, IVFSQ, IVFFlat, fileformat
-from vq.index import ivf as ivf_module
+from vq.index import ivfstorage as ivf_module
 from vq.index.mapped import file_range
 
 DIM, N, K = 16, 10_000, 10
