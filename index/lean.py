@@ -24,9 +24,18 @@ from vq._cpu import numpy_path
 from vq.index.mapped import read_lists
 from vq.index.searching import NO_IDS
 from vq.kernels.small import probe_lists
+from vq.kernels.threads import parallel_for
 
 #: searches of at most this many queries may take the lean path
 SMALL_BATCH = 16
+#: an IVF search of more queries may take it too, its queries split between the threads, where
+#: its coarse step is small (at most SPLIT_COARSE products of centroid and query components:
+#: the lean kernels scan the centroids, with no matrix product) and so is its whole estimated
+#: work (SPLIT_WORK ns): there the general path's fixed costs (a multi-threaded BLAS product
+#: of a few hundred queries, torch tensors, two pool wake-ups) are most of the time
+SPLIT_BATCH = 4096
+SPLIT_COARSE = 1 << 16
+SPLIT_WORK = 20_000_000
 _FLOAT32 = np.dtype(np.float32)
 _NO_NORMS = np.zeros(0, np.float32)
 
@@ -58,7 +67,7 @@ def search_small(index, queries: Any, k: Any, params: dict):
     else:
         return None
     shape = q.shape
-    if len(shape) != 2 or not 0 < shape[0] <= SMALL_BATCH or shape[1] != index.dim:
+    if len(shape) != 2 or not 0 < shape[0] <= SPLIT_BATCH or shape[1] != index.dim:
         return None
     if k is None:
         k = index.k
@@ -76,6 +85,8 @@ def search_small(index, queries: Any, k: Any, params: dict):
         search = index._lean()
         if search is None or (params and not params.keys() <= search.options):
             found = None  # (an unknown option: the general path says which)
+        elif shape[0] > SMALL_BATCH and not getattr(search, "splits", False):
+            found = None
         else:
             found = search(q, k, True, params)
     finally:
@@ -111,6 +122,7 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
     per_probe = index.ntotal / nlist * index._vector_ns()
     fixed = index._search_work(1, 1, nprobe=1) - per_probe
     serial_work = _cpu.SERIAL_WORK
+    split = nlist * index.dim <= SPLIT_COARSE
 
     def search(q: np.ndarray, k: int, ranked: bool, params: dict):
         nprobe = params.get("nprobe")
@@ -123,15 +135,20 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
             if type(factor) is not int or factor < 1:
                 return None  # the general path says what is wrong
             kc = k * factor
-        if nq * (fixed + nprobe * per_probe) >= serial_work:
+        work = nq * (fixed + nprobe * per_probe)
+        if nq > SMALL_BATCH and (mapped or not split or work >= SPLIT_WORK):
+            return None
+        if nq <= SMALL_BATCH and work >= serial_work:
             return None
         out_dist = np.empty((nq, k), np.float32)
         out_ids = np.empty((nq, k), np.int64)
         if not mapped:
-            if not kernel(q, centroids_t, norms, nprobe, *args, ids, ip, ref_x, ref_ids, kc,
-                          out_dist, out_ids, ranked):  # fmt: skip
-                return None  # a NaN or an infinity: the general path says so
-            return out_dist, out_ids
+            run = (q, centroids_t, norms, nprobe, *args, ids, ip, ref_x, ref_ids, kc)
+            if nq <= SMALL_BATCH or work < serial_work:
+                done = kernel(*run, out_dist, out_ids, ranked)
+            else:
+                done = split_queries(kernel, run, out_dist, out_ids, ranked)
+            return (out_dist, out_ids) if done else None  # (not finite: the general path says)
         lists = near_lists(q, centroids_t, c_sq, ip, nprobe)
         local = read_lists(rows, offsets, np.arange(nlist) if lists is None else lists)
         run, rest = index._lean_kernel(local)
@@ -142,7 +159,23 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
         out_ids[...] = np.where(at >= 0, stored[np.maximum(at, 0)], -1)
         return out_dist, out_ids
 
+    search.splits = split
     return search
+
+
+def split_queries(kernel, run: tuple, out_dist: np.ndarray, out_ids: np.ndarray, ranked: bool):
+    """``kernel(*run, out_dist, out_ids, ranked)`` (a lean IVF kernel, ``run[0]`` the queries)
+    with the queries cut into one slice per thread (:func:`vq.kernels.threads.parallel_for`);
+    whether every slice was done (False: a slice held a query that is not finite)."""
+    q, rest = run[0], run[1:]
+    refused = []
+
+    def body(q0: int, q1: int) -> None:
+        if not kernel(q[q0:q1], *rest, out_dist[q0:q1], out_ids[q0:q1], ranked):
+            refused.append(q0)
+
+    parallel_for(body, q.shape[0], grain=SMALL_BATCH)
+    return not refused
 
 
 def near_lists(q, centroids_t, c_sq, inner_product: bool, nprobe: int) -> np.ndarray | None:

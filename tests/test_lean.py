@@ -6,12 +6,14 @@ import json
 import subprocess
 import sys
 import textwrap
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
 
 import vq
+from vq.index import lean
 from vq.index.base import Index
 from vq.index.lean import SMALL_BATCH
 
@@ -57,9 +59,11 @@ def _build(description: str, metric: str, x: np.ndarray, ids=None) -> Index:
 
 
 def _general(index: Index, q: np.ndarray, k: int, **params):
-    """The general path's answer, query by query (a batch above SMALL_BATCH takes it)."""
+    """The general path's answer, query by query (a batch above SMALL_BATCH takes it, where
+    the lean path does not split batches between threads)."""
     reps = np.repeat(q, SMALL_BATCH + 1, axis=0)  # each query repeated: one general batch
-    dist, ids = index.search(reps, k, **params)
+    with mock.patch.object(lean, "SPLIT_BATCH", SMALL_BATCH):
+        dist, ids = index.search(reps, k, **params)
     return dist[:: SMALL_BATCH + 1], ids[:: SMALL_BATCH + 1]
 
 

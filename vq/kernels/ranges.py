@@ -70,6 +70,17 @@ def ivf_flat_range_rows(q0, q1, queries, vectors, probes, offsets, starts, thres
                         inner_product, out_rows, out_dist, counts):  # fmt: skip
     """:func:`ivf_flat_range_search` for queries ``q0..q1`` on the calling thread."""
     queries = borrow(queries)
+    if inner_product:  # the metric a constant in each copy (see exact_distance)
+        _flat_hits(q0, q1, queries, vectors, probes, offsets, starts, thresholds, allowed, True,
+                   out_rows, out_dist, counts)  # fmt: skip
+    else:
+        _flat_hits(q0, q1, queries, vectors, probes, offsets, starts, thresholds, allowed, False,
+                   out_rows, out_dist, counts)  # fmt: skip
+
+
+@njit(inline="always", fastmath=True)
+def _flat_hits(q0, q1, queries, vectors, probes, offsets, starts, thresholds, allowed,
+               inner_product, out_rows, out_dist, counts):  # fmt: skip
     filtered = allowed.shape[0] > 0
     for q in range(q0, q1):
         x = queries[q]

@@ -40,49 +40,99 @@ def smallest_k_range(q0, q1, products, queries, x_norms, inner_product, out_dist
     """:func:`smallest_k_rows` for rows ``q0..q1`` on the calling thread."""
     products, queries = borrow(products), borrow(queries)  # (views per row: simd.borrow)
     out_dist, out_idx = borrow(out_dist), borrow(out_idx)
+    values, mins = row_scratch(products.shape[1])
     for q in range(q0, q1):
-        _smallest_k_row(products[q], queries[q], x_norms, inner_product, out_dist[q], out_idx[q])
+        _smallest_k_row(products[q], queries[q], x_norms, inner_product, out_dist[q], out_idx[q],
+                        values, mins)  # fmt: skip
 
 
 @njit(nogil=True)
-def _smallest_k_row(row, query, x_norms, inner_product, dist, idx):
+def row_scratch(n):
+    """The scratch arrays :func:`_smallest_k_row` takes for rows of ``n`` columns."""
+    blocks = -(-n // 16)
+    return np.empty(blocks * 16, dtype=np.float32), np.empty(blocks, dtype=np.float32)
+
+
+@njit(nogil=True)
+def _smallest_k_row(row, query, x_norms, inner_product, dist, idx, values, mins):
     """smallest_k_rows for one row (a function of its own, not inlined: the loop around it
-    compiles in a fraction of the time a loop holding all of this takes)."""
+    compiles in a fraction of the time a loop holding all of this takes); ``values`` and
+    ``mins`` are scratch (:func:`row_scratch`).
+
+    Each 16 columns' least value is an element of the row, so the k-th least of those
+    block minima bounds the k-th least value from above: columns past it are never looked
+    at, and the insertions start below it (the same columns are kept, in the same order,
+    as by insertion alone)."""
     n, k = row.shape[0], dist.shape[0]
-    padded = -(-n // 16) * 16
+    if inner_product:  # the metric a constant in each loop (see vq.kernels.exact_distance)
+        _ranked_values(row, query, x_norms, True, values)
+    else:
+        _ranked_values(row, query, x_norms, False, values)
+    if k > _INSERTION_K:
+        _smallest_k_by_keys(values[:n], dist, idx)
+        return
+    blocks = mins.shape[0]
+    for b in range(blocks):
+        mins[b] = row_min(values, 16 * b)
+    bound = np.float32(np.inf)
+    if blocks >= k:  # the k-th least block minimum, by insertion into dist (scratch here)
+        size = _insert_sorted(mins, blocks, k, dist, idx)
+        bound = dist[size - 1]
+    size = 0
+    threshold = np.float32(np.inf)
+    for b in range(blocks):
+        if mins[b] > bound or (size == k and mins[b] >= threshold):
+            continue  # none of these 16 is kept: one test
+        for j in range(16 * b, min(16 * b + 16, n)):
+            d = values[j]
+            if d <= bound and (size < k or d < threshold):
+                size = _insert(dist, idx, size, d, j)
+                threshold = dist[k - 1] if size == k else np.float32(np.inf)
+
+
+@njit(inline="always", fastmath=True)
+def _ranked_values(row, query, x_norms, inner_product, values):
+    """values[:n] := the ranked value of each column (-⟨q, x⟩, or ‖q - x‖² as faiss computes
+    it from the products, clamped at 0); +inf past n, to the 16-column padding."""
+    n = row.shape[0]
     q_norm = np.float32(0.0)
     if not inner_product:
         for d in range(query.shape[0]):
             q_norm += query[d] * query[d]
-    values = np.empty(padded, dtype=np.float32)  # the ranked values, +inf padding
     for j in range(n):
         if inner_product:
             values[j] = -row[j]
         else:
             values[j] = max((q_norm + x_norms[j]) - np.float32(2.0) * row[j], np.float32(0))
     values[n:] = np.inf
-    if k > _INSERTION_K:
-        _smallest_k_by_keys(values[:n], dist, idx)
-        return
+
+
+@njit(inline="always")
+def _insert(dist, idx, size, d, j):
+    """Insert value d of column j into the ascending ``dist``/``idx`` (``size`` of
+    ``k = dist.shape[0]`` held; when full the last drops out), after any equal value;
+    returns the new size."""
+    k = dist.shape[0]
+    pos = size if size < k else k - 1
+    while pos > 0 and dist[pos - 1] > d:
+        if pos < k:
+            dist[pos] = dist[pos - 1]
+            idx[pos] = idx[pos - 1]
+        pos -= 1
+    dist[pos] = d
+    idx[pos] = j
+    return size + 1 if size < k else size
+
+
+@njit(inline="always")
+def _insert_sorted(values, n, k, dist, idx):
+    """The min(k, n) least of ``values[:n]`` into ``dist``/``idx`` by insertion; their number."""
     size = 0
-    threshold = np.float32(np.inf)
-    for s in range(0, n, 16):
-        if size == k and row_min(values, s) >= threshold:
-            continue  # none of these 16 is kept: one vector test
-        for j in range(s, min(s + 16, n)):
-            d = values[j]
-            if size < k or d < threshold:
-                pos = size if size < k else k - 1
-                while pos > 0 and dist[pos - 1] > d:
-                    if pos < k:
-                        dist[pos] = dist[pos - 1]
-                        idx[pos] = idx[pos - 1]
-                    pos -= 1
-                dist[pos] = d
-                idx[pos] = j
-                if size < k:
-                    size += 1
-                threshold = dist[k - 1] if size == k else np.float32(np.inf)
+    for j in range(n):
+        d = values[j]
+        if size < k or d < dist[k - 1]:
+            size = _insert(dist, idx, size, d, j)
+    return size
 
 
 #: smallest_k_rows keeps up to this many by insertion, more by selecting sort keys
