@@ -217,23 +217,40 @@ def hnsw_search_range(s0, s1, slices, queries, store, data, rerank, ip, nbr0, up
     rd = np.empty(cap if filtered else 0, dtype=np.float32)
     ri = np.empty(cap if filtered else 0, dtype=np.int64)
     for s in range(s0, s1):
-        stamps = seen[s]
-        for q in range(nq * s // slices, nq * (s + 1) // slices):
-            x = prepare_query(queries[q], store, ip)
-            v, dv = descend(x, store, ip, nbr0, up_off, up_nbr, entry, max_level, 0)
-            size, rsize = beam(x, store, ip, nbr0, up_off, up_nbr, 0, v, dv, cap, ef, stamps,
-                               hd, hi, scratch, allowed, rd, ri)  # fmt: skip
-            if filtered:  # the allowed nodes seen, not the beam
-                size = rsize
-                for j in range(size):
-                    hd[j], hi[j] = rd[j], ri[j]
-            decode_sorted(hd, hi, size)
-            if rerank:  # the beam's nodes by their exact distances
-                for j in range(size):
-                    hd[j] = exact_distance(queries[q], data, hi[j], ip)
-                heapify_pair(hd, hi, size)
-                sort_pair_heap(hd, hi, size)
-            write_row(hd, hi, size, out_dist, out_idx, q)
+        q0, q1 = nq * s // slices, nq * (s + 1) // slices
+        if ip:  # the metric a constant in each copy (see vq.kernels.exact.exact_distance)
+            _search_queries(q0, q1, queries, store, data, rerank, True, nbr0, up_off, up_nbr,
+                            entry, max_level, ef, seen[s], allowed, hd, hi, scratch, rd, ri,
+                            out_dist, out_idx)  # fmt: skip
+        else:
+            _search_queries(q0, q1, queries, store, data, rerank, False, nbr0, up_off, up_nbr,
+                            entry, max_level, ef, seen[s], allowed, hd, hi, scratch, rd, ri,
+                            out_dist, out_idx)  # fmt: skip
+
+
+@njit(inline="always", fastmath=True)
+def _search_queries(q0, q1, queries, store, data, rerank, ip, nbr0, up_off, up_nbr, entry,
+                    max_level, ef, stamps, allowed, hd, hi, scratch, rd, ri, out_dist,
+                    out_idx):  # fmt: skip
+    """hnsw_search_range's queries ``q0..q1``, visit stamps ``stamps``."""
+    cap = hd.shape[0]
+    filtered = allowed.shape[0] > 0
+    for q in range(q0, q1):
+        x = prepare_query(queries[q], store, ip)
+        v, dv = descend(x, store, ip, nbr0, up_off, up_nbr, entry, max_level, 0)
+        size, rsize = beam(x, store, ip, nbr0, up_off, up_nbr, 0, v, dv, cap, ef, stamps,
+                           hd, hi, scratch, allowed, rd, ri)  # fmt: skip
+        if filtered:  # the allowed nodes seen, not the beam
+            size = rsize
+            for j in range(size):
+                hd[j], hi[j] = rd[j], ri[j]
+        decode_sorted(hd, hi, size)
+        if rerank:  # the beam's nodes by their exact distances
+            for j in range(size):
+                hd[j] = exact_distance(queries[q], data, hi[j], ip)
+            heapify_pair(hd, hi, size)
+            sort_pair_heap(hd, hi, size)
+        write_row(hd, hi, size, out_dist, out_idx, q)
 
 
 @njit(inline="always")

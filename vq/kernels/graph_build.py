@@ -159,8 +159,14 @@ def insert_range(s0, s1, nodes, data, store, rerank, ip, levels, nbr0, up_off, u
             if b0 >= nb:
                 break
             for b in range(b0, min(b0 + CLAIM, nb)):
-                _insert_one(nodes[b], data, store, rerank, ip, levels, nbr0, up_off, up_nbr, entry,
-                            max_level, ef, stamps, hd, hi, scratch, no_filter)  # fmt: skip
+                if ip:  # the metric a constant in each copy (see vq.kernels.exact_distance)
+                    _insert_one(nodes[b], data, store, rerank, True, levels, nbr0, up_off,
+                                up_nbr, entry, max_level, ef, stamps, hd, hi, scratch,
+                                no_filter)  # fmt: skip
+                else:
+                    _insert_one(nodes[b], data, store, rerank, False, levels, nbr0, up_off,
+                                up_nbr, entry, max_level, ef, stamps, hd, hi, scratch,
+                                no_filter)  # fmt: skip
 
 
 @njit(inline="always", fastmath=True)
@@ -240,11 +246,11 @@ def link_range(s0, s1, targets, target_levels, starts, sources, data, ip, nbr0, 
             break
         for g in range(g0, min(g0 + LINK_CLAIM, ng)):
             v, level = targets[g], target_levels[g]
-            if level == 0:
-                _link(data, ip, nbr0, v, v, sources, starts[g], starts[g + 1], cd, ci)
+            rows, row = (nbr0, v) if level == 0 else (up_nbr, up_off[v] + level - 1)
+            if ip:  # the metric a constant in each copy
+                _link(data, True, rows, row, v, sources, starts[g], starts[g + 1], cd, ci)
             else:
-                row = up_off[v] + level - 1
-                _link(data, ip, up_nbr, row, v, sources, starts[g], starts[g + 1], cd, ci)
+                _link(data, False, rows, row, v, sources, starts[g], starts[g + 1], cd, ci)
 
 
 def _reverse_links(batch, levels, nbr0, up_off, up_nbr):
