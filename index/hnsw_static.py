@@ -46,6 +46,10 @@ class HNSWSearch(Searcher):
         upper_offsets int64 [n + 1]; upper_neighbors int64 [rows, M]; entry int64 [1].
     """
 
+    #: :mod:`vq.export` refuses ``filtered=True`` for this graph: its filter (the torch path of
+    #: a Refine around it) has no exact fallback, which the index's own filtered search has
+    filter_export = False
+
     def __init__(self, index, k=None, efSearch=None, steps=None, width=1, upper_steps=4,
                  copy=True):  # fmt: skip
         super().__init__(index, k, copy)

@@ -185,3 +185,12 @@ def test_a_cuda_refine_over_a_graph_equals_the_cpu_torch_path(data, desc):
     assert Ic.device.type == "cuda"
     np.testing.assert_array_equal(Ic.cpu().numpy(), I.numpy())
     np.testing.assert_allclose(Dc.cpu().numpy(), D.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_filtered_export_of_refine_over_a_graph_is_refused(data):
+    from vq.export import export_module
+
+    x, _ = data
+    index = _built("HNSW16,Refine(Flat)", x[:300])
+    with pytest.raises(ValueError, match="Refine search graph takes no filter"):
+        export_module(index, k=5, filtered=True)
