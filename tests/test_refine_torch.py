@@ -9,6 +9,7 @@ import torch
 
 import vq
 from vq._cpu import torch_only
+from vq.export import export_module
 
 DIM, K = 16, 10
 GRAPHS = ["HNSW16,Refine(Flat)", "HNSW16,SQ8,Refine(SQfp16)"]
@@ -188,8 +189,6 @@ def test_a_cuda_refine_over_a_graph_equals_the_cpu_torch_path(data, desc):
 
 
 def test_a_filtered_export_of_refine_over_a_graph_is_refused(data):
-    from vq.export import export_module
-
     x, _ = data
     index = _built("HNSW16,Refine(Flat)", x[:300])
     with pytest.raises(ValueError, match="Refine search graph takes no filter"):
