@@ -25,9 +25,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
-import safetensors.torch
 import torch
-from safetensors import SafetensorError
 
 from vq._version import __version__
 from vq.index.mapped import MappedFile, register
@@ -145,12 +143,21 @@ def _format_version(meta: dict, path: Path) -> int:
 
 
 def read_tensors(path: Path, meta: dict) -> dict[str, torch.Tensor]:
-    """The tensors of an index file whose ``meta`` :func:`read_metadata` returned, checked
-    against their checksum (ValueError: corrupted, or modified)."""
-    try:
-        tensors = safetensors.torch.load_file(str(path))
-    except SafetensorError as err:
-        raise ValueError(f"{path}: corrupted vq index file ({err})") from err
+    """The tensors of an index file whose ``meta`` :func:`read_metadata` returned, each read
+    straight from the file into memory of its own (``pread`` at its byte range: no mapping of
+    the file, no second copy, so a load peaks at about the file's size), then checked against
+    their checksum.
+
+    Raises:
+        ValueError: a tensor whose dtype, shape and byte range disagree (see
+            :func:`_layout`), a file shorter than its header says, or a checksum mismatch
+            (corrupted, or modified).
+    """
+    tensors = {}
+    with open(path, "rb") as f:
+        base, entries = _layout(path, f)
+        for name, kind, shape, start, _ in entries:
+            tensors[name] = _read_tensor(path, f.fileno(), kind, shape, base + start, name)
     if tensors_checksum(tensors) != meta.get("checksum"):
         raise ValueError(f"{path}: checksum mismatch: the file is corrupted or was modified")
     return tensors
@@ -169,6 +176,64 @@ _DTYPES = {
     "U8": (np.uint8, torch.uint8),
     "BOOL": (np.bool_, torch.bool),
 }
+#: bytes per read call (Linux reads at most about 2 GiB in one)
+_READ_BYTES = 1 << 26
+
+
+def _layout(path: Path, f) -> tuple[int, list[tuple]]:
+    """The tensors of the open index file ``f`` (whose header :func:`read_metadata` checked):
+    the file offset of their data, and for each tensor its name, (numpy, torch) dtypes, shape
+    and byte range in the data, ordered by offset. Checked as safetensors checks them: a known
+    dtype, a shape of non-negative ints whose size is the range's, ranges that tile the data
+    exactly (no overlap, no gap, nothing after the last).
+
+    Raises:
+        ValueError: a check fails (corrupted file).
+    """
+    f.seek(0)
+    (n,) = struct.unpack("<Q", f.read(8))
+    header = json.loads(f.read(n))
+    base, size = 8 + n, os.fstat(f.fileno()).st_size - 8 - n
+    named = [(k, v) for k, v in header.items() if k != "__metadata__"]
+    entries, at = [], 0
+    for name, entry in sorted(named, key=lambda e: tuple(e[1]["data_offsets"])):
+        kind, shape = _DTYPES.get(entry.get("dtype")), entry.get("shape")
+        start, end = entry["data_offsets"]
+        bad = f"{path}: corrupted vq index file (tensor {name!r}: "
+        if (
+            kind is None
+            or not isinstance(shape, list)
+            or not all(type(d) is int and d >= 0 for d in shape)
+        ):
+            raise ValueError(bad + "invalid shape, data type, or offset)")
+        nbytes = int(np.prod(shape, dtype=object)) * np.dtype(kind[0]).itemsize
+        if nbytes >= 1 << 63:
+            raise ValueError(bad + f"overflow computing its size from shape {shape})")
+        if nbytes != end - start:
+            raise ValueError(bad + "invalid shape, data type, or offset for its byte range)")
+        if start != at:
+            raise ValueError(bad + "its bytes overlap another tensor's or leave a gap)")
+        entries.append((name, kind, shape, start, end))
+        at = end
+    if at != size:
+        raise ValueError(f"{path}: corrupted vq index file ({size - at} bytes after the tensors)")
+    return base, entries
+
+
+def _read_tensor(path: Path, fd: int, kind: tuple, shape: list, offset: int, name: str):
+    """A tensor of ``kind`` ((numpy, torch) dtypes) and ``shape`` in memory of its own (numpy's:
+    huge pages for large ones), read from the file's bytes at ``offset``."""
+    if 0 in shape:
+        return torch.empty(shape, dtype=kind[1])
+    array = np.empty(shape, dtype=kind[0])
+    buf = memoryview(array.reshape(-1).view(np.uint8))
+    done = 0
+    while done < len(buf):
+        got = os.preadv(fd, [buf[done : done + _READ_BYTES]], offset + done)
+        if got <= 0:
+            raise ValueError(f"{path}: truncated vq index file (tensor {name!r})")
+        done += got
+    return torch.from_numpy(array).view(kind[1])
 
 
 def map_tensors(path: Path, meta: dict, verify: bool) -> dict[str, torch.Tensor]:
@@ -185,35 +250,22 @@ def map_tensors(path: Path, meta: dict, verify: bool) -> dict[str, torch.Tensor]
     registered there, with its byte offset and a descriptor of the file).
 
     Raises:
-        ValueError: a tensor whose dtype, shape and byte range disagree, or (``verify``) a
-            checksum mismatch.
+        ValueError: a tensor whose dtype, shape and byte range disagree (see :func:`_layout`),
+            or (``verify``) a checksum mismatch.
     """
     with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
+        base, entries = _layout(path, f)
         pages = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # (numpy.memmap mode "c")
         source = MappedFile(path, os.dup(f.fileno()))
     data = np.frombuffer(pages, dtype=np.uint8)  # (holds the mapping while a view lives)
-    base = 8 + n
     tensors = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        kind, shape = _DTYPES.get(entry.get("dtype")), entry.get("shape")
-        start, end = entry["data_offsets"]
-        if kind is None or not isinstance(shape, list) or not all(type(d) is int for d in shape):
-            raise ValueError(f"{path}: corrupted vq index file (tensor {name!r}: bad dtype/shape)")
-        if int(np.prod(shape, dtype=np.int64)) * np.dtype(kind[0]).itemsize != end - start:
-            raise ValueError(f"{path}: corrupted vq index file (tensor {name!r}: bad byte range)")
-        array = data[base + start : base + end].view(kind[0]).reshape(shape)
+    for name, kind, shape, start, end in entries:
         if end - start < SMALL_BYTES:  # read, not mapped: a search never faults on the map
-            array = np.empty_like(array)
-            if os.preadv(source.fd, [memoryview(array.reshape(-1).view(np.uint8))],
-                         base + start) != end - start:  # fmt: skip
-                raise ValueError(f"{path}: truncated vq index file (tensor {name!r})")
+            tensors[name] = _read_tensor(path, source.fd, kind, shape, base + start, name)
+            continue
+        array = data[base + start : base + end].view(kind[0]).reshape(shape)
         tensors[name] = torch.from_numpy(array).view(kind[1])
-        if end - start >= SMALL_BYTES:
-            register(source, tensors[name], base + start)
+        register(source, tensors[name], base + start)
     if verify and tensors_checksum(tensors) != meta.get("checksum"):
         raise ValueError(f"{path}: checksum mismatch: the file is corrupted or was modified")
     if hasattr(mmap, "MADV_RANDOM"):  # a fault reads its page alone: no read-ahead

@@ -27,12 +27,14 @@ k results come back wherever k ids are allowed. ``range_search`` is approximate,
 the hits among the results of a wide beam. :class:`vq.index.HNSWSQ` keeps scalar-quantizer
 codes instead of the vectors.
 
-The static-shape search (ONNX export, the torch path off the CPU) is
-:class:`vq.index.hnsw_static.HNSWSearch`; ``IVF…_HNSW<M>`` indexes route through
-:meth:`HNSW.route`.
+The torch path (CUDA tensors, ``vq._cpu.torch_only()``, ONNX export) is the static-shape search
+:class:`vq.index.hnsw_static.HNSWSearch`: fixed steps over a fixed beam, near the kernel's
+results, not always equal; ``IVF…_HNSW<M>`` indexes route through :meth:`HNSW.route`.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import numpy as np
 import torch
@@ -78,6 +80,8 @@ class HNSW(Index):
             beam then re-ranked on the vectors: more queries per second at the same recall,
             for dim + 8 more bytes per vector; :func:`vq.kernels.graph_store.int8_codes`).
     """
+
+    static_search = HNSWSearch  #: the class of :meth:`searcher`
 
     def __init__(
         self,
@@ -131,15 +135,9 @@ class HNSW(Index):
         return -1 if e < 0 else int(self.levels[e])
 
     def growing_buffers(self) -> tuple[str, ...]:
-        return (
-            *super().growing_buffers(),
-            "vectors",
-            "neighbors",
-            "levels",
-            "upper_offsets",
-            "upper_neighbors",
-            *(("codes", "code_factors") if self.traversal == "int8" else ()),
-        )
+        graph = ("vectors", "neighbors", "levels", "upper_offsets", "upper_neighbors")
+        codes = ("codes", "code_factors") if self.traversal == "int8" else ()
+        return (*super().growing_buffers(), *graph, *codes)
 
     # -- storage ------------------------------------------------------------------------------
     def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -227,11 +225,8 @@ class HNSW(Index):
         if self.traversal == "int8":
             checks += [("codes", self.codes, (n, self.dim)), ("code_factors", self.code_factors,
                                                                 (n, 2))]  # fmt: skip
-        for name, t, shape in checks:
-            problem = shape_problem(name, t, shape)
-            if problem:
-                return problem
-        return None
+        problems = (shape_problem(name, t, shape) for name, t, shape in checks)
+        return next((p for p in problems if p), None)
 
     # -- search -------------------------------------------------------------------------------
     def _search_work(self, nq: int, k: int, efSearch: int | None = None, **params) -> float:
@@ -254,10 +249,6 @@ class HNSW(Index):
         then the int8 codes and their factors for an int8 traversal."""
         codes = (self.codes, self.code_factors) if self.traversal == "int8" else ()
         return tuple(t.cpu().contiguous().numpy() for t in (self.vectors, *codes))
-
-    def search_vectors(self) -> torch.Tensor:
-        """float32 [ntotal, dim]: the vectors the static search compares."""
-        return self.vectors.float()
 
     def _rows_numba(self, q: np.ndarray, k: int, ef: int, slots: int, mask=graph.NO_FILTER):
         data, nbr0, up_off, up_nbr, *codes = self._arrays()
@@ -295,14 +286,22 @@ class HNSW(Index):
         over the index's own): fixed greedy steps per upper level, then ``steps`` expansions
         of ``width`` nodes of a beam of efSearch (see :class:`HNSWSearch`; what
         :mod:`vq.export` writes out)."""
-        return HNSWSearch(self, k, efSearch, steps, width, upper_steps, copy)
+        return self.static_search(self, k, efSearch, steps, width, upper_steps, copy)
+
+    def _torch_searcher(self) -> HNSWSearch:
+        """The torch path (a re-ranking wrapper's too): the static search over the index's own
+        graph (``searcher(copy=False)``), kept until a buffer changes; a beam of efSearch."""
+        shared = partial(self.searcher, copy=False)
+        searcher = self._derived("searcher", tuple(self.buffers()), shared)
+        searcher.efSearch = self.efSearch
+        return searcher
 
     def _search_ids(self, q: torch.Tensor, k: int, efSearch: int | None = None, allowed=None):
-        # a filtered search runs the numba kernels (on CPU copies off the CPU): the static
-        # graph search has no filter
+        # a filtered search runs the numba kernels (on CPU copies off the CPU), which scan the
+        # allowed rows where the walk meets too few: k results wherever k ids are allowed
         if self.ntotal == 0 or _cpu.fast_path(q) or allowed is not None:
             return super()._search_ids(q, k, efSearch=efSearch, allowed=allowed)
-        return search_in_chunks(HNSWSearch(self, k, efSearch, copy=False), q, k)
+        return search_in_chunks(self._torch_searcher(), q, k, efSearch=efSearch)
 
     def _search_rows(self, q: torch.Tensor, k: int, efSearch: int | None = None,
                      allowed: IdFilter | None = None):  # fmt: skip

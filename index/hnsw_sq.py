@@ -20,8 +20,32 @@ from vq.faiss_interop import sq_from_faiss
 from vq.index.faiss_build import faiss_metric, import_faiss, with_id_map
 from vq.index.hnsw import HNSW
 from vq.index.hnsw_graph import graph_from_faiss
+from vq.index.hnsw_static import HNSWSearch
 from vq.index.sq import codes_problem, copy_ranges, kernel_arrays, sq_faiss_type
+from vq.index.static import kept
 from vq.quantizers import ScalarQuantizer
+from vq.quantizers.scalar_codes import decode_stored, stored_values
+
+
+class HNSWSQSearch(HNSWSearch):
+    """:class:`HNSWSQ`'s static search (:class:`vq.index.hnsw_static.HNSWSearch`) over the
+    codes: the nodes a step scores are gathered as stored levels (or fp16 / bf16 values) and
+    decoded there (:func:`vq.quantizers.scalar_codes.decode_stored`), the distances those of
+    the decoded codes, as the kernel's; no float32 copy of the vectors is held.
+
+    Buffers: values uint8 (float16 / bfloat16) [ntotal, dim]; vmin, vdiff float32 [dim]; the
+    graph buffers of :class:`HNSWSearch` (no ``vectors``).
+    """
+
+    def register_nodes(self, index, copy: bool) -> None:
+        self.bits = index.sq.bits
+        self.register_buffer("values", stored_values(index.codes, index.dim, self.bits))
+        self.register_buffer("vmin", kept(index.sq.vmin.float(), copy))
+        self.register_buffer("vdiff", kept(index.sq.vdiff.float(), copy))
+
+    def node_vectors(self, rows: torch.Tensor) -> torch.Tensor:
+        values = self.values.index_select(0, rows)
+        return decode_stored(values, self.vmin, self.vdiff, self.bits)
 
 
 class HNSWSQ(HNSW):
@@ -36,6 +60,8 @@ class HNSWSQ(HNSW):
     Submodules and buffers: ``sq``, the quantizer; ``codes`` uint8 [ntotal, code_size]; the
     graph buffers of :class:`vq.HNSW` (``vectors`` stays empty).
     """
+
+    static_search = HNSWSQSearch  #: the class of :meth:`searcher`
 
     def __init__(
         self,
@@ -100,10 +126,6 @@ class HNSWSQ(HNSW):
 
     def _vector_ns(self) -> float:
         return self.dim / 8
-
-    def search_vectors(self) -> torch.Tensor:
-        """float32 [ntotal, dim]: the decoded codes, what the static search compares."""
-        return self.sq.decode(self.codes).float()
 
     def to_faiss(self):
         """faiss ``IndexHNSWSQ`` with the same graph, ranges and codes (in an ``IndexIDMap``

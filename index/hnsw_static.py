@@ -10,6 +10,15 @@ predecessor (a node already in the beam, or seen twice) masked to +inf, then a t
 beam size. The expanded flags travel with the entries. With enough steps (each expands
 ``width`` nodes; the kernel's beam expands at most a few times efSearch nodes) it finds what
 the CPU search finds; :func:`recall_by_steps` says how recall grows with the step count.
+
+This is what the torch path of :class:`vq.HNSW` and :class:`vq.HNSWSQ` returns (CUDA tensors,
+``vq._cpu.torch_only()``), and the candidates a :class:`vq.index.Refine` around them re-ranks
+there: the k nearest nodes of the final beam (a beam of max(efSearch, k), efSearch settable per
+call), with the distances the graph is walked on. It follows the numba kernel's walk (nearest
+unexpanded entry first; for efSearch < k, faiss's stop: an entry with efSearch beam entries
+nearer is not expanded, nor anything after it), within a fixed step budget; it can differ from
+the kernel where that budget ends first (fewer steps than the kernel's expansions), with
+``width`` > 1, and where a node the kernel marked seen and dropped re-enters the beam here.
 """
 
 from __future__ import annotations
@@ -26,37 +35,61 @@ class HNSWSearch(Searcher):
     Args:
         index: the :class:`vq.HNSW`; k: neighbours ``forward`` returns.
         efSearch: the beam (at least k; default the index's efSearch).
-        steps: level-0 expansion steps (default 2 * efSearch / width).
+        steps: level-0 expansion steps (default 2 * beam / width).
         width: nodes expanded per step.
         upper_steps: greedy steps per upper level.
         copy: hold a snapshot of the graph (True) or the index's own buffers.
 
     Buffers:
-        vectors float32 [n, dim] (``index.search_vectors()``: decoded codes for
-        :class:`vq.index.HNSWSQ`); neighbors int64 [n, 2M]; upper_offsets int64 [n + 1];
-        upper_neighbors int64 [rows, M]; entry int64 [1].
+        vectors float32 [n, dim] (:meth:`node_vectors` reads them; see
+        :class:`vq.index.hnsw_sq.HNSWSQSearch` for codes); neighbors int64 [n, 2M];
+        upper_offsets int64 [n + 1]; upper_neighbors int64 [rows, M]; entry int64 [1].
     """
+
+    #: :mod:`vq.export` refuses ``filtered=True`` for this graph: its filter (the torch path of
+    #: a Refine around it) has no exact fallback, which the index's own filtered search has
+    filter_export = False
 
     def __init__(self, index, k=None, efSearch=None, steps=None, width=1, upper_steps=4,
                  copy=True):  # fmt: skip
         super().__init__(index, k, copy)
-        ef = check_positive(index.efSearch if efSearch is None else efSearch, "efSearch")
+        self.efSearch = check_positive(index.efSearch if efSearch is None else efSearch,
+                                       "efSearch")  # fmt: skip
         self.width = check_positive(width, "width")
-        self.beam = max(ef, self.k, self.width)
-        self.steps = check_positive(-(-2 * self.beam // self.width) if steps is None else steps,
-                                    "steps")  # fmt: skip
+        self.fixed_steps = None if steps is None else check_positive(steps, "steps")
+        self.beam = self.beam_for(self.k)
+        self.steps = self.steps_for(self.beam)
         self.upper_steps = check_positive(upper_steps, "upper_steps")
         self.max_level = index.max_level
-        self.register_buffer("vectors", kept(index.search_vectors(), copy))
+        self.register_nodes(index, copy)
         self.register_buffer("neighbors", index.neighbors.long())
         self.register_buffer("upper_offsets", kept(index.upper_offsets, copy))
         self.register_buffer("upper_neighbors", index.upper_neighbors.long())
         self.register_buffer("entry", kept(index.entry_point, copy))
 
+    def register_nodes(self, index, copy: bool) -> None:
+        """Hold what :meth:`node_vectors` reads: here the float32 vectors [n, dim]."""
+        self.register_buffer("vectors", kept(index.vectors.float(), copy))
+
+    def node_vectors(self, rows: torch.Tensor) -> torch.Tensor:
+        """float32 [len(rows), dim]: the vectors of stored rows int64 [len(rows)] (>= 0), as
+        the search compares them."""
+        return self.vectors.index_select(0, rows)
+
+    def beam_for(self, k: int, efSearch: int | None = None) -> int:
+        """The beam of a search for k results: efSearch (default this searcher's), at least
+        k and ``width`` (as the kernel's beam holds at least k nodes)."""
+        ef = self.efSearch if efSearch is None else check_positive(efSearch, "efSearch")
+        return max(ef, k, self.width)
+
+    def steps_for(self, beam: int) -> int:
+        """Level-0 steps of a search with this beam: ``steps`` if given, else 2 * beam /
+        width."""
+        return -(-2 * beam // self.width) if self.fixed_steps is None else self.fixed_steps
+
     def distances(self, queries: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
         """float32 [B, C]: the distance of each query to nodes int64 [B, C] (+inf for -1)."""
-        x = self.vectors.index_select(0, nodes.clamp_min(0).reshape(-1))
-        x = x.reshape(*nodes.shape, -1)
+        x = self.node_vectors(nodes.clamp_min(0).reshape(-1)).reshape(*nodes.shape, -1)
         q = queries[:, None, :]
         d = -(x * q).sum(-1) if self.metric == "ip" else ((x - q) ** 2).sum(-1)
         return torch.where(nodes < 0, INF, d)
@@ -76,45 +109,95 @@ class HNSWSearch(Searcher):
                 dist = torch.where(better, best, dist)
         return node, dist
 
-    def step(self, queries, ids, dist, done):
-        """One level-0 expansion step of the beam (ids, dist, done: [B, beam])."""
+    def expand(self, queries, ids, dist, done, stopped=None, stop: int | None = None):
+        """The ``width`` nearest beam entries not yet expanded (ids, dist, done: [B, beam]):
+        their neighbours int64 [B, width * 2M] (-1 padding), their distances, and ``done``
+        with those entries flagged. ``stop``: faiss's stop for efSearch < k (the kernel's):
+        an entry with ``stop`` beam entries nearer than it is not expanded, and the query
+        (``stopped`` bool [B, 1], updated in place) expands nothing more."""
         pick = torch.where(done > 0, INF, dist)
         val, pos = torch.topk(pick, self.width, dim=1, largest=False)
+        if stop is not None:
+            late = (dist[:, None, :] < val[:, :, None]).sum(-1) >= stop  # [B, width]
+            stopped |= late.any(dim=1, keepdim=True)
+            val = torch.where(stopped | late, INF, val)
         nodes = torch.where(torch.isinf(val), -1, ids.gather(1, pos))
         done = done.scatter(1, pos, torch.ones_like(val))
         cand = self.neighbors.index_select(0, nodes.clamp_min(0).reshape(-1))
         cand = cand.reshape(nodes.shape[0], -1)
         valid = (nodes >= 0).repeat_interleave(self.neighbors.shape[1], dim=1)
         cand = torch.where(valid, cand, -1)
-        all_ids = torch.cat([ids, cand], dim=1)
-        all_dist = torch.cat([dist, self.distances(queries, cand)], dim=1)
-        all_done = torch.cat([done, torch.zeros_like(cand, dtype=done.dtype)], dim=1)
-        # duplicates: sorted by id (beam entries first among equals), later copies masked
-        key = all_ids * 2 + (torch.arange(all_ids.shape[1], device=ids.device) >= ids.shape[1])
-        order = torch.sort(key, dim=1).indices
-        s_ids = all_ids.gather(1, order)
-        dup = torch.cat([torch.zeros_like(s_ids[:, :1], dtype=torch.bool),
-                         s_ids[:, 1:] == s_ids[:, :-1]], dim=1)  # fmt: skip
-        s_dist = torch.where(dup | (s_ids < 0), INF, all_dist.gather(1, order))
-        val, keep = torch.topk(s_dist, self.beam, dim=1, largest=False)
-        new_ids = torch.where(torch.isinf(val), -1, s_ids.gather(1, keep))
-        return new_ids, val, all_done.gather(1, order).gather(1, keep)
+        return cand, self.distances(queries, cand), done
 
-    def search(self, queries: torch.Tensor, k: int, steps: int | None = None):
-        b = queries.shape[0]
+    def step(self, queries, ids, dist, done, stopped=None, stop=None):
+        """One level-0 expansion step of the beam (ids, dist, done: [B, beam]; ``stopped``,
+        ``stop``: see :meth:`expand`); also the candidates it scored."""
+        cand, cand_dist, done = self.expand(queries, ids, dist, done, stopped, stop)
+        all_done = torch.cat([done, torch.zeros_like(cand, dtype=done.dtype)], dim=1)
+        ids, dist, done = merge_distinct(torch.cat([ids, cand], dim=1),
+                                         torch.cat([dist, cand_dist], dim=1), ids.shape[1],
+                                         ids.shape[1], all_done)  # fmt: skip
+        return ids, dist, done, cand, cand_dist
+
+    def search(self, queries: torch.Tensor, k: int, steps: int | None = None,
+               efSearch: int | None = None, allowed: torch.Tensor | None = None):  # fmt: skip
+        """Distances float32 [B, k] and ids int64 [B, k] of queries float32 [B, dim]: the k
+        nearest nodes of the beam (a beam of :meth:`beam_for` ``(k, efSearch)`` nodes,
+        :meth:`steps_for` expansion steps unless ``steps``; where efSearch < k, faiss's stop).
+        ``allowed``: bool [ntotal], False for stored rows a filtered search skips: the walk
+        goes through every node (as faiss's HNSW with an ``IDSelector``) and the k nearest
+        allowed nodes it scored are returned (fewer where it scored fewer: the kernel path
+        then scans the allowed rows, this one does not)."""
+        b, ef = queries.shape[0], self.efSearch if efSearch is None else efSearch
+        beam = self.beam_for(k, efSearch)
         node, d0 = self.descend(queries)
-        ids = torch.cat([node, node.new_full((b, self.beam - 1), -1)], dim=1)
-        dist = torch.cat([d0, d0.new_full((b, self.beam - 1), INF)], dim=1)
+        ids = torch.cat([node, node.new_full((b, beam - 1), -1)], dim=1)
+        dist = torch.cat([d0, d0.new_full((b, beam - 1), INF)], dim=1)
         done = torch.zeros_like(dist)
-        for _ in range(self.steps if steps is None else steps):
-            ids, dist, done = self.step(queries, ids, dist, done)
-        kk = min(k, self.beam)
-        val, rows = dist[:, :kk], ids[:, :kk]
+        stop = ef if ef < beam else None
+        stopped = torch.zeros_like(node, dtype=torch.bool) if stop else None
+        if allowed is not None:  # the k nearest allowed nodes scored so far
+            bias = self.row_bias(allowed)
+            found = self.allowed_only(ids, dist, bias)
+        for _ in range(self.steps_for(beam) if steps is None else steps):
+            ids, dist, done, cand, cand_dist = self.step(queries, ids, dist, done, stopped, stop)
+            if allowed is not None:
+                cand_dist = self.allowed_only(cand, cand_dist, bias)[1]
+                found = merge_distinct(torch.cat([found[0], cand], dim=1),
+                                       torch.cat([found[1], cand_dist], dim=1), k,
+                                       found[0].shape[1])  # fmt: skip
+        rows, val = (ids, dist) if allowed is None else found
+        kk = min(k, val.shape[1])
+        val, rows = val[:, :kk], rows[:, :kk]
         return self.results(val, torch.where(torch.isinf(val), -1, rows), k)
 
-    def chunk_rows(self, k: int, **options) -> int:
-        cands = self.beam + self.width * self.neighbors.shape[1]
+    @staticmethod
+    def allowed_only(nodes, dist, bias):
+        """nodes int64 [B, C] and their distances, +inf (node -1) where ``bias`` (float32
+        [ntotal], +inf for rows a filter skips) excludes them."""
+        d = dist + bias.index_select(0, nodes.clamp_min(0).reshape(-1)).reshape(nodes.shape)
+        return torch.where(torch.isinf(d), -1, nodes), d
+
+    def chunk_rows(self, k: int, efSearch: int | None = None, **options) -> int:
+        cands = self.beam_for(k, efSearch) + k + self.width * self.neighbors.shape[1]
         return max(1, (1 << 25) // (cands * self.dim))
+
+
+def merge_distinct(ids, dist, size: int, first: int, *extra):
+    """The ``size`` nearest distinct nodes of candidates ids int64 [B, C] (-1: none) and their
+    distances float32 [B, C] (size <= C): sorted by id, the later copies of an id masked to
+    +inf (the first ``first`` columns come first among equals: the beam's entries, with their
+    flags), then a top-k. Returns ids [B, size] (-1 where +inf), distances, and each of
+    ``extra`` [B, C] taken along."""
+    key = ids * 2 + (torch.arange(ids.shape[1], device=ids.device) >= first)
+    order = torch.sort(key, dim=1).indices
+    s_ids = ids.gather(1, order)
+    dup = torch.cat([torch.zeros_like(s_ids[:, :1], dtype=torch.bool),
+                     s_ids[:, 1:] == s_ids[:, :-1]], dim=1)  # fmt: skip
+    s_dist = torch.where(dup | (s_ids < 0), INF, dist.gather(1, order))
+    val, keep = torch.topk(s_dist, size, dim=1, largest=False)
+    new_ids = torch.where(torch.isinf(val), -1, s_ids.gather(1, keep))
+    return (new_ids, val, *(e.gather(1, order).gather(1, keep) for e in extra))
 
 
 def recall_by_steps(index, queries, k: int, steps: tuple[int, ...], **options) -> dict[int, float]:

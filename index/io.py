@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from vq import kernels
 from vq.index.base import Index
 from vq.index.factory import from_config
 from vq.index.fileformat import (
@@ -29,6 +30,8 @@ from vq.index.fileformat import (
 
 #: wrappers (PreTransform, Refine) nest at most this deep in a configuration
 _MAX_NESTING = 8
+#: elements per step of the NaN/Inf check
+_FINITE_CHUNK = 1 << 20
 
 
 def save_index(index: Index, path) -> None:
@@ -87,14 +90,15 @@ def load_index(
         tensors = read_tensors(path, meta)
     config = read_config(path, meta)
     _check_nesting(config, path)
-    growing = _check_shapes(config, tensors, path)
+    growing, dtypes = _check_shapes(config, tensors, path)
     check_config_checksum(path, meta)
     _check_finite({k: v for k, v in tensors.items() if verify or k not in growing}, path)
     index = _build(config, path)
+    # the file's tensors (mapped, or read into memory of their own) become the buffers: no
+    # second copy; one stored in another dtype is converted, as a copy into the buffer would
+    tensors = {k: v.to(dtypes[k]) if k in dtypes else v for k, v in tensors.items()}
     try:
-        # mapped: the file's tensors become the buffers; otherwise copied into the index's own
-        # memory (safetensors' tensors are themselves views of a mapping of the file)
-        index.load_state_dict(tensors, strict=True, assign=mmap)
+        index.load_state_dict(tensors, strict=True, assign=True)
     except RuntimeError as err:
         raise ValueError(
             f"{path}: the tensors do not match a {config.get('class')}: {err}"
@@ -128,20 +132,29 @@ def _check_nesting(config: dict, path: Path) -> None:
 
 
 def _check_finite(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """ValueError for a floating tensor holding NaN/Inf values (checked a chunk at a time:
+    the temporaries stay small beside the tensors)."""
     for name, t in tensors.items():
-        if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
-            raise ValueError(
-                f"{path}: corrupted vq index file (tensor {name!r} holds "
-                f"{int((~torch.isfinite(t)).sum())} NaN/Inf values)"
-            )
+        if not t.is_floating_point():
+            continue
+        flat = t.reshape(-1)
+        if t.dtype == torch.float32 and kernels.all_finite(flat[None].numpy()):
+            continue  # (one pass, no temporary)
+        chunks = [flat[s : s + _FINITE_CHUNK] for s in range(0, flat.numel(), _FINITE_CHUNK)]
+        if all(bool(torch.isfinite(c).all()) for c in chunks):
+            continue
+        bad = sum(int((~torch.isfinite(c)).sum()) for c in chunks)
+        raise ValueError(
+            f"{path}: corrupted vq index file (tensor {name!r} holds {bad} NaN/Inf values)"
+        )
 
 
-def _check_shapes(config: dict, tensors: dict[str, torch.Tensor], path: Path) -> set[str]:
+def _check_shapes(config: dict, tensors: dict[str, torch.Tensor], path: Path):
     """Build the configured index on the meta device (no memory) and compare its fixed-size
     tensors with the file's, so that a forged config (a huge nlist or dim) cannot make the
     real construction allocate more than the file holds. The buffers that grow with the data
     (each index's ``growing_buffers()``) may have any size here; ``check_consistent`` checks
-    them once loaded. Returns their names."""
+    them once loaded. Returns their names, and the dtype of every tensor of the index."""
     with torch.device("meta"):
         index = _build(config, path)
     built = {"class": type(index).__name__, **index.config()}
@@ -167,7 +180,7 @@ def _check_shapes(config: dict, tensors: dict[str, torch.Tensor], path: Path) ->
                 f"{path}: the tensors do not match a {config.get('class')}: {name!r} is {got}, "
                 f"its configuration needs {tuple(t.shape)}"
             )
-    return growing
+    return growing, {name: t.dtype for name, t in index.state_dict().items()}
 
 
 def _settings_not_taken(saved: dict, built: dict, where: str = "") -> list[str]:

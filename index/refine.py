@@ -34,6 +34,13 @@ class Refine(Wrapper):
             re-ranking those of the fp16 values; faiss's ``IndexRefine`` with an ``SQfp16``
             refine index holds the same values).
 
+    Off the CPU (CUDA tensors, ``vq._cpu.torch_only()``) the candidates come from the wrapped
+    index's static search (``_torch_searcher()``: IVF's probed lists, Flat's scan, HNSW's
+    fixed-step beam of :mod:`vq.index.hnsw_static`) and are re-ranked by :func:`rerank`; the
+    results are the exact re-ranking of those candidates. A filter masks the wrapped index's
+    static search (no further probing, no exact fallback: fewer than k results can come back
+    where the CPU path finds k).
+
     Submodules and buffers:
         index; vectors: float32 (or float16) [ntotal, dim]; ids: int64 [ntotal].
     """

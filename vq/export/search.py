@@ -109,14 +109,17 @@ class FilteredSearch(nn.Module):
 
 
 def _takes_filter(searcher: nn.Module) -> bool:
-    """Whether ``searcher.search`` takes ``allowed`` (a wrapper passing its options on: whether
-    the searcher it wraps does)."""
+    """Whether ``searcher.search`` takes ``allowed`` (a wrapper: whether the searcher it wraps
+    does too), and the searcher does not refuse a filtered export (``filter_export = False``:
+    the HNSW walk, whose filter lacks the index's exact fallback)."""
+    inner = getattr(searcher, "inner", None)
+    wraps = isinstance(inner, nn.Module)
+    if not getattr(searcher, "filter_export", True) or (wraps and not _takes_filter(inner)):
+        return False
     params = inspect.signature(searcher.search).parameters
     if "allowed" in params:
         return True
-    passes = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    inner = getattr(searcher, "inner", None)
-    return passes and isinstance(inner, nn.Module) and _takes_filter(inner)
+    return wraps and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def _metadata(index: Index, graph: torch.nn.Module) -> dict[str, str]:
