@@ -72,6 +72,39 @@ def row_min(typingctx, values, start):
     return sig, codegen
 
 
+def _row_min_of(width: int):
+    """An intrinsic ``f(values, start)``: the least of the ``width`` float32 at flat index
+    ``start`` of a C-contiguous array, by a shuffle tree."""
+    vec, ints = ir.VectorType(_F32, width), ir.VectorType(ir.IntType(32), width)
+
+    def row_min_n(typingctx, values, start):
+        _c_array(values, f"row_min{width}")
+        sig = types.float32(values, start)
+
+        def codegen(context, builder, signature, args):
+            data = context.make_array(signature.args[0])(context, builder, args[0]).data
+            v = builder.load(builder.bitcast(builder.gep(data, [args[1]]), vec.as_pointer()),
+                             align=4)  # fmt: skip
+            n = width
+            while n > 1:
+                n //= 2
+                w = builder.shuffle_vector(
+                    v, v, ir.Constant(ints, [(i + n) % width for i in range(width)])
+                )
+                v = builder.select(builder.fcmp_ordered("<", v, w), v, w)
+            return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
+
+        return sig, codegen
+
+    row_min_n.__name__ = row_min_n.__qualname__ = f"row_min{width}"
+    return intrinsic(row_min_n)
+
+
+#: the least of 8 (4) float32 at a flat index, as :func:`row_min` for 16
+row_min8 = _row_min_of(8)
+row_min4 = _row_min_of(4)
+
+
 @intrinsic
 def quantize_row(typingctx, tables, start, low, scale, out):
     """``out[start + j] = uint8(min((tables[start + j] - low) * scale + 0.5, 255))`` for
@@ -340,3 +373,8 @@ if numba.config.DISABLE_JIT:  # the kernels run as plain Python (numba's debuggi
         return dots
 
     column_dots64, column_dots16 = _python_column_dots(64), _python_column_dots(16)  # noqa: F811
+
+    def _python_row_min(width: int):
+        return lambda values, start: values.reshape(-1)[start : start + width].min()
+
+    row_min8, row_min4 = _python_row_min(8), _python_row_min(4)  # noqa: F811

@@ -150,7 +150,7 @@ def probe_lists(queries, centroids_t, c_norms, inner_product, out_scores, out_li
     queries, out_scores, out_lists = borrow(queries), borrow(out_scores), borrow(out_lists)
     nq, dim = queries.shape
     nlist = centroids_t.shape[1]
-    rows = borrow(np.empty((min(nq, PROBE_QUERIES), nlist), dtype=np.float32))
+    rows = np.empty((min(nq, PROBE_QUERIES), nlist), dtype=np.float32)
     values, mins = row_scratch(nlist)
     held = nlist <= PROBE_COLUMNS
     wide, blocks = nlist - nlist % 64, nlist - nlist % 16
