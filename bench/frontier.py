@@ -7,7 +7,9 @@ Systems (each where importable; ``make bench`` installs all of them):
 - vq: IVF{nlist},PQ{d/2}x4fs,RFlat (nprobe x k_factor), IVF{nlist},Flat (nprobe), and every
   other --vq description given (an HNSW description sweeps efSearch, an IVF one nprobe;
   "HNSW32:int8" is vq.HNSW(d, 32, traversal="int8"), "HNSW32:int8:efc200" with
-  efConstruction=200, hnswlib's build beam here);
+  efConstruction=200, hnswlib's build beam here; "HNSW32,SQ8,Refine(SQfp16)" and other
+  factory strings as vq.index_factory reads them, ":efc200" setting a graph's build beam,
+  a Refine around a graph re-ranking the beam: k_factor = efSearch / k);
 - faiss: the same fast-scan + RFlat and IVF,Flat, and HNSW32 (efSearch);
 - hnswlib: M=32, ef_construction=200 (ef);
 - ScaNN: tree (num_leaves ~ 2 sqrt(n)) + score_ah(2, 0.2) + reorder (leaves x reorder).
@@ -41,16 +43,22 @@ def vq_points(desc: str, x, train, q, nprobes, k_factors, efs) -> list[tuple[str
     """vq's index of ``desc``, trained and filled, and its sweep."""
     import vq
 
-    if desc.startswith("HNSW") and ":" in desc:  # HNSW32:int8[:efc200]: vq.HNSW's options
-        m, *options = desc[4:].split(":")
-        efc = [int(o[3:]) for o in options if o.startswith("efc")]
-        index = vq.HNSW(x.shape[1], int(m), efConstruction=efc[0] if efc else 40,
+    base, *options = desc.split(":")
+    efc = [int(o[3:]) for o in options if o.startswith("efc")]
+    if base.startswith("HNSW") and "," not in base and options:  # HNSW32:int8[:efc200]
+        index = vq.HNSW(x.shape[1], int(base[4:]), efConstruction=efc[0] if efc else 40,
                         traversal="int8" if "int8" in options else "float")  # fmt: skip
-    else:
-        index = vq.index_factory(x.shape[1], desc)
+    else:  # a factory string, [:efcN] setting a graph's build beam
+        index = vq.index_factory(x.shape[1], base)
+        graph = getattr(index, "index", index)
+        if efc:
+            graph.efConstruction = efc[0]
     index.train(train)
     index.add(x)
     if "HNSW" in desc.split(",")[0]:
+        if "Refine" in desc:  # the beam's efSearch nodes re-ranked (k_factor = efSearch / k)
+            return [(f"efSearch={e}", lambda e=e: index.search(
+                q, K, efSearch=e, k_factor=max(1, e // K))[1]) for e in efs]  # fmt: skip
         return [(f"efSearch={e}", lambda e=e: index.search(q, K, efSearch=e)[1]) for e in efs]
     if desc.endswith("RFlat"):
         return [
