@@ -54,10 +54,9 @@ def _accumulate(builder, codes_base, luts_base, width, first_pair, pairs_per_loa
     return acc
 
 
-def _sums(builder, codes_base, luts_base, n_pairs: int, wide: bool):
-    """Every query's four 32-byte sums over the ``n_pairs`` rows of the block."""
-    if not wide:
-        return _accumulate(builder, codes_base, luts_base, 32, 0, 1, n_pairs)
+def _sums_wide(builder, codes_base, luts_base, n_pairs: int):
+    """Every query's four 32-byte sums over the ``n_pairs`` rows of the block, by 64-byte
+    shuffles (AVX-512BW)."""
     acc = _accumulate(builder, codes_base, luts_base, 64, 0, 2, n_pairs // 2)
     low, high = _mask(range(16)), _mask(range(16, 32))  # fold the two pairs' lanes
     acc = [
@@ -76,27 +75,66 @@ def _sums(builder, codes_base, luts_base, n_pairs: int, wide: bool):
     return acc
 
 
-def _store(builder, a, q, dist_p, thr_p, mask_p) -> None:
-    """Query q's distances in vector order into ``dist_p`` (uint16 [q, 32]) and the bits of
-    those below its threshold into ``mask_p[q]``."""
-    eight = _splat(_V16I16, 8)
+def _half(builder, all_, odd):
+    """One nibble half's 16 distances in vector order from its [all, odd] sums."""
+    even = builder.sub(all_, builder.shl(odd, _splat(_V16I16, 8)))
     parts = []
-    for h in range(2):
-        even = builder.sub(a[2 * h], builder.shl(a[2 * h + 1], eight))
-        for s in (even, a[2 * h + 1]):
-            x = builder.shuffle_vector(s, s, _mask(range(8)))
-            y = builder.shuffle_vector(s, s, _mask(range(8, 16)))
-            parts.append(builder.add(x, y))  # lane 0 + lane 1: both tables of the pair
-    ab = builder.shuffle_vector(parts[0], parts[1], _mask(range(16)))
-    cd = builder.shuffle_vector(parts[2], parts[3], _mask(range(16)))
+    for s in (even, odd):
+        x = builder.shuffle_vector(s, s, _mask(range(8)))
+        y = builder.shuffle_vector(s, s, _mask(range(8, 16)))
+        parts.append(builder.add(x, y))  # lane 0 + lane 1: both tables of the pair
+    return builder.shuffle_vector(parts[0], parts[1], _mask(range(16)))
+
+
+def _threshold(builder, thr_p, q):
+    return builder.trunc(builder.load(builder.gep(thr_p, [ir.Constant(_I32, q)])), _I16)
+
+
+def _store_wide(builder, a, q, dist_p, thr_p, mask_p) -> None:
+    """Query q's distances in vector order into ``dist_p`` (uint16 [q, 32]) and the bits of
+    those below its threshold into ``mask_p[q]``, as 64-byte values."""
+    ab, cd = _half(builder, a[0], a[1]), _half(builder, a[2], a[3])
     dist = builder.shuffle_vector(ab, cd, _mask(range(32)))  # vector order
     dptr = builder.gep(dist_p, [ir.Constant(_I32, 32 * q)])
     builder.store(dist, builder.bitcast(dptr, _V32I16.as_pointer()), align=2)
-    thr = builder.trunc(builder.load(builder.gep(thr_p, [ir.Constant(_I32, q)])), _I16)
-    thr_v = builder.insert_element(ir.Constant(_V32I16, ir.Undefined), thr, ir.Constant(_I32, 0))
-    thr_v = builder.shuffle_vector(thr_v, thr_v, _mask([0] * 32))
-    below = builder.icmp_unsigned("<", dist, thr_v)
+    thr = _threshold(builder, thr_p, q)
+    below = builder.icmp_unsigned("<", dist, _broadcast(builder, thr, _V32I16))
     builder.store(builder.bitcast(below, _I32), builder.gep(mask_p, [ir.Constant(_I32, q)]))
+
+
+def _store_halves(builder, halves, q, dist_p, thr, mask_p) -> None:
+    """``_store`` in two 32-byte halves, the mask by byte packing and ``vpmovmskb``: values of
+    64 bytes would be split on an AVX2-only CPU, and where AVX-512 exists, its 512-bit
+    operations would idle one of the ports that the 32-byte shuffles and adds use."""
+    vb = ir.VectorType(_I8, 32)
+    packs = builder.module.declare_intrinsic(
+        "llvm.x86.avx2.packsswb", fnty=ir.FunctionType(vb, [_V16I16, _V16I16])
+    )
+    movemask = builder.module.declare_intrinsic(
+        "llvm.x86.avx2.pmovmskb", fnty=ir.FunctionType(_I32, [vb])
+    )
+    thr_v = _broadcast(builder, thr, _V16I16)
+    above_bits = []
+    for h, half in enumerate(halves):
+        dptr = builder.gep(dist_p, [ir.Constant(_I32, 32 * q + 16 * h)])
+        builder.store(half, builder.bitcast(dptr, _V16I16.as_pointer()), align=2)
+        # lanes at or above the threshold (AVX2 has no unsigned "<": max and equal give
+        # ">=" in two operations, the bits are inverted once below); an empty asm, so that
+        # the packing below cannot become one 64-byte truncation
+        above = builder.sext(builder.icmp_unsigned(">=", half, thr_v), _V16I16)
+        opaque = ir.FunctionType(_V16I16, [_V16I16])
+        above_bits.append(builder.asm(opaque, "", "=x,0", [above], side_effect=False))
+    packed = builder.call(packs, above_bits)  # 8-byte groups: 0..7, 16..23, 8..15, 24..31
+    v4i64 = ir.VectorType(ir.IntType(64), 4)
+    quads = builder.bitcast(packed, v4i64)
+    quads = builder.shuffle_vector(quads, quads, _mask([0, 2, 1, 3]))  # vector order
+    bits = builder.not_(builder.call(movemask, [builder.bitcast(quads, vb)]))
+    builder.store(bits, builder.gep(mask_p, [ir.Constant(_I32, q)]))
+
+
+def _broadcast(builder, value, ty: ir.VectorType):
+    v = builder.insert_element(ir.Constant(ty, ir.Undefined), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, v, _mask([0] * ty.count))
 
 
 @functools.cache
@@ -128,9 +166,16 @@ def shuffle_block(n_pairs: int, n_queries: int, wide: bool = False):
             for q in range(n_queries):
                 row = builder.load(builder.gep(rows_p, [ir.Constant(_I32, q)]))
                 luts_base.append(builder.gep(luts_p, [builder.mul(row, row_bytes)]))
-            acc = _sums(builder, codes_base, luts_base, n_pairs, wide)
+            if wide:
+                acc = _sums_wide(builder, codes_base, luts_base, n_pairs)
+                for q in range(n_queries):
+                    _store_wide(builder, acc[q], q, dist_p, thr_p, mask_p)
+                return context.get_dummy_value()
+            acc = _accumulate(builder, codes_base, luts_base, 32, 0, 1, n_pairs)
             for q in range(n_queries):
-                _store(builder, acc[q], q, dist_p, thr_p, mask_p)
+                a = acc[q]
+                halves = (_half(builder, a[0], a[1]), _half(builder, a[2], a[3]))
+                _store_halves(builder, halves, q, dist_p, _threshold(builder, thr_p, q), mask_p)
             return context.get_dummy_value()
 
         return sig, codegen
