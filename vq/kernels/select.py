@@ -13,7 +13,7 @@ from numba import njit
 
 from vq.kernels.cache import kernel
 from vq.kernels.heaps import INDEX_MASK, float_key, smallest_keys
-from vq.kernels.simd import borrow, row_min
+from vq.kernels.simd import borrow, row_at_most, row_below, row_min, trailing_zeros
 from vq.kernels.threads import parallel_for
 
 
@@ -64,12 +64,22 @@ def _smallest_k_row(row, query, x_norms, inner_product, dist, idx):
     if k > _INSERTION_K:
         _smallest_k_by_keys(values[:n], dist, idx)
         return
+    # the k-th least of the 16-column minima bounds the k-th least value (k chunks hold a
+    # value at most that large): columns above it are never inserted, which spares most of
+    # the insertions a row in random order makes while its k-th value settles
+    bound = _kth_chunk_min(values, k, dist) if k < padded // 16 else np.float32(np.inf)
     size = 0
     threshold = np.float32(np.inf)
     for s in range(0, n, 16):
-        if size == k and row_min(values, s) >= threshold:
-            continue  # none of these 16 is kept: one vector test
-        for j in range(s, min(s + 16, n)):
+        if size == k and threshold <= bound:  # what ties the k-th value loses on its column
+            m = row_below(values, s, threshold)
+        else:
+            m = row_at_most(values, s, bound)
+        while m != 0:  # the candidates, in column order: ties go to the lower column
+            j = s + np.int64(trailing_zeros(m))
+            m &= m - np.uint32(1)
+            if j >= n:
+                break
             d = values[j]
             if size < k or d < threshold:
                 pos = size if size < k else k - 1
@@ -83,6 +93,24 @@ def _smallest_k_row(row, query, x_norms, inner_product, dist, idx):
                 if size < k:
                     size += 1
                 threshold = dist[k - 1] if size == k else np.float32(np.inf)
+
+
+@njit(inline="always")
+def _kth_chunk_min(values, k, work):
+    """The k-th least of the minima of the 16-value chunks of ``values`` (padded to whole
+    chunks, k < their number), kept sorted by insertion in ``work`` [k] (overwritten)."""
+    size = 0
+    for s in range(0, values.shape[0], 16):
+        low = row_min(values, s)
+        if size == k and low >= work[k - 1]:
+            continue
+        pos = size if size < k else k - 1
+        while pos > 0 and work[pos - 1] > low:
+            work[pos] = work[pos - 1]
+            pos -= 1
+        work[pos] = low
+        size = min(size + 1, k)
+    return work[k - 1]
 
 
 #: smallest_k_rows keeps up to this many by insertion, more by selecting sort keys
