@@ -39,14 +39,16 @@ def test_kmeanspp_sample_follows_the_cumulative_sum():
 
 
 @pytest.mark.parametrize("inner_product", [False, True])
-@pytest.mark.parametrize("k", [1, 5, 40])
-def test_smallest_k_rows_is_a_stable_partial_sort(inner_product, k):
+@pytest.mark.parametrize("k, n", [(1, 40), (5, 40), (40, 40), (1, 301), (5, 301), (18, 301)])
+def test_smallest_k_rows_is_a_stable_partial_sort(inner_product, k, n):
     """The k smallest ranked values of each row, ascending, ties by lower column (integer
-    scores make ties frequent; l2 distances below 0 are clamped, so tie too)."""
+    scores make ties frequent; l2 distances below 0 are clamped, so tie too). With more
+    16-column chunks than k, the k-th least chunk minimum bounds the candidates."""
     rng = np.random.default_rng(k)
-    scores = rng.integers(-6, 7, (9, 40)).astype(np.float32)
+    scores = rng.integers(-6, 7, (9, n)).astype(np.float32)
+    scores[::2] += rng.standard_normal((5, n)).astype(np.float32)  # rows with few ties too
     queries = rng.integers(-1, 2, (9, 3)).astype(np.float32)
-    norms = rng.integers(0, 4, 40).astype(np.float32)
+    norms = rng.integers(0, 4, n).astype(np.float32)
     dist, idx = np.empty((9, k), np.float32), np.empty((9, k), np.int64)
     kernels.smallest_k_rows(scores, queries, norms, inner_product, dist, idx)
     q_norms = (queries**2).sum(1, keepdims=True)

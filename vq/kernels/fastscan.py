@@ -33,14 +33,13 @@ import os
 
 import llvmlite.binding as llvm
 import numpy as np
-from llvmlite import ir
 from numba import njit
 from numba.extending import intrinsic
 
 from vq.kernels.cache import kernel, specialise
 from vq.kernels.heaps import heap_replace_top_row
 from vq.kernels.shuffle import shuffle_block
-from vq.kernels.simd import quantize_row, row_range
+from vq.kernels.simd import quantize_row, row_range, trailing_zeros
 
 BLOCK = 32  # vectors per block
 PERM = np.array([0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15])
@@ -137,17 +136,6 @@ def quantize_tables(tables, bias, out_luts, out_bias):
             b = np.floor((bias[p] + lo_sum - offset) * scale + np.float32(0.5))
             out_bias[p] = np.int32(min(max(b, np.float32(0.0)), np.float32(_U16_MAX - M * 255)))
     return scale, offset
-
-
-@intrinsic
-def trailing_zeros(typingctx, x):
-    """The number of trailing zero bits of an unsigned integer (``cttz``; its width if 0)."""
-    sig = x(x)
-
-    def codegen(context, builder, signature, args):
-        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 0))
-
-    return sig, codegen
 
 
 @intrinsic

@@ -39,16 +39,31 @@ from vq.kernels.heaps import (
 IVF_QUERY_BLOCK = 3
 
 
+#: heaps of at most this many keys are kept sorted (descending), larger ones as binary heaps
+SORTED_K = 16
+
+
 @njit(inline="always")
 def _push(heaps, counts, q, key):
     """Offer ``key`` (< heaps[q, 0]) to query q's heap of its k smallest keys (row q of
-    ``heaps`` [nq, k]). The first k are stored from the end, the root staying EMPTY_KEY so that
-    nothing is refused, and heapified at once when the heap is full (``counts[q]`` keys so
-    far): cheaper than k sift-downs when most candidates are kept, as with a large k and
-    short lists."""
+    ``heaps`` [nq, k], ``counts[q]`` keys so far), whose root ``heaps[q, 0]`` is the greatest
+    (EMPTY_KEY until k are kept, so that nothing is refused).
+
+    Up to :data:`SORTED_K` keys, the row is kept in descending order (a max-heap too), by
+    one pass without branches: the keys above ``key`` move up a slot, over the root, and
+    ``key`` takes the slot they leave (a sift-down's unpredictable exit costs more at such
+    sizes). Larger heaps store their first k keys from the end and heapify once full
+    (cheaper than k sift-downs when most candidates are kept, as with a large k and short
+    lists), then sift down."""
     k = heaps.shape[1]
     n = counts[q]
-    if n < k:
+    if k <= SORTED_K:
+        for j in range(k - 1):
+            above = heaps[q, j + 1]
+            heaps[q, j] = above if above > key else min(heaps[q, j], key)
+        heaps[q, k - 1] = min(heaps[q, k - 1], key)
+        counts[q] = min(n + 1, k)
+    elif n < k:
         heaps[q, k - 1 - n] = key
         counts[q] = n + 1
         if n + 1 == k:

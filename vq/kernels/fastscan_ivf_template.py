@@ -9,9 +9,17 @@ from numba import njit
 from vq.kernels.adc import IP_TABLE, L2_TABLE
 from vq.kernels.cache import kernel
 from vq.kernels.exact import finish_lean
-from vq.kernels.fastscan import BLOCK, block_kernel, portable_block, quantize_tables, trailing_zeros
+from vq.kernels.fastscan import (
+    BLOCK,
+    block_kernel,
+    popcount,
+    portable_block,
+    quantize_tables,
+    trailing_zeros,
+)
 from vq.kernels.fastscan_ivf import IVF_QUERY_BLOCK, _push, _write_key, _write_sorted
 from vq.kernels.heaps import EMPTY_KEY, key_value, row_key, smallest_keys
+from vq.kernels.shuffle import rank_filter
 from vq.kernels.simd import add_row, borrow, copy_row, table_row_kernels
 from vq.kernels.small import all_finite, probe_few
 from vq.kernels.threads import get_num_threads, parallel_for
@@ -30,6 +38,14 @@ ip_row, l2_row = table_row_kernels(DSUB)
 SIMD = ISA != "portable"
 
 
+@njit(inline="always")
+def _valid(m, row0, end):
+    """The bits of ``m`` of the block's stored rows (below ``end``, not padding)."""
+    if end - row0 < BLOCK:
+        return np.uint32(m & ((np.uint32(1) << np.uint32(end - row0)) - np.uint32(1)))
+    return np.uint32(m)
+
+
 @kernel(nogil=True)
 def scan_slice(q0, q1, p0, p1, parts, luts, T, shifts, probes, list_blocks, offsets,
                packed, allowed, heaps, counts):  # fmt: skip
@@ -37,7 +53,7 @@ def scan_slice(q0, q1, p0, p1, parts, luts, T, shifts, probes, list_blocks, offs
     by list, each list read once per group of Q of its queries."""
     luts, shifts, probes, packed = borrow(luts), borrow(shifts), borrow(probes), borrow(packed)
     heaps, counts = borrow(heaps), borrow(counts)
-    nprobe = probes.shape[1]
+    nprobe, k = probes.shape[1], heaps.shape[1]
     nlist = list_blocks.shape[0] - 1
     filtered = allowed.shape[0] > 0
     start = np.zeros(nlist + 1, dtype=np.int64)  # counting sort of the pairs by list
@@ -100,6 +116,8 @@ def scan_slice(q0, q1, p0, p1, parts, luts, T, shifts, probes, list_blocks, offs
                     m = np.uint32(mask[t])
                     if filtered:
                         m &= allowed[b]
+                    if SIMD and popcount(m) > k:  # at most about k of them can be kept
+                        m = rank_filter(dist, t, _valid(m, row0, end), k)
                     qt = query[t]
                     while m != 0:
                         v = trailing_zeros(m)
@@ -116,7 +134,7 @@ def scan_one(q, luts, T, shifts, probes, list_blocks, offsets, packed, allowed, 
     """Query q alone, its probes in their order (the nearest list first: its k-th best
     settles soonest): what a slice of one query needs, without ``scan_slice``'s sort of the
     probes by list (which lets a group of queries share each list's reads)."""
-    nprobe = probes.shape[1]
+    nprobe, k = probes.shape[1], heaps.shape[1]
     filtered = allowed.shape[0] > 0
     lut_rows = np.zeros(Q, dtype=np.int64)
     thr = np.zeros(Q, dtype=np.int32)  # slots past the first stay 0: nothing passes
@@ -146,6 +164,8 @@ def scan_one(q, luts, T, shifts, probes, list_blocks, offsets, packed, allowed, 
             if filtered:
                 m &= allowed[b]
             row0 = first + (b - b0) * BLOCK
+            if SIMD and popcount(m) > k:  # at most about k of them can be kept
+                m = rank_filter(dist, 0, _valid(m, row0, end), k)
             while m != 0:
                 v = trailing_zeros(m)
                 m &= m - np.uint32(1)

@@ -13,7 +13,15 @@ from numba import njit
 
 from vq.kernels.cache import kernel
 from vq.kernels.heaps import INDEX_MASK, float_key, smallest_keys
-from vq.kernels.simd import borrow, row_min, row_min4, row_min8
+from vq.kernels.simd import (
+    borrow,
+    row_at_most,
+    row_below,
+    row_min,
+    row_min4,
+    row_min8,
+    trailing_zeros,
+)
 from vq.kernels.threads import parallel_for
 
 
@@ -40,30 +48,30 @@ def smallest_k_range(q0, q1, products, queries, x_norms, inner_product, out_dist
     """:func:`smallest_k_rows` for rows ``q0..q1`` on the calling thread."""
     products, queries = borrow(products), borrow(queries)  # (views per row: simd.borrow)
     out_dist, out_idx = borrow(out_dist), borrow(out_idx)
-    values, mins = row_scratch(products.shape[1])
+    values = row_scratch(products.shape[1])
     for q in range(q0, q1):
         _smallest_k_row(products[q], queries[q], x_norms, inner_product, out_dist[q], out_idx[q],
-                        values, mins)  # fmt: skip
+                        values)  # fmt: skip
 
 
 @njit(nogil=True)
 def row_scratch(n):
-    """The scratch arrays :func:`_smallest_k_row` takes for rows of ``n`` columns."""
-    blocks = -(-n // 16)
-    return np.empty(blocks * 16, dtype=np.float32), np.empty(blocks * 4, dtype=np.float32)
+    """The scratch row :func:`_smallest_k_row` takes for rows of ``n`` columns."""
+    return np.empty(-(-n // 16) * 16, dtype=np.float32)
 
 
 @njit(nogil=True)
-def _smallest_k_row(row, query, x_norms, inner_product, dist, idx, values, mins):
+def _smallest_k_row(row, query, x_norms, inner_product, dist, idx, values):
     """smallest_k_rows for one row (a function of its own, not inlined: the loop around it
-    compiles in a fraction of the time a loop holding all of this takes); ``values`` and
-    ``mins`` are scratch (:func:`row_scratch`).
+    compiles in a fraction of the time a loop holding all of this takes); ``values`` is
+    scratch (:func:`row_scratch`).
 
     Each 16 (8, 4) columns' least value is an element of the row, so the k-th least of
     those block minima bounds the k-th least value from above: columns past it are never
     looked at, and the insertions start below it (the same columns are kept, in the same
-    order, as by insertion alone; k = 16 of 256 Gaussian values: about 21 insertions where
-    16-column blocks left 48 and all columns 60)."""
+    order, as by insertion alone; k = 16 of 256 Gaussian values: about 21 candidates where
+    16-column blocks left 48 and all columns 60), and the candidates of each 16 columns
+    come from one vector compare."""
     n, k = row.shape[0], dist.shape[0]
     if inner_product:  # the metric a constant in each loop (see vq.kernels.exact_distance)
         _ranked_values(row, query, x_norms, True, values)
@@ -73,71 +81,54 @@ def _smallest_k_row(row, query, x_norms, inner_product, dist, idx, values, mins)
         _smallest_k_by_keys(values[:n], dist, idx)
         return
     padded = values.shape[0]
-    if padded // 16 >= 2 * k:  # blocks of 16, or of 8 or 4 where that makes too few
-        blocks = _block_minima(values, 16, mins)
-        _bounded_insertions(values, n, mins, blocks, 16, dist, idx)
+    if padded // 16 >= 2 * k:  # the bound from blocks of 16, or of 8 or 4 where too few
+        bound = _kth_block_min(values, k, 16, dist)
     elif padded // 8 >= 2 * k:
-        blocks = _block_minima(values, 8, mins)
-        _bounded_insertions(values, n, mins, blocks, 8, dist, idx)
+        bound = _kth_block_min(values, k, 8, dist)
+    elif padded // 4 > k:
+        bound = _kth_block_min(values, k, 4, dist)
     else:
-        blocks = _block_minima(values, 4, mins)
-        _bounded_insertions(values, n, mins, blocks, 4, dist, idx)
-
-
-@njit(inline="always", fastmath=True)
-def _block_minima(values, width, mins):
-    """mins[b] := the least of values[width * b : width * (b + 1)], for every block of the
-    (padded) ``values``; their number."""
-    blocks = values.shape[0] // width
-    for b in range(blocks):
-        if width == 16:
-            mins[b] = row_min(values, 16 * b)
-        elif width == 8:
-            mins[b] = row_min8(values, 8 * b)
+        bound = np.float32(np.inf)
+    size = 0
+    threshold = np.float32(np.inf)
+    for s in range(0, n, 16):
+        if size == k and threshold <= bound:  # what ties the k-th value loses on its column
+            m = row_below(values, s, threshold)
         else:
-            mins[b] = row_min4(values, 4 * b)
-    return blocks
+            m = row_at_most(values, s, bound)
+        while m != 0:  # the candidates, in column order: ties go to the lower column
+            j = s + np.int64(trailing_zeros(m))
+            m &= m - np.uint32(1)
+            if j >= n:
+                break
+            d = values[j]
+            if size < k or d < threshold:
+                size = _insert(dist, idx, size, d, j)
+                threshold = dist[k - 1] if size == k else np.float32(np.inf)
 
 
 @njit(inline="always")
-def _bounded_insertions(values, n, mins, blocks, width, dist, idx):
-    """The k least of ``values[:n]`` into ``dist``/``idx`` (ascending, ties by lower column)
-    by insertion, looking only at values up to the k-th least block minimum (``mins`` of
-    blocks of ``width``), and at no block whose minimum the k-th value so far does not
-    beat; their number."""
-    k = dist.shape[0]
-    bound = np.float32(np.inf)
-    if blocks >= k:  # the k-th least block minimum, by insertion into dist (scratch here)
-        size = _insert_sorted(mins, blocks, k, dist, idx)
-        bound = dist[size - 1]
+def _kth_block_min(values, k, width, work):
+    """The k-th least of the minima of the ``width``-value blocks of ``values`` (padded to
+    whole blocks; k < their number), kept sorted by insertion in ``work`` [k] (overwritten):
+    k blocks hold a value at most that large, so it bounds the k-th least value."""
     size = 0
-    threshold = np.float32(np.inf)
-    for b in range(blocks):
-        if mins[b] > bound or (size == k and mins[b] >= threshold):
-            continue  # none of this block is kept: one test
-        for j in range(width * b, min(width * b + width, n)):
-            d = values[j]
-            if d <= bound and (size < k or d < threshold):
-                size = _insert(dist, idx, size, d, j)
-                threshold = dist[k - 1] if size == k else np.float32(np.inf)
-    return size
-
-
-@njit(inline="always", fastmath=True)
-def _ranked_values(row, query, x_norms, inner_product, values):
-    """values[:n] := the ranked value of each column (-⟨q, x⟩, or ‖q - x‖² as faiss computes
-    it from the products, clamped at 0); +inf past n, to the 16-column padding."""
-    n = row.shape[0]
-    q_norm = np.float32(0.0)
-    if not inner_product:
-        for d in range(query.shape[0]):
-            q_norm += query[d] * query[d]
-    for j in range(n):
-        if inner_product:
-            values[j] = -row[j]
+    for s in range(0, values.shape[0], width):
+        if width == 16:
+            low = row_min(values, s)
+        elif width == 8:
+            low = row_min8(values, s)
         else:
-            values[j] = max((q_norm + x_norms[j]) - np.float32(2.0) * row[j], np.float32(0))
-    values[n:] = np.inf
+            low = row_min4(values, s)
+        if size == k and low >= work[k - 1]:
+            continue
+        pos = size if size < k else k - 1
+        while pos > 0 and work[pos - 1] > low:
+            work[pos] = work[pos - 1]
+            pos -= 1
+        work[pos] = low
+        size = min(size + 1, k)
+    return work[k - 1]
 
 
 @njit(inline="always")
@@ -157,15 +148,21 @@ def _insert(dist, idx, size, d, j):
     return size + 1 if size < k else size
 
 
-@njit(inline="always")
-def _insert_sorted(values, n, k, dist, idx):
-    """The min(k, n) least of ``values[:n]`` into ``dist``/``idx`` by insertion; their number."""
-    size = 0
+@njit(inline="always", fastmath=True)
+def _ranked_values(row, query, x_norms, inner_product, values):
+    """values[:n] := the ranked value of each column (-⟨q, x⟩, or ‖q - x‖² as faiss computes
+    it from the products, clamped at 0); +inf past n, to the 16-column padding."""
+    n = row.shape[0]
+    q_norm = np.float32(0.0)
+    if not inner_product:
+        for d in range(query.shape[0]):
+            q_norm += query[d] * query[d]
     for j in range(n):
-        d = values[j]
-        if size < k or d < dist[k - 1]:
-            size = _insert(dist, idx, size, d, j)
-    return size
+        if inner_product:
+            values[j] = -row[j]
+        else:
+            values[j] = max((q_norm + x_norms[j]) - np.float32(2.0) * row[j], np.float32(0))
+    values[n:] = np.inf
 
 
 #: smallest_k_rows keeps up to this many by insertion, more by selecting sort keys

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 
+import numba
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
@@ -54,10 +55,9 @@ def _accumulate(builder, codes_base, luts_base, width, first_pair, pairs_per_loa
     return acc
 
 
-def _sums(builder, codes_base, luts_base, n_pairs: int, wide: bool):
-    """Every query's four 32-byte sums over the ``n_pairs`` rows of the block."""
-    if not wide:
-        return _accumulate(builder, codes_base, luts_base, 32, 0, 1, n_pairs)
+def _sums_wide(builder, codes_base, luts_base, n_pairs: int):
+    """Every query's four 32-byte sums over the ``n_pairs`` rows of the block, by 64-byte
+    shuffles (AVX-512BW)."""
     acc = _accumulate(builder, codes_base, luts_base, 64, 0, 2, n_pairs // 2)
     low, high = _mask(range(16)), _mask(range(16, 32))  # fold the two pairs' lanes
     acc = [
@@ -76,27 +76,75 @@ def _sums(builder, codes_base, luts_base, n_pairs: int, wide: bool):
     return acc
 
 
-def _store(builder, a, q, dist_p, thr_p, mask_p) -> None:
-    """Query q's distances in vector order into ``dist_p`` (uint16 [q, 32]) and the bits of
-    those below its threshold into ``mask_p[q]``."""
-    eight = _splat(_V16I16, 8)
+def _half(builder, all_, odd):
+    """One nibble half's 16 distances in vector order from its [all, odd] sums."""
+    even = builder.sub(all_, builder.shl(odd, _splat(_V16I16, 8)))
     parts = []
-    for h in range(2):
-        even = builder.sub(a[2 * h], builder.shl(a[2 * h + 1], eight))
-        for s in (even, a[2 * h + 1]):
-            x = builder.shuffle_vector(s, s, _mask(range(8)))
-            y = builder.shuffle_vector(s, s, _mask(range(8, 16)))
-            parts.append(builder.add(x, y))  # lane 0 + lane 1: both tables of the pair
-    ab = builder.shuffle_vector(parts[0], parts[1], _mask(range(16)))
-    cd = builder.shuffle_vector(parts[2], parts[3], _mask(range(16)))
+    for s in (even, odd):
+        x = builder.shuffle_vector(s, s, _mask(range(8)))
+        y = builder.shuffle_vector(s, s, _mask(range(8, 16)))
+        parts.append(builder.add(x, y))  # lane 0 + lane 1: both tables of the pair
+    return builder.shuffle_vector(parts[0], parts[1], _mask(range(16)))
+
+
+def _threshold(builder, thr_p, q):
+    return builder.trunc(builder.load(builder.gep(thr_p, [ir.Constant(_I32, q)])), _I16)
+
+
+def _store_wide(builder, a, q, dist_p, thr_p, mask_p) -> None:
+    """Query q's distances in vector order into ``dist_p`` (uint16 [q, 32]) and the bits of
+    those below its threshold into ``mask_p[q]``, as 64-byte values."""
+    ab, cd = _half(builder, a[0], a[1]), _half(builder, a[2], a[3])
     dist = builder.shuffle_vector(ab, cd, _mask(range(32)))  # vector order
     dptr = builder.gep(dist_p, [ir.Constant(_I32, 32 * q)])
     builder.store(dist, builder.bitcast(dptr, _V32I16.as_pointer()), align=2)
-    thr = builder.trunc(builder.load(builder.gep(thr_p, [ir.Constant(_I32, q)])), _I16)
-    thr_v = builder.insert_element(ir.Constant(_V32I16, ir.Undefined), thr, ir.Constant(_I32, 0))
-    thr_v = builder.shuffle_vector(thr_v, thr_v, _mask([0] * 32))
-    below = builder.icmp_unsigned("<", dist, thr_v)
+    thr = _threshold(builder, thr_p, q)
+    below = builder.icmp_unsigned("<", dist, _broadcast(builder, thr, _V32I16))
     builder.store(builder.bitcast(below, _I32), builder.gep(mask_p, [ir.Constant(_I32, q)]))
+
+
+def _store_halves(builder, halves, q, dist_p, thr, mask_p) -> None:
+    """``_store_wide`` in two 32-byte halves, never a 64-byte value: one would be split on an
+    AVX2-only CPU, and where AVX-512 exists, its 512-bit operations would idle one of the
+    ports that the 32-byte shuffles and adds use."""
+    thr_v = _broadcast(builder, thr, _V16I16)
+    above = []
+    for h, half in enumerate(halves):
+        dptr = builder.gep(dist_p, [ir.Constant(_I32, 32 * q + 16 * h)])
+        builder.store(half, builder.bitcast(dptr, _V16I16.as_pointer()), align=2)
+        # lanes at or above the threshold (AVX2 has no unsigned "<": max and equal give
+        # ">=" in two operations, the bits are inverted once)
+        above.append(builder.icmp_unsigned(">=", half, thr_v))
+    bits = builder.not_(_movemask(builder, above))
+    builder.store(bits, builder.gep(mask_p, [ir.Constant(_I32, q)]))
+
+
+def _movemask(builder, halves) -> ir.Value:
+    """The i32 of two <16 x i1> (lanes 0..15, then 16..31) by byte packing and
+    ``vpmovmskb``, 32-byte operations only (an empty asm keeps LLVM from fusing the halves
+    into one 64-byte truncation where AVX-512 exists)."""
+    vb = ir.VectorType(_I8, 32)
+    packs = builder.module.declare_intrinsic(
+        "llvm.x86.avx2.packsswb", fnty=ir.FunctionType(vb, [_V16I16, _V16I16])
+    )
+    movemask = builder.module.declare_intrinsic(
+        "llvm.x86.avx2.pmovmskb", fnty=ir.FunctionType(_I32, [vb])
+    )
+    opaque = ir.FunctionType(_V16I16, [_V16I16])
+    words = [
+        builder.asm(opaque, "", "=x,0", [builder.sext(h, _V16I16)], side_effect=False)
+        for h in halves
+    ]
+    packed = builder.call(packs, words)  # 8-byte groups: 0..7, 16..23, 8..15, 24..31
+    v4i64 = ir.VectorType(ir.IntType(64), 4)
+    quads = builder.bitcast(packed, v4i64)
+    quads = builder.shuffle_vector(quads, quads, _mask([0, 2, 1, 3]))  # lane order
+    return builder.call(movemask, [builder.bitcast(quads, vb)])
+
+
+def _broadcast(builder, value, ty: ir.VectorType):
+    v = builder.insert_element(ir.Constant(ty, ir.Undefined), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, v, _mask([0] * ty.count))
 
 
 @functools.cache
@@ -128,11 +176,65 @@ def shuffle_block(n_pairs: int, n_queries: int, wide: bool = False):
             for q in range(n_queries):
                 row = builder.load(builder.gep(rows_p, [ir.Constant(_I32, q)]))
                 luts_base.append(builder.gep(luts_p, [builder.mul(row, row_bytes)]))
-            acc = _sums(builder, codes_base, luts_base, n_pairs, wide)
+            if wide:
+                acc = _sums_wide(builder, codes_base, luts_base, n_pairs)
+                for q in range(n_queries):
+                    _store_wide(builder, acc[q], q, dist_p, thr_p, mask_p)
+                return context.get_dummy_value()
+            acc = _accumulate(builder, codes_base, luts_base, 32, 0, 1, n_pairs)
             for q in range(n_queries):
-                _store(builder, acc[q], q, dist_p, thr_p, mask_p)
+                a = acc[q]
+                halves = (_half(builder, a[0], a[1]), _half(builder, a[2], a[3]))
+                _store_halves(builder, halves, q, dist_p, _threshold(builder, thr_p, q), mask_p)
             return context.get_dummy_value()
 
         return sig, codegen
 
     return block
+
+
+@intrinsic
+def rank_filter(typingctx, dist, row, mask, k):
+    """The bits of ``mask`` (uint32, bit v for vector v of a block) whose distance in row
+    ``row`` of ``dist`` (uint16 [rows, 32], C-contiguous) has fewer than ``k`` distances of
+    other set bits strictly below it: the only ones that can be among the k smallest
+    (distance, row) keys of those vectors, whatever else is kept. 32 broadcast compares of
+    32-byte vectors (AVX2; k < 32). A block whose many vectors pass the threshold (the first
+    of a query, before its k-th best has settled) then offers about k to the heap instead of
+    all of them."""
+    if not isinstance(mask, types.Integer) or mask.bitwidth < 32:
+        raise numba.core.errors.TypingError(
+            f"rank_filter: mask must be a 32-bit or wider integer, got {mask}"
+        )
+    sig = types.uint32(dist, row, mask, k)
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        base = builder.gep(data, [builder.mul(args[1], ir.Constant(args[1].type, 32))])
+        mask = builder.trunc(args[2], _I32) if args[2].type.width > 32 else args[2]
+        lane_bits = ir.Constant(_V16I16, [ir.Constant(_I16, 1 << i) for i in range(16)])
+        bias, top = _splat(_V16I16, 0x8000), _splat(_V16I16, 0xFFFF)
+        halves = []
+        for h in range(2):
+            ptr = builder.gep(base, [ir.Constant(_I32, 16 * h)])
+            d = builder.load(builder.bitcast(ptr, _V16I16.as_pointer()), align=2)
+            bits = builder.trunc(builder.lshr(mask, ir.Constant(_I32, 16 * h)), _I16)
+            member = builder.icmp_unsigned(
+                "!=",
+                builder.and_(_broadcast(builder, bits, _V16I16), lane_bits),
+                _splat(_V16I16, 0),
+            )
+            # others: the greatest value, never below anything; biased for signed compares
+            halves.append(builder.xor(builder.select(member, d, top), bias))
+        counts = [_splat(_V16I16, 0), _splat(_V16I16, 0)]
+        for j in range(32):
+            other = builder.extract_element(halves[j // 16], ir.Constant(_I32, j % 16))
+            other = _broadcast(builder, other, _V16I16)
+            for h in range(2):  # lanes whose distance is above vector j's: one more below
+                below = builder.sext(builder.icmp_signed("<", other, halves[h]), _V16I16)
+                counts[h] = builder.sub(counts[h], below)
+        k16 = _broadcast(builder, builder.trunc(args[3], _I16), _V16I16)
+        few = [builder.icmp_unsigned("<", c, k16) for c in counts]
+        return builder.and_(mask, _movemask(builder, few))
+
+    return sig, codegen

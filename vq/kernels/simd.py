@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 import numba
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
@@ -103,6 +104,39 @@ def _row_min_of(width: int):
 #: the least of 8 (4) float32 at a flat index, as :func:`row_min` for 16
 row_min8 = _row_min_of(8)
 row_min4 = _row_min_of(4)
+
+
+def _row_compare(op: str):
+    def row_bits(typingctx, values, start, limit):
+        _c_array(values, "row_bits")
+        sig = types.uint32(values, start, limit)
+
+        def codegen(context, builder, signature, args):
+            v = _load16(context, builder, signature.args[0], args[0], args[1])
+            hits = builder.fcmp_ordered(op, v, _splat16(builder, args[2]))
+            return builder.zext(builder.bitcast(hits, ir.IntType(16)), ir.IntType(32))
+
+        return sig, codegen
+
+    return row_bits
+
+
+#: ``row_at_most(values, start, limit)``: the bits (uint32, bit j for value ``start + j``) of
+#: the 16 float32 at flat index ``start`` of a C-contiguous array that are ``<= limit``
+#: (float32; NaN: never); ``row_below``: those ``< limit``
+row_at_most = intrinsic(_row_compare("<="))
+row_below = intrinsic(_row_compare("<"))
+
+
+@intrinsic
+def trailing_zeros(typingctx, x):
+    """The number of trailing zero bits of an unsigned integer (``cttz``; its width if 0)."""
+    sig = x(x)
+
+    def codegen(context, builder, signature, args):
+        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 0))
+
+    return sig, codegen
 
 
 @intrinsic
@@ -378,3 +412,18 @@ if numba.config.DISABLE_JIT:  # the kernels run as plain Python (numba's debuggi
         return lambda values, start: values.reshape(-1)[start : start + width].min()
 
     row_min8, row_min4 = _python_row_min(8), _python_row_min(4)  # noqa: F811
+
+    def _bits(hits) -> np.uint32:
+        return np.uint32(sum(1 << int(j) for j in np.flatnonzero(hits)))
+
+    def row_min(values, start):  # noqa: F811
+        return np.float32(values.reshape(-1)[start : start + 16].min())
+
+    def row_at_most(values, start, limit):  # noqa: F811
+        return _bits(values.reshape(-1)[start : start + 16] <= limit)
+
+    def row_below(values, start, limit):  # noqa: F811
+        return _bits(values.reshape(-1)[start : start + 16] < limit)
+
+    def trailing_zeros(x):  # noqa: F811
+        return type(x)((int(x) & -int(x)).bit_length() - 1 if x else 8 * np.dtype(type(x)).itemsize)

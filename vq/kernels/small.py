@@ -151,7 +151,7 @@ def probe_lists(queries, centroids_t, c_norms, inner_product, out_scores, out_li
     nq, dim = queries.shape
     nlist = centroids_t.shape[1]
     rows = np.empty((min(nq, PROBE_QUERIES), nlist), dtype=np.float32)
-    values, mins = row_scratch(nlist)
+    values = row_scratch(nlist)
     held = nlist <= PROBE_COLUMNS
     wide, blocks = nlist - nlist % 64, nlist - nlist % 16
     for q0 in range(0, nq, PROBE_QUERIES):
@@ -176,7 +176,7 @@ def probe_lists(queries, centroids_t, c_norms, inner_product, out_scores, out_li
                 for c in range(nlist - first):
                     rest[c] += xj * columns[c]
             _smallest_k_row(row, queries[q], c_norms, inner_product, out_scores[q], out_lists[q],
-                            values, mins)  # fmt: skip
+                            values)  # fmt: skip
 
 
 #: probe_lists computes the products of this many queries with each group of centroids
