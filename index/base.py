@@ -250,6 +250,11 @@ class Index(Updates, nn.Module):
         self._require_trained("search")
         check_options(self, params)
         q = check_vectors(queries, self.dim, "queries")
+        converted = q is not queries and q.device.type == "cpu"
+        if plain and converted and q.shape[0] <= self.search_batch_size:  # as float32 ones
+            found = search_small(self, q.detach().to(torch.float32), k, params)
+            if found is not None:
+                return like_input(found[0], queries), like_input(found[1], queries)
         filtered = filtered_params(self, params, allowed, return_probed, q.shape[0])
         work = self._search_work(min(q.shape[0], self.search_batch_size), k, **params)
         small = serial_if_small(work)

@@ -136,24 +136,29 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
                 return None  # the general path says what is wrong
             kc = k * factor
         work = nq * (fixed + nprobe * per_probe)
-        if nq > SMALL_BATCH and (mapped or not split or work >= SPLIT_WORK):
+        if nq > SMALL_BATCH and (not split or work >= SPLIT_WORK):
             return None
         if nq <= SMALL_BATCH and work >= serial_work:
             return None
         out_dist = np.empty((nq, k), np.float32)
         out_ids = np.empty((nq, k), np.int64)
+        one_thread = nq <= SMALL_BATCH or work < serial_work
         if not mapped:
             run = (q, centroids_t, norms, nprobe, *args, ids, ip, ref_x, ref_ids, kc)
-            if nq <= SMALL_BATCH or work < serial_work:
+            if one_thread:
                 done = kernel(*run, out_dist, out_ids, ranked)
             else:
                 done = split_queries(kernel, run, out_dist, out_ids, ranked)
             return (out_dist, out_ids) if done else None  # (not finite: the general path says)
         lists = near_lists(q, centroids_t, c_sq, ip, nprobe)
         local = read_lists(rows, offsets, np.arange(nlist) if lists is None else lists)
-        run, rest = index._lean_kernel(local)
-        if not run(q, centroids_t, norms, nprobe, *rest, NO_IDS, ip, ref_x, ref_ids, kc,
-                   out_dist, out_ids, ranked):  # fmt: skip
+        local_kernel, rest = index._lean_kernel(local)
+        run = (q, centroids_t, norms, nprobe, *rest, NO_IDS, ip, ref_x, ref_ids, kc)
+        if one_thread:
+            done = local_kernel(*run, out_dist, out_ids, ranked)
+        else:
+            done = split_queries(local_kernel, run, out_dist, out_ids, ranked)
+        if not done:
             return None
         at, stored = index._ids_of(local.stored_rows(out_ids))  # (the kernel's ids: rows here)
         out_ids[...] = np.where(at >= 0, stored[np.maximum(at, 0)], -1)

@@ -305,6 +305,7 @@ def test_small_searches_run_on_one_thread_with_the_same_answers(data, monkeypatc
         return real(work)
 
     monkeypatch.setattr(vq.index.base, "serial_if_small", spy)
+    monkeypatch.setattr(vq.index.lean, "SPLIT_BATCH", vq.index.lean.SMALL_BATCH)  # (general)
     for serial_work in (0, float("inf")):  # never / always on one thread
         monkeypatch.setattr(_cpu, "SERIAL_WORK", serial_work)
         D, I = index.search(q, 10, nprobe=4)

@@ -23,6 +23,7 @@ from vq.datasets import (
     write_bvecs,
     write_fvecs,
 )
+from vq.index import lean
 
 D = 16
 
@@ -478,6 +479,7 @@ def spy(monkeypatch, obj, name, seen: list[int]):
 def test_search_runs_in_chunks_with_the_same_results(env, monkeypatch, which):
     index = getattr(env, which)
     queries = env.x[::7]  # 286 queries
+    monkeypatch.setattr(lean, "SPLIT_BATCH", lean.SMALL_BATCH)  # (one general batch)
     D, I = index.search(queries, 6)
     seen: list[int] = []
     spy(monkeypatch, index, "_search_ids", seen)
