@@ -73,7 +73,8 @@ def sweep(desc: str, nlist: int, nprobes: list[int], k_factors: list[int], refin
 
 def add_data_arguments(p: argparse.ArgumentParser) -> None:
     """The options :func:`load_data` reads, and the training size and IVF lists."""
-    p.add_argument("--data", default="synthetic", help="synthetic, text, nsynth, X.fvecs or X.hdf5")
+    p.add_argument("--data", default="synthetic",
+                   help="synthetic, text, nsynth, X.fvecs, X.hdf5 or X.safetensors")  # fmt: skip
     p.add_argument("--queries", default=None, help="query .fvecs (with a .fvecs --data)")
     p.add_argument("--n", type=int, default=1_000_000, help="database vectors (at most)")
     p.add_argument("--nq", type=int, default=1000, help="queries (at most)")
@@ -111,6 +112,11 @@ def load_data(args) -> tuple[str, np.ndarray, np.ndarray]:
             if args.queries is None:
                 raise SystemExit(f"--data {path} needs --queries Q.fvecs")
             x, q = read_fvecs(path), read_fvecs(args.queries)
+        elif path.suffix == ".safetensors":  # "database" and "queries" (a text-set cache file)
+            from safetensors.numpy import load_file
+
+            arrays = load_file(str(path))
+            x, q = arrays["database"], arrays["queries"]
         elif path.suffix in (".hdf5", ".h5"):
             ds = read_ann_hdf5(path)
             x, q = ds.train, ds.test
@@ -119,7 +125,8 @@ def load_data(args) -> tuple[str, np.ndarray, np.ndarray]:
                 q = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
         else:
             raise SystemExit(
-                f"--data {args.data!r}: expected synthetic, nsynth, a .fvecs or an .hdf5 file"
+                f"--data {args.data!r}: expected synthetic, text, nsynth, a .fvecs, .hdf5 or "
+                ".safetensors file"
             )
         label = path.name
     x = np.ascontiguousarray(x[: args.n], dtype=np.float32)
