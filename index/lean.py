@@ -13,6 +13,7 @@ error), so the two paths give the same results and the same errors.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -43,7 +44,8 @@ _NO_NORMS = np.zeros(0, np.float32)
 def search_small(index, queries: Any, k: Any, params: dict):
     """``index.search(queries, k, **params)`` by the index's lean search, or None where it
     does not apply: not float32 numpy or CPU-tensor queries of the index's dim, more than
-    :data:`SMALL_BATCH` of them, k not a positive int, the kernels disabled
+    :data:`SMALL_BATCH` of them (:data:`SPLIT_BATCH` for an IVF index whose lean search
+    splits batches), k not a positive int, the kernels disabled
     (``vq._cpu.torch_only``), an option the lean search does not take, or a call the lean
     search declines (work too large for one thread, a query that is not finite).
 
@@ -142,23 +144,18 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
             return None
         out_dist = np.empty((nq, k), np.float32)
         out_ids = np.empty((nq, k), np.int64)
-        one_thread = nq <= SMALL_BATCH or work < serial_work
+        split_up = nq > SMALL_BATCH and work >= serial_work  # else on the calling thread
         if not mapped:
-            run = (q, centroids_t, norms, nprobe, *args, ids, ip, ref_x, ref_ids, kc)
-            if one_thread:
-                done = kernel(*run, out_dist, out_ids, ranked)
-            else:
-                done = split_queries(kernel, run, out_dist, out_ids, ranked)
+            run = partial(split_queries, kernel) if split_up else kernel
+            done = run(q, centroids_t, norms, nprobe, *args, ids, ip, ref_x, ref_ids, kc,
+                       out_dist, out_ids, ranked)  # fmt: skip
             return (out_dist, out_ids) if done else None  # (not finite: the general path says)
         lists = near_lists(q, centroids_t, c_sq, ip, nprobe)
         local = read_lists(rows, offsets, np.arange(nlist) if lists is None else lists)
         local_kernel, rest = index._lean_kernel(local)
-        run = (q, centroids_t, norms, nprobe, *rest, NO_IDS, ip, ref_x, ref_ids, kc)
-        if one_thread:
-            done = local_kernel(*run, out_dist, out_ids, ranked)
-        else:
-            done = split_queries(local_kernel, run, out_dist, out_ids, ranked)
-        if not done:
+        run = partial(split_queries, local_kernel) if split_up else local_kernel
+        if not run(q, centroids_t, norms, nprobe, *rest, NO_IDS, ip, ref_x, ref_ids, kc,
+                   out_dist, out_ids, ranked):  # fmt: skip
             return None
         at, stored = index._ids_of(local.stored_rows(out_ids))  # (the kernel's ids: rows here)
         out_ids[...] = np.where(at >= 0, stored[np.maximum(at, 0)], -1)
@@ -168,11 +165,12 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
     return search
 
 
-def split_queries(kernel, run: tuple, out_dist: np.ndarray, out_ids: np.ndarray, ranked: bool):
-    """``kernel(*run, out_dist, out_ids, ranked)`` (a lean IVF kernel, ``run[0]`` the queries)
-    with the queries cut into one slice per thread (:func:`vq.kernels.threads.parallel_for`);
-    whether every slice was done (False: a slice held a query that is not finite)."""
-    q, rest = run[0], run[1:]
+def split_queries(kernel, q: np.ndarray, *rest):
+    """``kernel(q, *rest)`` (a lean IVF kernel: the queries first, ``out_dist``, ``out_ids``
+    and ``ranked`` last) with the queries cut into one slice per thread
+    (:func:`vq.kernels.threads.parallel_for`); whether every slice was done (False: a slice
+    held a query that is not finite)."""
+    *rest, out_dist, out_ids, ranked = rest
     refused = []
 
     def body(q0: int, q1: int) -> None:
