@@ -38,7 +38,7 @@ from vq.parallel.atomic import atomic_file, atomic_path
 
 MODEL = "all-MiniLM-L6-v2"
 #: bumped when the extraction or the embedding changes, so that old cache files are not reused
-_TEXT_VERSION = 1
+_TEXT_VERSION = 2
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 _CODE = re.compile(r">>>|::|https?:|\.\.\s|[{}\[\]\\|]")
 
@@ -56,8 +56,10 @@ def _source_files() -> list[Path]:
     files = []
     for root in _source_roots():
         for path in sorted(root.rglob("*")):
-            parts = set(path.relative_to(root).parts[:-1])
-            if not {"test", "tests", "testing"} & parts and (
+            parts = path.relative_to(root).parts
+            if parts[0].startswith(_OWN_FILES):  # vq's own install: it changes at every edit
+                continue
+            if not {"test", "tests", "testing"} & set(parts[:-1]) and (
                 path.suffix in (".py", ".md", ".rst", ".txt") or path.name == "METADATA"
             ):
                 files.append(path)
@@ -65,6 +67,8 @@ def _source_files() -> list[Path]:
     return [p for p in files if p.is_file() and not p.is_symlink()]
 
 
+#: vq's own files in site-packages (its metadata holds this README), not a text source
+_OWN_FILES = ("vq-", "__editable__.vq-", "__editable___vq_")
 _BINARY = {".html", ".htm", ".pdf", ".png", ".svg", ".jpg", ".gif", ".ico", ".js", ".css"}
 
 
@@ -120,11 +124,16 @@ def _prose(text: str) -> Iterator[str]:
 
 
 def _sources_key(files: list[Path]) -> str:
-    """A hash of the source files' names, sizes and times: what the sentences depend on."""
+    """A hash of the source files' names (within their root: the standard library, a
+    site-packages folder or /usr/share/doc) and sizes: what the sentences depend on. Neither
+    where a virtual environment lies nor when its packages were installed enters it, so a
+    fresh clone's new environment with the same packages finds the same cache."""
+    roots = [*_source_roots(), Path("/usr/share/doc")]
     h = hashlib.sha256()
     for path in files:
-        st = path.stat()
-        h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        root = next((r for r in roots if path.is_relative_to(r)), None)
+        name = path.relative_to(root) if root is not None else path
+        h.update(f"{name}\0{path.stat().st_size}\n".encode())
     return h.hexdigest()
 
 
@@ -221,7 +230,8 @@ def sentence_embeddings(
     the rest the database. The first call reads the text (about 2 minutes) and embeds it (about
     20 minutes for 300,000 sentences on 2 cores); the vectors and the sentences are cached in
     ``cache_dir`` (:func:`default_cache_dir` by default) under a key made of the source files'
-    names, sizes and times, ``n``, ``nq`` and ``seed``, and later calls read the cache.
+    names and sizes (within their roots), ``n``, ``nq`` and ``seed``, and later calls read the
+    cache.
 
     Returns:
         (database float32 [n, 384], queries float32 [nq, 384]), unit-norm rows.

@@ -75,3 +75,35 @@ def test_sentence_embeddings_are_unit_norm_and_cached(tmp_path, monkeypatch):
     xb2, xq2 = text.sentence_embeddings(3, 1, cache_dir=tmp_path / "cache")
     np.testing.assert_array_equal(xb2, xb)
     np.testing.assert_array_equal(xq2, xq)
+
+
+def test_the_cache_key_ignores_where_and_when_the_sources_were_installed(tmp_path, monkeypatch):
+    import os
+
+    import vq.datasets.text as text
+
+    keys = []
+    for place in ("one", "two"):  # two environments holding the same files
+        root = tmp_path / place / "site-packages"
+        (root / "pkg").mkdir(parents=True)
+        (root / "pkg" / "a.py").write_text('"""A docstring of some length here."""\n')
+        (root / "b.txt").write_text("Some text of a document.\n")
+        os.utime(root / "b.txt", (1, 1 if place == "one" else 10**9))
+        monkeypatch.setattr(text, "_source_roots", lambda root=root: [root])
+        keys.append(text._sources_key(sorted(root.rglob("*.*"))))
+    assert keys[0] == keys[1]
+    (root / "b.txt").write_text("Some longer text of a document.\n")  # a changed file: a new key
+    assert text._sources_key(sorted(root.rglob("*.*"))) != keys[1]
+
+
+def test_vq_s_own_install_is_not_a_text_source(tmp_path, monkeypatch):
+    import vq.datasets.text as text
+
+    root = tmp_path / "site-packages"
+    for name in ("vq-0.1.0.dist-info/METADATA", "__editable___vq_0_1_0_finder.py",
+                 "other-1.0.dist-info/METADATA", "other/mod.py"):  # fmt: skip
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("Text.\n")
+    monkeypatch.setattr(text, "_source_roots", lambda: [root])
+    names = {str(p.relative_to(root)) for p in text._source_files() if root in p.parents}
+    assert names == {"other-1.0.dist-info/METADATA", "other/mod.py"}
