@@ -56,3 +56,39 @@ def test_smallest_k_rows_is_a_stable_partial_sort(inner_product, k, n):
     order = np.argsort(ranked, axis=1, kind="stable")[:, :k]
     np.testing.assert_array_equal(idx, order)
     np.testing.assert_array_equal(dist, np.take_along_axis(ranked, order, axis=1))
+
+
+def _rows_with_every_kind_of_tie(n: int) -> np.ndarray:
+    """Rows of inner products: Gaussian, integer (many ties), half of them one value (a
+    crowded bucket), ±0.0 mixed, all equal, quarters, one infinite value, one NaN."""
+    rng = np.random.default_rng(n)
+    rows = rng.standard_normal((8, n)).astype(np.float32)
+    rows[1] = rng.integers(-20, 21, n)
+    rows[2, : n // 2] = 0.5
+    rows[3] = -np.abs(rows[3]) - 0.5  # and 24 columns of ±0.0, the least ranked values
+    rows[3, rng.choice(n, 24, replace=False)] = np.tile(np.float32([0.0, -0.0]), 12)
+    rows[4] = np.float32(3.0)  # all equal
+    rows[5] = np.round(rows[5] * 4) / 4
+    rows[6, 5] = np.inf
+    rows[7, 9] = np.nan
+    return rows
+
+
+@pytest.mark.parametrize("k", [17, 64, 128, 300])
+@pytest.mark.parametrize("inner_product", [False, True])
+def test_the_histogram_selection_is_a_stable_partial_sort(k, inner_product):
+    """k above the insertion path's: the columns of the histogram's first buckets (or the
+    heap of keys, for rows it does not serve: one value crowding a bucket, all equal, not
+    finite), the same as a stable sort, -0.0 tying with 0.0 by column."""
+    n = 2048
+    scores = _rows_with_every_kind_of_tie(n)
+    queries = np.zeros((8, 3), np.float32)
+    queries[:, 0] = 1.0
+    norms = np.zeros(n, np.float32)
+    dist, idx = np.empty((8, k), np.float32), np.empty((8, k), np.int64)
+    kernels.smallest_k_rows(scores, queries, norms, inner_product, dist, idx)
+    ranked = -scores if inner_product else np.maximum(1 - 2 * scores, 0)
+    order = np.argsort(ranked[:7], axis=1, kind="stable")[:, :k]
+    np.testing.assert_array_equal(idx[:7], order)
+    np.testing.assert_array_equal(dist[:7], np.take_along_axis(ranked[:7], order, 1))
+    assert len(set(idx[7].tolist())) == k  # a NaN column: k distinct columns still

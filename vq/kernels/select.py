@@ -2,8 +2,11 @@
 (the ``nprobe`` nearest lists) and of a vector quantizer's encode.
 
 For a small k the k best are kept sorted by insertion, with one vector test skipping 16
-columns at a time once the k-th value has settled; a larger k selects among int64 keys
-(:func:`vq.kernels.heaps.float_key`).
+columns at a time once the k-th value has settled; a larger k (an nprobe of 32 to 256, the
+high-recall band) takes the columns of a histogram's first buckets and sorts their int64
+keys (:func:`vq.kernels.heaps.float_key`), falling back to a heap of keys where the values
+are not finite or crowd into one bucket. Every way gives the same columns in the same
+order: by value (-0.0 equal to 0.0), ties by lower column.
 """
 
 from __future__ import annotations
@@ -78,7 +81,8 @@ def _smallest_k_row(row, query, x_norms, inner_product, dist, idx, values):
     else:
         _ranked_values(row, query, x_norms, False, values)
     if k > _INSERTION_K:
-        _smallest_k_by_keys(values[:n], dist, idx)
+        if not _smallest_k_by_histogram(values, n, dist, idx):
+            _smallest_k_by_keys(values[:n], dist, idx)
         return
     padded = values.shape[0]
     if padded // 16 >= 2 * k:  # the bound from blocks of 16, or of 8 or 4 where too few
@@ -165,21 +169,110 @@ def _ranked_values(row, query, x_norms, inner_product, values):
     values[n:] = np.inf
 
 
-#: smallest_k_rows keeps up to this many by insertion, more by selecting sort keys
-_INSERTION_K = 32
+#: smallest_k_rows keeps up to this many by insertion, more through a histogram (measured:
+#: equal at k = 16 of 2,048 columns, the histogram 1.5x at 32, 3.7x the heap at 128)
+_INSERTION_K = 16
+#: the bits of -0.0 as an int32
+_NEGATIVE_ZERO = np.int32(-0x7FFFFFFF - 1)
+
+
+#: buckets of the histogram that bounds a larger k's candidates
+_BUCKETS = 512
+#: a bucket of more candidates than this sends the row to the keys' selection
+_BUCKET_CAP = 64
+
+
+@njit(inline="always")
+def _smallest_k_by_histogram(values, n, out_dist, out_idx):
+    """smallest_k_rows for one row and a larger k, by a histogram of the values over
+    :data:`_BUCKETS` equal intervals of their range: the buckets up to the one that holds the
+    k-th value hold every candidate; one vector compare per 16 columns finds them, and a
+    counting sort by bucket then an insertion sort (they are out of order only within a
+    bucket) put them in the order of their keys (:func:`vq.kernels.heaps.float_key`: by
+    value, then column). The same k as :func:`_smallest_k_by_keys` in the same order, in
+    O(n + candidates). ``values`` is padded to whole 16-column blocks (+inf past ``n``).
+    Returns False (nothing written) if a value is not finite, all are equal, or a bucket
+    holds over :data:`_BUCKET_CAP` candidates."""
+    k = out_dist.shape[0]
+    bits = values.view(np.int32)
+    lo_key = np.int32(0x7FFFFFFF)
+    hi_key = np.int32(-0x7FFFFFFF - 1)
+    special = np.int32(0)
+    for j in range(n):  # on integers, so that it vectorises: the range, and inf/NaN seen
+        b = bits[j]
+        key = b ^ ((b >> 31) & 0x7FFFFFFF)  # ordered as the float (see float_key)
+        lo_key = min(lo_key, key)
+        hi_key = max(hi_key, key)
+        special |= np.int32((b & 0x7F800000) == 0x7F800000)
+    hist = np.zeros(_BUCKETS, dtype=np.int32)
+    hist[0] = lo_key ^ ((lo_key >> 31) & 0x7FFFFFFF)  # back to the floats' bits
+    hist[1] = hi_key ^ ((hi_key >> 31) & 0x7FFFFFFF)
+    ends = hist[:2].view(np.float32)
+    lo, hi = ends[0], ends[1]
+    hist[0] = 0
+    hist[1] = 0
+    if special != 0 or not hi > lo:
+        return False
+    scale = np.float32(_BUCKETS) / (hi - lo)
+    top_bucket = np.int32(_BUCKETS - 1)
+    buckets = np.empty(n, dtype=np.int32)
+    for j in range(n):  # monotonic in the value: a < b puts a in the same bucket or before
+        buckets[j] = min(np.int32((values[j] - lo) * scale), top_bucket)
+    for j in range(n):
+        hist[buckets[j]] += 1
+    top = 0
+    total = 0
+    while total + hist[top] < k:  # the bucket of the k-th value
+        total += hist[top]
+        top += 1
+    size = 0
+    for b in range(top + 1):  # counts to the first slot of each bucket
+        count = hist[b]
+        if count > _BUCKET_CAP:
+            return False
+        hist[b] = size
+        size += count
+    # every value of buckets <= top is at most this (half a bucket to spare for rounding)
+    limit = np.float32(np.float64(lo) + (top + 1.5) / np.float64(scale))
+    keys = np.empty(size, dtype=np.int64)
+    found = 0
+    for s in range(0, n, 16):
+        m = row_at_most(values, s, limit)
+        while m != 0:
+            j = s + np.int64(trailing_zeros(m))
+            m &= m - np.uint32(1)
+            b = buckets[j] if j < n else top_bucket + 1
+            if b <= top:  # (-0.0 as 0.0: equal values tie by column)
+                keys[hist[b]] = float_key(bits[j] if bits[j] != _NEGATIVE_ZERO else 0, j)
+                hist[b] += 1
+                found += 1
+    if found != size:  # (cannot happen with finite values; kept as the guard it costs)
+        return False
+    for i in range(1, size):
+        key = keys[i]
+        p = i
+        while p > 0 and keys[p - 1] > key:
+            keys[p] = keys[p - 1]
+            p -= 1
+        keys[p] = key
+    for e in range(k):
+        j = keys[e] & INDEX_MASK
+        out_idx[e] = j
+        out_dist[e] = values[j]
+    return True
 
 
 @njit(inline="always")
 def _smallest_k_by_keys(values, out_dist, out_idx):
-    """smallest_k_rows for one row and a larger k: every column as an int64 key that orders
-    as (value, column) — the float's bits made monotonic, above the column — then a
-    selection of the k smallest keys and a sort of those."""
+    """smallest_k_rows for one row and a larger k where the histogram does not serve: every
+    column as an int64 key that orders as (value, column) — the float's bits made monotonic,
+    above the column — then a selection of the k smallest keys and a sort of those."""
     n = values.shape[0]
     k = out_dist.shape[0]
     bits = values.view(np.int32)
     keys = np.empty(n, dtype=np.int64)
-    for j in range(n):
-        keys[j] = float_key(bits[j], j)
+    for j in range(n):  # (-0.0 as 0.0: equal values tie by column)
+        keys[j] = float_key(bits[j] if bits[j] != _NEGATIVE_ZERO else 0, j)
     best = np.empty(k, dtype=np.int64)
     smallest_keys(keys, best)
     for e in range(k):
