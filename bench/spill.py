@@ -2,50 +2,48 @@
 coarse centroids on both sides (the spilled index is built from the plain one's quantizer), so
 the only difference is the second copy of each vector.
 
-    python -m bench.spill [--n 100000] [--dim 64] [--nlist 1024] [--kind Flat] [--hdf5 FILE]
+    python -m bench.spill [--data synthetic|text|nsynth|X.hdf5|X.safetensors] [--n 100000]
+                          [--dim 64] [--nlist 1024] [--kind Flat]
 
-The data are anisotropic Gaussian vectors (as embeddings have), or an ann-benchmarks
-``.hdf5`` file (``--hdf5``: its train / test sets, L2). Searches are timed alternately (plain,
-spilled, plain, …; best of ``--rounds``). Prints a table; writes bench/results/spill.csv.
+The data as bench.ann reads them: anisotropic Gaussian vectors (as embeddings have, the
+default), the real sentence-embedding set (``--data text``, or its cached ``.safetensors``),
+NSynth embeddings, or an ann-benchmarks ``.hdf5`` file (its train / test sets). Searches are
+timed alternately (plain, spilled, plain, …; best of ``--rounds``). Prints a table; writes
+bench/results/<name>.csv.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from bench.ann import add_data_arguments, load_data
 from bench.common import alternate, report, set_threads
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--n", type=int, default=100_000, help="database vectors (synthetic)")
-    p.add_argument("--dim", type=int, default=64, help="vector dimension (synthetic)")
-    p.add_argument("--nq", type=int, default=1000, help="queries")
-    p.add_argument("--nlist", type=int, default=1024, help="inverted lists")
+    add_data_arguments(p)
+    p.set_defaults(n=100_000, dim=64, nlist=1024, seed=7)
     p.add_argument("--kind", default="Flat", help="what the lists store: Flat, SQ8, PQ16, …")
     p.add_argument("--soar-lambda", type=float, default=1.0, help="SOAR's λ")
     p.add_argument("--nprobe", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
-    p.add_argument("--hdf5", help="an ann-benchmarks file to use instead of synthetic data")
     p.add_argument("--threads", type=int, default=2, help="threads for vq's kernels and torch")
     p.add_argument("--rounds", type=int, default=3, help="alternating timing rounds (best kept)")
+    p.add_argument("--name", default="spill", help="results/<name>.csv")
     args = p.parse_args(argv)
 
     import numpy as np
 
     import vq
-    from vq.datasets import anisotropic_vectors, ground_truth, read_ann_hdf5, recall_at
+    from vq.datasets import ground_truth, recall_at
 
     set_threads(args.threads)
-    if args.hdf5:
-        data = read_ann_hdf5(args.hdf5)
-        xb, xq = np.ascontiguousarray(data.train), np.ascontiguousarray(data.test[: args.nq])
-    else:
-        x = anisotropic_vectors(args.n + args.nq, args.dim, seed=7)
-        xb, xq = x[: args.n], x[args.n :]
+    label, xb, xq = load_data(args)
+    xb, xq = np.ascontiguousarray(xb), np.ascontiguousarray(xq)
     truth = ground_truth(xb, xq, 10).ids
     dim = xb.shape[1]
     plain = vq.index_factory(dim, f"IVF{args.nlist},{args.kind}")
-    plain.train(xb[: max(100_000, 40 * args.nlist)])
+    plain.train(xb[: max(args.ntrain, 40 * args.nlist)])
     plain.add(xb)
     spilled = vq.index_factory(dim, f"IVF{args.nlist}(soar={args.soar_lambda}),{args.kind}")
     stored = ("ids", "offsets", "vectors", "codes")  # the same centroids and codebooks, no data
@@ -78,9 +76,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
     title = (
         f"IVF{args.nlist},{args.kind} with and without SOAR spilling (λ={args.soar_lambda}), "
-        f"{len(xb)} x {dim}, {len(xq)} queries, k=10"
+        f"{label}, {len(xb)} x {dim}, {len(xq)} queries, k=10"
     )
-    report("spill", title, args.threads, rows, list(rows[0]))
+    report(args.name, title, args.threads, rows, list(rows[0]))
     return rows
 
 
