@@ -14,7 +14,9 @@ Systems (each where importable; ``make bench`` installs all of them):
 - hnswlib: M=32, ef_construction=200 (ef);
 - ScaNN: tree (num_leaves ~ 2 sqrt(n)) + score_ah(2, 0.2) + reorder (leaves x reorder).
 
-Every point of every system is timed in one alternating loop (each round visits all points in
+The default grids step by about 1.5x (nprobe 8…256, efSearch 10…512), as finely for every
+library: at a recall level, a coarser grid decides more than the systems do. Every point of
+every system is timed in one alternating loop (each round visits all points in
 turn; each sample repeats a search of all queries until it lasts --min-seconds; the best of
 --rounds is kept), so that the machine's noise falls on all systems alike. Prints the points,
 the frontier table and the ratio of vq's best to the best peer at each level; writes
@@ -187,9 +189,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.set_defaults(data="text", n=300_000)
     p.add_argument("--vq", nargs="*", default=[], help="more vq descriptions (e.g. HNSW32)")
     p.add_argument("--systems", nargs="+", default=["vq", "faiss", "hnswlib", "scann"])
-    p.add_argument("--nprobe", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256])
+    p.add_argument("--nprobe", type=int, nargs="+",
+                   default=[8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256])  # fmt: skip
     p.add_argument("--k-factor", type=int, nargs="+", default=[2, 4, 8, 16])
-    p.add_argument("--ef", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512])
+    p.add_argument("--ef", type=int, nargs="+",
+                   default=[10, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512])  # fmt: skip
     p.add_argument("--threads", type=int, default=2, help="threads for every system")
     p.add_argument("--rounds", type=int, default=3, help="alternating timing rounds (best kept)")
     p.add_argument("--min-seconds", type=float, default=0.1, help="least time per timing sample")
