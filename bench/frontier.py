@@ -12,7 +12,8 @@ Systems (each where importable; ``make bench`` installs all of them):
   a Refine around a graph re-ranking the beam: k_factor = efSearch / k);
 - faiss: the same fast-scan + RFlat and IVF,Flat, and HNSW32 (efSearch);
 - hnswlib: M=32, ef_construction=200 (ef);
-- ScaNN: tree (num_leaves ~ 2 sqrt(n)) + score_ah(2, 0.2) + reorder (leaves x reorder).
+- ScaNN: tree (num_leaves ~ 2 sqrt(n)) + score_ah(2, 0.2) + reorder (leaves x reorder), with
+  and without its SOAR spilling (soar_lambda 1.5), as vq's own "IVF…(soar),…" descriptions.
 
 The default grids step by about 1.5x (nprobe 8…256, efSearch 10…512), as finely for every
 library: at a recall level, a coarser grid decides more than the systems do. Every point of
@@ -124,14 +125,27 @@ def hnswlib_points(x, q, threads: int, efs) -> list[tuple[str, Search]]:
     return [(f"ef={e}", run(e)) for e in efs]
 
 
-def scann_points(x, train_n: int, q, threads: int) -> list[tuple[str, Search]]:
-    """ScaNN: tree + asymmetric hashing + exact reorder, swept over leaves and reorder."""
+def scann_points(x, train_n: int, q, threads: int, soar: bool = False) -> list[tuple[str, Search]]:
+    """ScaNN: tree + asymmetric hashing + exact reorder, swept over leaves and reorder; with
+    ``soar``, its SOAR spilling (soar_lambda 1.5, ScaNN's default) in the tree, which ScaNN
+    builds for dot products only: on unit-norm data (where they rank as L2 does), else none."""
     import scann
 
     leaves = int(2 ** round(math.log2(2 * math.sqrt(len(x)))))
+    spill, distance = {}, "squared_l2"
+    if soar:
+        if not np.allclose(np.linalg.norm(x[:1000], axis=1), 1.0, atol=1e-3):
+            print("skipped ScaNN SOAR: it needs dot products, and these vectors are not unit norm")
+            return []
+        spill, distance = {"soar_lambda": 1.5}, "dot_product"
     searcher = (
-        scann.scann_ops_pybind.builder(x, K, "squared_l2")
-        .tree(num_leaves=leaves, num_leaves_to_search=16, training_sample_size=min(train_n, len(x)))
+        scann.scann_ops_pybind.builder(x, K, distance)
+        .tree(
+            num_leaves=leaves,
+            num_leaves_to_search=16,
+            training_sample_size=min(train_n, len(x)),
+            **spill,
+        )
         .score_ah(2, anisotropic_quantization_threshold=0.2)
         .reorder(100)
         .build()
@@ -170,6 +184,8 @@ def build_all(args, x, train, q) -> dict[tuple[str, str], list[tuple[str, Search
         plan.append(("faiss", desc, lambda d=desc: faiss_points(d, x, train, q, *args.sweeps)))
     plan.append(("hnswlib", "M=32", lambda: hnswlib_points(x, q, args.threads, args.sweeps[2])))
     plan.append(("scann", "tree+AH", lambda: scann_points(x, len(train), q, args.threads)))
+    plan.append(("scann", "tree+AH+SOAR",
+                 lambda: scann_points(x, len(train), q, args.threads, soar=True)))  # fmt: skip
     built = {}
     for system, desc, make in plan:
         if system not in args.systems:
