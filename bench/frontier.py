@@ -10,7 +10,8 @@ Systems (each where importable; ``make bench`` installs all of them):
   efConstruction=200, hnswlib's build beam here; "HNSW32,SQ8,Refine(SQfp16)" and other
   factory strings as vq.index_factory reads them, ":efc200" setting a graph's build beam,
   a Refine around a graph re-ranking the beam: k_factor = efSearch / k);
-- faiss: the same fast-scan + RFlat and IVF,Flat, and HNSW32 (efSearch);
+- faiss: the same fast-scan + RFlat and IVF,Flat, HNSW32 (efSearch), and IVF RaBitQ fast-scan
+  + RFlat with 1-bit and 4-bit (extended RaBitQ) codes (nprobe x k_factor);
 - hnswlib: M=32, ef_construction=200 (ef);
 - ScaNN: tree (num_leaves ~ 2 sqrt(n)) + score_ah(2, 0.2) + reorder (leaves x reorder), with
   and without its SOAR spilling (soar_lambda 1.5), as vq's own "IVF…(soar),…" descriptions.
@@ -81,6 +82,8 @@ def faiss_points(desc: str, x, train, q, nprobes, k_factors, efs) -> list[tuple[
     """faiss's index of ``desc`` (its own training) and its sweep."""
     import faiss
 
+    if "RaBitQ" in desc and not hasattr(faiss, "IndexIVFRaBitQFastScan"):
+        raise ImportError(f"faiss {faiss.__version__} has no RaBitQ fast-scan (1.13 or later)")
     index = faiss.index_factory(x.shape[1], desc)
     index.train(train)
     index.add(x)
@@ -180,7 +183,8 @@ def build_all(args, x, train, q) -> dict[tuple[str, str], list[tuple[str, Search
     plan: list[tuple[str, str, Callable]] = []
     for desc in [fast, f"IVF{nlist},Flat", *args.vq]:
         plan.append(("vq", desc, lambda d=desc: vq_points(d, x, train, q, *args.sweeps)))
-    for desc in [fast, f"IVF{nlist},Flat", "HNSW32"]:
+    rabitq = [f"IVF{nlist},RaBitQfs,RFlat", f"IVF{nlist},RaBitQfs4,RFlat"]
+    for desc in [fast, f"IVF{nlist},Flat", "HNSW32", *rabitq]:
         plan.append(("faiss", desc, lambda d=desc: faiss_points(d, x, train, q, *args.sweeps)))
     plan.append(("hnswlib", "M=32", lambda: hnswlib_points(x, q, args.threads, args.sweeps[2])))
     plan.append(("scann", "tree+AH", lambda: scann_points(x, len(train), q, args.threads)))
