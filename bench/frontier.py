@@ -196,8 +196,10 @@ def build_all(args, x, train, q) -> dict[tuple[str, str], list[tuple[str, Search
             continue
         try:
             start = time.perf_counter()
-            built[system, desc] = make()
-            print(f"built {system} {desc} in {time.perf_counter() - start:.1f} s", flush=True)
+            points = make()
+            if points:  # (none: the system cannot build this kind here, and said why)
+                built[system, desc] = points
+                print(f"built {system} {desc} in {time.perf_counter() - start:.1f} s", flush=True)
         except ImportError as err:
             print(f"skipped {system} {desc}: {err}")
     return built
