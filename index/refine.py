@@ -238,16 +238,16 @@ def rerank(queries, vectors, candidates, k: int, metric: str):
     """Candidates re-ranked by their exact distances, as one static-shape graph.
 
     Args:
-        queries: float32 [B, dim]; vectors: float32 [ntotal, dim], the stored vectors;
-        candidates: int64 [B, C], rows of ``vectors`` (-1 for none); k: results kept;
-        metric: "l2" or "ip".
+        queries: float32 [B, dim]; vectors: float32 or float16 [ntotal, dim], the stored
+        vectors (only the candidates' rows are widened to float32); candidates: int64 [B, C],
+        rows of ``vectors`` (-1 for none); k: results kept; metric: "l2" or "ip".
 
     Returns:
         values float32 [B, min(k, C)], ascending (squared L2 or negated inner products; +inf
         where there is no candidate), and their rows int64 (-1 there).
     """
     n, c = candidates.shape
-    cand = vectors.index_select(0, candidates.clamp_min(0).reshape(-1)).reshape(n, c, -1)
+    cand = vectors.index_select(0, candidates.clamp_min(0).reshape(-1)).reshape(n, c, -1).float()
     q = queries[:, None, :]
     scores = -(cand * q).sum(-1) if metric == "ip" else ((cand - q) ** 2).sum(-1)
     return top_rows(torch.where(candidates < 0, INF, scores), k, candidates)
@@ -258,7 +258,8 @@ class RefineSearch(Searcher):
     (``inner``) for ``k * k_factor`` candidates (its ids are this index's rows), re-ranked by
     :func:`rerank`.
 
-    Buffers: vectors: float32 [ntotal, dim]; id_table: int64 [ntotal] unless the ids are the
+    Buffers: vectors: float32 [ntotal, dim] (float16 with fp16 storage: no float copy of
+    them, only the candidates' rows widened); id_table: int64 [ntotal] unless the ids are the
     row numbers (and ``inner``'s).
     """
 
@@ -266,7 +267,7 @@ class RefineSearch(Searcher):
         super().__init__(index, k, copy)
         self.inner = inner
         self.k_factor = index.k_factor if k_factor is None else int(k_factor)
-        self.register_buffer("vectors", kept(index.vectors.float(), copy))
+        self.register_buffer("vectors", kept(index.vectors, copy))
 
     def search(self, queries, k: int, k_factor=None, allowed=None, **options):
         wanted = k * (self.k_factor if k_factor is None else k_factor)

@@ -193,3 +193,21 @@ def test_a_filtered_export_of_refine_over_a_graph_is_refused(data):
     index = _built("HNSW16,Refine(Flat)", x[:300])
     with pytest.raises(ValueError, match="Refine search graph takes no filter"):
         export_module(index, k=5, filtered=True)
+
+
+def test_the_torch_refine_reads_fp16_vectors_in_place(data):
+    """The static re-ranking keeps the fp16 vectors as they are stored (no float32 copy of
+    every vector per search: only the candidates' rows are widened), and ranks as the
+    float32 copy does."""
+    from vq.index.refine import RefineSearch, rerank
+
+    x, q = data
+    index = _built("HNSW16,SQ8,Refine(SQfp16)", x)
+    searcher = RefineSearch(index, index.index._torch_searcher(), copy=False)
+    assert searcher.vectors.dtype == torch.float16
+    assert searcher.vectors.data_ptr() == index.vectors.data_ptr()
+    cand = torch.from_numpy(np.random.default_rng(3).integers(-1, len(x), (len(q), 24)))
+    got = rerank(torch.from_numpy(q), index.vectors, cand, K, "l2")
+    want = rerank(torch.from_numpy(q), index.vectors.float(), cand, K, "l2")
+    torch.testing.assert_close(got[0], want[0])
+    assert torch.equal(got[1], want[1])
