@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+import vq
 from vq import kernels
 
 NONE = np.zeros(0, np.uint8)  # no filter
@@ -92,3 +93,33 @@ def test_the_histogram_selection_is_a_stable_partial_sort(k, inner_product):
     np.testing.assert_array_equal(idx[:7], order)
     np.testing.assert_array_equal(dist[:7], np.take_along_axis(ranked[:7], order, 1))
     assert len(set(idx[7].tolist())) == k  # a NaN column: k distinct columns still
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_unique_rows_keeps_the_first_row_of_each_id(threads):
+    """Spilled lists' results: each id's first (best) row, in order, +inf / -1 padding; the
+    same in slices on two threads as on one."""
+    rng = np.random.default_rng(11)
+    ids = rng.permutation(np.repeat(np.arange(50), 2))  # two rows per id
+    nq, c, k = 150, 12, 8
+    rows = rng.integers(0, 100, (nq, c))
+    rows[::5, 9:] = -1  # short rows: padding after fewer than k distinct ids
+    dist = np.sort(rng.random((nq, c)).astype(np.float32), axis=1)
+    out_d, out_r = np.empty((nq, k), np.float32), np.empty((nq, k), np.int64)
+    before = vq.get_num_threads()
+    vq.set_num_threads(threads)
+    try:
+        kernels.unique_rows(dist, rows, ids, out_d, out_r)
+    finally:
+        vq.set_num_threads(before)
+    for q in range(nq):
+        want, seen = [], set()
+        for d, r in zip(dist[q], rows[q], strict=True):
+            if r < 0:
+                break
+            if ids[r] not in seen and len(want) < k:
+                seen.add(ids[r])
+                want.append((d, r))
+        want += [(np.inf, -1)] * (k - len(want))
+        assert out_r[q].tolist() == [r for _, r in want]
+        assert out_d[q].tolist() == [np.float32(d) for d, _ in want]

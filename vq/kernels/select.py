@@ -281,10 +281,10 @@ def _smallest_k_by_keys(values, out_dist, out_idx):
         out_dist[e] = values[j]
 
 
-@kernel(nogil=True)
 def unique_rows(dist, rows, ids, out_dist, out_rows):
     """The best result of each id, in order: what a search over spilled inverted lists (a
-    vector stored in two lists) returns.
+    vector stored in two lists) returns; threads split the queries (in slices of at least
+    :data:`_UNIQUE_GRAIN`: a few queries stay on the calling thread).
 
     Args:
         dist: float32 [nq, c] ascending (+inf padding); rows: int64 [nq, c] stored rows (-1
@@ -292,8 +292,22 @@ def unique_rows(dist, rows, ids, out_dist, out_rows):
         out_dist: float32 [nq, k], out_rows: int64 [nq, k] (k <= c): the first row of each
             id in ``rows``, in order, padded with +inf and -1.
     """
+    parallel_for(unique_rows_range, rows.shape[0], dist, rows, ids, out_dist, out_rows,
+                 grain=_UNIQUE_GRAIN)  # fmt: skip
+
+
+#: queries per slice of unique_rows at least
+_UNIQUE_GRAIN = 64
+
+
+@kernel(nogil=True)
+def unique_rows_range(q0, q1, dist, rows, ids, out_dist, out_rows):
+    """:func:`unique_rows` for queries ``q0..q1`` on the calling thread: the ids kept so far
+    in a row of their own, tested all at once (no branch, no lookup per kept row)."""
+    dist, rows, out_dist, out_rows = borrow(dist), borrow(rows), borrow(out_dist), borrow(out_rows)
     k = out_rows.shape[1]
-    for q in range(rows.shape[0]):
+    kept_ids = np.empty(k, dtype=np.int64)
+    for q in range(q0, q1):
         kept = 0
         for c in range(rows.shape[1]):
             if kept == k:
@@ -301,14 +315,14 @@ def unique_rows(dist, rows, ids, out_dist, out_rows):
             r = rows[q, c]
             if r < 0:
                 break
+            i = ids[r]
             seen = False
             for j in range(kept):
-                if ids[out_rows[q, j]] == ids[r]:
-                    seen = True
-                    break
+                seen |= kept_ids[j] == i
             if not seen:
                 out_dist[q, kept] = dist[q, c]
                 out_rows[q, kept] = r
+                kept_ids[kept] = i
                 kept += 1
         for j in range(kept, k):
             out_dist[q, j] = np.inf
