@@ -16,7 +16,7 @@ Systems (each where importable; ``make bench`` installs all of them):
 - ScaNN: tree (num_leaves ~ 2 sqrt(n)) + score_ah(2, 0.2) + reorder (leaves x reorder), with
   and without its SOAR spilling (soar_lambda 1.5), as vq's own "IVF…(soar),…" descriptions.
 
-The default grids step by about 1.5x (nprobe 8…256, efSearch 10…512), as finely for every
+The default grids step by about 1.5x (nprobe 4…256, efSearch 10…512), as finely for every
 library: at a recall level, a coarser grid decides more than the systems do. Every point of
 every system is timed in one alternating loop (each round visits all points in
 turn; each sample repeats a search of all queries until it lasts --min-seconds; the best of
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--vq", nargs="*", default=[], help="more vq descriptions (e.g. HNSW32)")
     p.add_argument("--systems", nargs="+", default=["vq", "faiss", "hnswlib", "scann"])
     p.add_argument("--nprobe", type=int, nargs="+",
-                   default=[8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256])  # fmt: skip
+                   default=[4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256])  # fmt: skip
     p.add_argument("--k-factor", type=int, nargs="+", default=[2, 4, 8, 16])
     p.add_argument("--ef", type=int, nargs="+",
                    default=[10, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512])  # fmt: skip
