@@ -37,7 +37,7 @@ from vq.kernels.graph_store import (
     prepare_query,
 )
 from vq.kernels.heaps import heapify_pair, push_pair, sift_down_pair, sort_pair_heap
-from vq.kernels.simd import borrow
+from vq.kernels.simd import borrow, prefetch_line
 from vq.kernels.threads import get_num_threads, parallel_for
 
 _EPOCHS = 65535
@@ -88,16 +88,18 @@ def next_epoch(seen):
 
 # -- traversal --------------------------------------------------------------------------------
 @njit(inline="always", fastmath=True)
-def greedy(x, data, ip, nbr0, up_off, up_nbr, level, v, dv):
+def greedy(x, data, ip, nbr0, up_off, up_nbr, level, v, dv, seen, epoch, scratch):
     """faiss's ``greedy_update_nearest``: move to a nearer neighbour at ``level`` until none
-    is; returns the node and its distance."""
+    is; returns the node and its distance. Nodes stamped ``epoch`` in ``seen`` are skipped
+    (each node's distance is computed once per descent: one computed before is no nearer
+    than the current node, so the path is faiss's); ``scratch`` int64 [>= M] holds a node's
+    unvisited neighbours, their vectors fetched ahead of the distances."""
     deg = degree(nbr0, up_nbr, level)
     while True:
         prev = v
-        for j in range(deg):
-            w = neighbour(nbr0, up_off, up_nbr, prev, level, j)
-            if w < 0:
-                break
+        fresh = unvisited(data, nbr0, up_off, up_nbr, level, prev, deg, seen, epoch, scratch)
+        for j in range(fresh):
+            w = scratch[j]
             d = node_distance(x, data, w, ip)
             if d < dv:
                 v, dv = w, d
@@ -125,10 +127,7 @@ def beam(x, data, ip, nbr0, up_off, up_nbr, level, entry, d_entry, cap, ef, seen
         rd[0], ri[0] = d_entry, entry
         rsize = 1
     while valid > 0:
-        best, bd = -1, np.float32(np.inf)
-        for j in range(size - 1, -1, -1):  # the nearest unexpanded (faiss's pop_min)
-            if hi[j] >= 0 and (best < 0 or hd[j] < bd):
-                best, bd = j, hd[j]
+        best, bd = nearest_unexpanded(hd, hi, size)
         v = hi[best]
         hi[best] = -v - 2
         valid -= 1
@@ -138,16 +137,7 @@ def beam(x, data, ip, nbr0, up_off, up_nbr, level, entry, d_entry, cap, ef, seen
                 below += hd[j] < bd
             if below >= ef:
                 break
-        fresh = 0  # the unvisited neighbours, their vectors fetched ahead of the distances
-        for j in range(deg):
-            w = neighbour(nbr0, up_off, up_nbr, v, level, j)
-            if w < 0:
-                break
-            if seen[w] != epoch:
-                seen[w] = epoch
-                scratch[fresh] = w
-                fresh += 1
-                prefetch_node(data, w)
+        fresh = unvisited(data, nbr0, up_off, up_nbr, level, v, deg, seen, epoch, scratch)
         for j in range(fresh):
             w = scratch[j]
             d = node_distance(x, data, w, ip)
@@ -163,7 +153,42 @@ def beam(x, data, ip, nbr0, up_off, up_nbr, level, entry, d_entry, cap, ef, seen
                 push_pair(hd, hi, size, d, w)
                 size += 1
             valid += 1
+            if level == 0:  # its neighbour list, read when it is expanded
+                prefetch_line(nbr0, w, 0)
     return size, rsize
+
+
+@njit(inline="always")
+def unvisited(data, nbr0, up_off, up_nbr, level, v, deg, seen, epoch, scratch):
+    """Node v's neighbours at ``level`` not stamped ``epoch`` in ``seen``, in list order:
+    stamped, their number returned, themselves in ``scratch`` and their vectors asked of the
+    CPU ahead of the distances. Branch-free over the stamps (a visited neighbour is written
+    and then overwritten): whether a neighbour was seen is a coin toss to the branch
+    predictor."""
+    fresh = 0
+    for j in range(deg):
+        w = neighbour(nbr0, up_off, up_nbr, v, level, j)
+        if w < 0:
+            break
+        new = seen[w] != epoch
+        seen[w] = epoch
+        scratch[fresh] = w
+        fresh += new
+    for j in range(fresh):
+        prefetch_node(data, scratch[j])
+    return fresh
+
+
+@njit(inline="always")
+def nearest_unexpanded(hd, hi, size):
+    """The slot and distance of the nearest unexpanded node of the beam (faiss's
+    ``pop_min``; ties to the last slot), found without branches on the distances."""
+    best, bd = np.int64(-1), np.float32(np.inf)
+    for j in range(size - 1, -1, -1):
+        take = (hi[j] >= 0) & ((best < 0) | (hd[j] < bd))
+        best = j if take else best
+        bd = hd[j] if take else bd
+    return best, bd
 
 
 @njit(inline="always")
@@ -189,12 +214,17 @@ def decode_sorted(hd, hi, size):
 
 
 @njit(inline="always", fastmath=True)
-def descend(x, data, ip, nbr0, up_off, up_nbr, entry, max_level, stop):
+def descend(x, data, ip, nbr0, up_off, up_nbr, entry, max_level, stop, seen, scratch):
     """Greedy descent from ``entry`` through levels ``max_level`` .. ``stop + 1``: the node
-    reached on level ``stop`` and its distance."""
+    reached on level ``stop`` and its distance (``seen`` and ``scratch`` as :func:`beam`'s;
+    the descent takes an epoch of its own)."""
     v, dv = entry, node_distance(x, data, entry, ip)
+    if max_level <= stop:
+        return v, dv
+    epoch = next_epoch(seen)
+    seen[entry] = epoch
     for level in range(max_level, stop, -1):
-        v, dv = greedy(x, data, ip, nbr0, up_off, up_nbr, level, v, dv)
+        v, dv = greedy(x, data, ip, nbr0, up_off, up_nbr, level, v, dv, seen, epoch, scratch)
     return v, dv
 
 
@@ -237,7 +267,8 @@ def _search_queries(q0, q1, queries, store, data, rerank, ip, nbr0, up_off, up_n
     filtered = allowed.shape[0] > 0
     for q in range(q0, q1):
         x = prepare_query(queries[q], store, ip)
-        v, dv = descend(x, store, ip, nbr0, up_off, up_nbr, entry, max_level, 0)
+        v, dv = descend(x, store, ip, nbr0, up_off, up_nbr, entry, max_level, 0, stamps,
+                        scratch)  # fmt: skip
         size, rsize = beam(x, store, ip, nbr0, up_off, up_nbr, 0, v, dv, cap, ef, stamps,
                            hd, hi, scratch, allowed, rd, ri)  # fmt: skip
         if filtered:  # the allowed nodes seen, not the beam
@@ -245,7 +276,9 @@ def _search_queries(q0, q1, queries, store, data, rerank, ip, nbr0, up_off, up_n
             for j in range(size):
                 hd[j], hi[j] = rd[j], ri[j]
         decode_sorted(hd, hi, size)
-        if rerank:  # the beam's nodes by their exact distances
+        if rerank:  # the beam's nodes by their exact distances, their vectors fetched ahead
+            for j in range(size):
+                prefetch_node(data, hi[j])
             for j in range(size):
                 hd[j] = exact_distance(queries[q], data, hi[j], ip)
             heapify_pair(hd, hi, size)

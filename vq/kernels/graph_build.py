@@ -176,7 +176,7 @@ def _insert_one(u, data, store, rerank, ip, levels, nbr0, up_off, up_nbr, entry,
     ranked by the exact distances, then the heuristic on the vectors."""
     x = prepare_query(data[u], store, ip)
     top = min(np.int64(levels[u]), max_level)
-    v, dv = descend(x, store, ip, nbr0, up_off, up_nbr, entry, max_level, top)
+    v, dv = descend(x, store, ip, nbr0, up_off, up_nbr, entry, max_level, top, stamps, scratch)
     for level in range(top, -1, -1):
         size, _ = beam(x, store, ip, nbr0, up_off, up_nbr, level, v, dv, ef, ef, stamps, hd,
                        hi, scratch, no_filter, hd, hi)  # fmt: skip
