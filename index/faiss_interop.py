@@ -32,7 +32,8 @@ from vq.faiss_interop import (
 from vq.index.base import Index
 from vq.index.faiss_build import import_faiss
 from vq.index.flat import FlatIndex
-from vq.index.hnsw import hnsw_from_faiss
+from vq.index.hnsw import HNSW
+from vq.index.hnsw_graph import graph_from_faiss
 from vq.index.hnsw_sq import hnswsq_from_faiss
 from vq.index.ivf import IVFIndex
 from vq.index.ivfflat import IVFFlat
@@ -209,3 +210,20 @@ def to_faiss(index: Index):
     """The faiss index equivalent to ``index`` (parameters, stored data, ids, nprobe):
     ``index.to_faiss()``, which each kind implements for itself."""
     return index.to_faiss()
+
+
+def hnsw_from_faiss(f, metric: str) -> HNSW:
+    """An :class:`HNSW` with the graph, vectors, entry point, efConstruction and efSearch of
+    the faiss ``IndexHNSWFlat`` ``f`` (its ``storage`` an ``IndexFlat``)."""
+    faiss = import_faiss()
+    storage = faiss.downcast_index(f.storage)
+    if not isinstance(storage, faiss.IndexFlat):
+        raise ValueError(f"only IndexHNSWFlat converts, got storage {type(storage).__name__}")
+    M, nbr0, levels, up_off, up_nbr, entry = graph_from_faiss(faiss, f)
+    h = f.hnsw
+    out = HNSW(f.d, M, metric, efConstruction=int(h.efConstruction), efSearch=int(h.efSearch))
+    n = f.ntotal
+    data = storage.reconstruct_n(0, n) if n else np.zeros((0, f.d), np.float32)
+    out._set_graph(data, nbr0, levels, up_off, up_nbr, entry, torch.device("cpu"))
+    out.check_consistent()
+    return out

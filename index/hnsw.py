@@ -47,7 +47,6 @@ from vq.index.filters import IdFilter
 from vq.index.hnsw_graph import (
     SeenPool,
     filtered_search,
-    graph_from_faiss,
     graph_problem,
     graph_to_faiss,
     insertion_codes,
@@ -345,22 +344,32 @@ class HNSW(Index):
         return self._search_rows(x, min(k, self.ntotal))
 
     def _lean_search(self):
-        """A few queries: one kernel call on the calling thread, then ids."""
-        ip = self.metric == "ip"
-        ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else NO_IDS
-        fill = np.float32(-np.inf if ip else np.inf)
+        """A few queries: one kernel call on the calling thread, to ids. The graph's arrays,
+        entry point and top level are read once here (the lean search is rebuilt when the
+        index changes), so that a single query costs the kernel and little else."""
+        ip, n = self.metric == "ip", self.ntotal
+        ids = self.ids.numpy() if self.ids.shape[0] == n else NO_IDS
+        data, nbr0, up_off, up_nbr, *codes = self._arrays()
+        store, rerank = graph.traversal_store(data, tuple(codes) or None)
+        graph_args = (store, data, rerank, ip, nbr0, up_off, up_nbr, int(self.entry_point[0]),
+                      self.max_level)  # fmt: skip
+        pool = self._seen_pool
 
         def search(q: np.ndarray, k: int, ranked: bool, params: dict):
             ef = params.get("efSearch")
             ef = self.efSearch if ef is None else check_positive(ef, "efSearch")
-            if not kernels.all_finite(q):
-                return None  # the general path says what is wrong
-            kk = min(k, self.ntotal)
-            dist, rows = self._rows_numba(q, kk, ef, 1)
-            out_dist = np.empty((q.shape[0], k), np.float32)
-            out_ids = np.empty((q.shape[0], k), np.int64)
-            kernels.rows_to_ids(dist, rows, ids, ip, fill, out_dist, out_ids)
-            return out_dist, out_ids
+            if n == 0:
+                return None
+            out_dist, out_ids = (
+                np.empty((q.shape[0], k), np.float32),
+                np.empty((q.shape[0], k), np.int64),
+            )
+            seen = pool.take(1, n)
+            try:
+                done = graph.hnsw_search_lean(q, *graph_args, int(ef), seen, ids, out_dist, out_ids)
+            finally:
+                pool.give_back(seen)
+            return (out_dist, out_ids) if done else None  # (not finite: the general path says)
 
         return search
 
@@ -380,20 +389,3 @@ class HNSW(Index):
         levels = self.levels.cpu().numpy()
         nbr0, up_nbr = self.neighbors.cpu().numpy(), self.upper_neighbors.cpu().numpy()
         graph_to_faiss(faiss, h, levels, nbr0, up_nbr, int(self.entry_point[0]), self.max_level)
-
-
-def hnsw_from_faiss(f, metric: str) -> HNSW:
-    """An :class:`HNSW` with the graph, vectors, entry point, efConstruction and efSearch of
-    the faiss ``IndexHNSWFlat`` ``f`` (its ``storage`` an ``IndexFlat``)."""
-    faiss = import_faiss()
-    storage = faiss.downcast_index(f.storage)
-    if not isinstance(storage, faiss.IndexFlat):
-        raise ValueError(f"only IndexHNSWFlat converts, got storage {type(storage).__name__}")
-    M, nbr0, levels, up_off, up_nbr, entry = graph_from_faiss(faiss, f)
-    h = f.hnsw
-    out = HNSW(f.d, M, metric, efConstruction=int(h.efConstruction), efSearch=int(h.efSearch))
-    n = f.ntotal
-    data = storage.reconstruct_n(0, n) if n else np.zeros((0, f.d), np.float32)
-    out._set_graph(data, nbr0, levels, up_off, up_nbr, entry, torch.device("cpu"))
-    out.check_consistent()
-    return out

@@ -35,6 +35,10 @@ KINDS = [
     ("IVF16,PQ8x4fs,RFlat", "ip"),
     ("IVF16,PQ8,RFlat", "l2"),
     ("OPQ8,IVF16,PQ8", "l2"),
+    ("HNSW16", "l2"),
+    ("HNSW16", "ip"),
+    ("HNSW16,SQ8", "l2"),
+    ("HNSW16,SQ8,Refine(SQfp16)", "l2"),
 ]
 
 
@@ -173,6 +177,27 @@ def test_bad_small_searches_get_the_general_paths_errors(data, queries, k, param
     bad["dim"], bad["ok"] = q[:1, :31], q[:1]
     with pytest.raises(error, match=match):
         index.search(bad[queries], k, **params)
+
+
+@pytest.mark.parametrize(
+    "queries,params,error,match",
+    [
+        ("nan", {}, ValueError, "NaN|finite"),
+        ("inf", {}, ValueError, "NaN|finite"),
+        ("ok", {"efSearch": 0}, ValueError, "efSearch must be a positive integer"),
+    ],
+)
+def test_bad_small_graph_searches_get_the_general_paths_errors(data, queries, params, error,
+                                                              match):  # fmt: skip
+    """The graph's lean kernel declines queries that are not finite (nothing written), and
+    the general path says what is wrong."""
+    x, q = data
+    index = _build("HNSW16", "l2", x)
+    bad = {"ok": q[:1], "nan": q[:1].copy(), "inf": q[:1].copy()}
+    bad["nan"][0, 3], bad["inf"][0, 31] = np.nan, np.inf
+    with pytest.raises(error, match=match):
+        index.search(bad[queries], 5, **params)
+    assert index.search(q[:1], 5)[1].shape == (1, 5)
 
 
 def test_a_loaded_index_answers_one_query_without_the_thread_pool(tmp_path, data):

@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit
 
 from vq.kernels.cache import kernel
-from vq.kernels.exact import exact_distance
+from vq.kernels.exact import exact_distance, rows_to_ids
 from vq.kernels.graph_store import (
     borrow_store,
     node_distance,
@@ -324,7 +324,7 @@ def rows_scan(queries, data, inner_product, rows, out_dist, out_idx, codes=None)
     scan (a search under a filter that allows few nodes); arguments as :func:`hnsw_search`'s:
     the distances are exact where ``data`` holds the vectors (``codes`` None, or int8 codes
     beside them), else those of the compressed ``store`` (see :func:`hnsw_search`)."""
-    store, rerank = _store(data, codes)
+    store, rerank = traversal_store(data, codes)
     parallel_for(rows_scan_range, queries.shape[0], queries, store, data, rerank,
                  bool(inner_product), rows, out_dist, out_idx)  # fmt: skip
 
@@ -357,14 +357,40 @@ def hnsw_search(queries, data, inner_product, nbr0, up_off, up_nbr, entry, max_l
             (-1 padding).
     """
     slices = max(1, min(get_num_threads(), seen.shape[0], queries.shape[0]))
-    store, rerank = _store(data, codes)
+    store, rerank = traversal_store(data, codes)
     parallel_for(hnsw_search_range, slices, slices, queries, store, data, rerank,
                  bool(inner_product), nbr0, up_off, up_nbr, int(entry), int(max_level), int(ef),
                  seen, allowed, out_dist, out_idx)  # fmt: skip
 
 
-def _store(data, codes) -> tuple:
-    """What the traversal reads, and whether the results are re-ranked on ``data``."""
+@kernel(nogil=True)
+def hnsw_search_lean(queries, store, data, rerank, ip, nbr0, up_off, up_nbr, entry, max_level,
+                     ef, seen, ids, out_dist, out_ids):  # fmt: skip
+    """A few queries on the calling thread, from the search to ids, in one call (the lean
+    path of an HNSW index: one dispatch where a single query's kernel takes a few µs):
+    :func:`hnsw_search_range` with ``store``/``rerank`` from :func:`traversal_store` and
+    ``seen`` [1, n + 1], then :func:`vq.kernels.exact.rows_to_ids` (``ids`` int64 [n] or [0],
+    distances negated back with ``ip``): ``out_dist`` float32 [nq, k], ``out_ids`` int64
+    [nq, k]. Returns False (and does nothing) if a query holds a NaN or an infinity."""
+    for v in queries.reshape(-1):
+        if not np.isfinite(v):
+            return False
+    nq, k = out_dist.shape
+    kk = min(k, nbr0.shape[0])
+    dist, rows = np.empty((nq, kk), dtype=np.float32), np.empty((nq, kk), dtype=np.int64)
+    one = np.int64(1)
+    hnsw_search_range(np.int64(0), one, one, queries, store, data, rerank, ip, nbr0, up_off,
+                      up_nbr, entry, max_level, ef, seen, NO_FILTER, dist, rows)  # fmt: skip
+    fill = np.float32(-np.inf) if ip else np.float32(np.inf)
+    rows_to_ids(dist, rows, ids, ip, fill, out_dist, out_ids)
+    return True
+
+
+def traversal_store(data, codes) -> tuple:
+    """(store, rerank): what the traversal of :func:`hnsw_search_range` reads, from
+    ``data`` and ``codes`` as :func:`hnsw_search` takes them, and whether the results are
+    re-ranked on ``data`` (for a caller of the range kernel itself: the lean path of a
+    single query reads them once per index)."""
     if codes is None:
         return data, False
     codes = tuple(codes)
