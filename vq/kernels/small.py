@@ -22,10 +22,11 @@ import numpy as np
 from numba import njit
 
 from vq.kernels.cache import kernel
+from vq.kernels.dots import column_dots16, column_dots64
 from vq.kernels.exact import finish_lean, ivf_flat_range
 from vq.kernels.heaps import EMPTY_KEY, heap_replace_top_row, heap_sorted
 from vq.kernels.select import _smallest_k_row, row_scratch
-from vq.kernels.simd import borrow, column_dots16, column_dots64
+from vq.kernels.simd import borrow
 from vq.kernels.threads import parallel_for
 
 
@@ -140,7 +141,7 @@ def probe_lists(queries, centroids_t, c_norms, inner_product, out_scores, out_li
         out_scores: float32 [nq, nprobe], ascending: ‖q - c‖² clamped at 0, or -⟨q, c⟩;
             out_lists: int64 [nq, nprobe], their centroids (ties by lower number).
 
-    The products, up to :data:`PROBE_COLUMNS` centroids: :func:`vq.kernels.simd.column_dots64`
+    The products, up to :data:`PROBE_COLUMNS` centroids: :func:`vq.kernels.dots.column_dots64`
     over 64 centroids at a time (2x numba's loop at 256 x 128), for up to
     :data:`PROBE_QUERIES` queries in turn, so that those centroids stay in cache for all
     of them. More centroids: numba's loop, a query at a time (with rows of more than 4 KiB
