@@ -277,6 +277,17 @@ def _offer(heap_d, heap_i, q, dist, mask, first_row, end_row, allowed):
     return min(np.int64(top) if top < 65536 else 65535, 65535)
 
 
+#: the query counts the flat scan serves per pass over a block, per kernel variant (the
+#: largest that a batch fills is used): AVX2 passes once per nibble half above 3 queries
+#: (:data:`vq.kernels.shuffle.JOINT_QUERIES`), which keeps 5 queries' sums in its 16 registers
+FLAT_QUERY_BLOCKS = {"avx512": (3, 1), "avx2": (5, 3, 1), "portable": (3, 1)}
+
+
+def flat_query_block(isa: str, nq: int) -> int:
+    """Queries per pass of the flat scan of ``nq`` queries with kernel variant ``isa``."""
+    return next(q for q in FLAT_QUERY_BLOCKS[isa] if q <= max(nq, 1))
+
+
 @functools.cache  # a dictionary hit per call, not specialise()'s checks
 def pq_fastscan_scanner(n_pairs: int, n_queries: int, isa: str, dsub: int = 1):
     """Fast-scan of a flat array of packed codes, ``n_queries`` queries per pass over a block,
