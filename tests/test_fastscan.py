@@ -359,3 +359,19 @@ def test_flat_query_blocks_give_the_portable_answers(data, monkeypatch):
     for (D, I), (Dp, Ip) in zip(answers["avx2"], answers["portable"], strict=True):
         np.testing.assert_array_equal(I, Ip)
         np.testing.assert_array_equal(D, Dp)
+
+
+def test_isa_follows_numba_target_features(monkeypatch):
+    """With NUMBA_CPU_FEATURES naming no AVX-512 (an AVX2 build on an AVX-512 host), no
+    AVX-512 kernel is chosen or allowed: LLVM would abort the process compiling one."""
+    monkeypatch.setattr(fs.numba_config, "CPU_FEATURES", "+avx,+avx2,-avx512f,-avx512bw")
+    monkeypatch.delenv("VQ_FASTSCAN_ISA", raising=False)
+    fs.target_features.cache_clear()
+    try:
+        assert fs.has_avx2() and not fs.has_avx512()
+        assert fs.best_isa() == "avx2"
+        with pytest.raises(ValueError, match="lacks avx512"):
+            fs.check_isa("avx512")
+    finally:
+        monkeypatch.undo()
+        fs.target_features.cache_clear()
