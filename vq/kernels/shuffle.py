@@ -47,8 +47,8 @@ def _accumulate(builder, codes_base, luts_base, width, first_pair, pairs_per_loa
 
     ``pinned``: each load's sums pass through :func:`_pin`, so that they are added in load
     order. Otherwise LLVM reassociates the additions into trees over several rows, whose
-    shuffle results then live at once: with 16 vector registers (AVX2) the sums of 3 queries
-    no longer fit and are spilled to the stack once per row."""
+    shuffle results then live at once and spill: with AVX2's 16 vector registers, about 4
+    stack stores per row for 3 queries instead of about 1."""
     vb, vw = ir.VectorType(_I8, width), ir.VectorType(_I16, width // 2)
     name = "llvm.x86.avx2.pshuf.b" if width == 32 else "llvm.x86.avx512.pshuf.b.512"
     pshufb = builder.module.declare_intrinsic(name, fnty=ir.FunctionType(vb, [vb, vb]))
@@ -144,6 +144,7 @@ def _store_mask(builder, halves, q, thr, mask_p) -> None:
 
 
 def _load_half(builder, h, q, dist_p):
+    """Nibble half h's 16 distances back from ``dist_p`` (what :func:`_store_half` wrote)."""
     dptr = builder.gep(dist_p, [ir.Constant(_I32, 32 * q + 16 * h)])
     return builder.load(builder.bitcast(dptr, _V16I16.as_pointer()), align=2)
 
