@@ -22,8 +22,6 @@ from vq.kernels import fastscan
 from vq.kernels.fastscan_pack import repack_lists
 from vq.kernels.threads import parallel_for
 
-#: queries served per pass over a block of codes by the flat scan (3 measured best with AVX2)
-QUERY_BLOCK = 3
 #: IVF codes of at least this many rows are packed on the thread pool
 PARALLEL_ROWS = 1 << 16
 
@@ -133,7 +131,8 @@ def pq_search(queries, codebooks: tuple, inner_product: bool, packed: PackedCode
     nq = queries.shape[0]
     codebooks_t, norms = codebooks
     M, dsub, _ = codebooks_t.shape
-    Q = QUERY_BLOCK if nq >= QUERY_BLOCK else 1
+    isa = fastscan.best_isa()
+    Q = fastscan.flat_query_block(isa, nq)  # queries per pass over a block of codes
     padded = -(-nq // Q) * Q
     luts = np.empty((padded, M // 2, 32), dtype=np.uint8)
     luts[nq:] = 0  # the padding queries of the last pass
@@ -141,7 +140,7 @@ def pq_search(queries, codebooks: tuple, inner_product: bool, packed: PackedCode
     fastscan.flat_tables(M, dsub)(queries, codebooks_t, norms, inner_product, luts, scale, offset)
     dist = np.empty((padded, k), dtype=np.float32)
     rows = _cpu.empty((padded, k), torch.int64)
-    scanner = fastscan.pq_fastscan_scanner(M // 2, Q, fastscan.best_isa(), dsub)
+    scanner = fastscan.pq_fastscan_scanner(M // 2, Q, isa, dsub)
     scanner(luts.reshape(-1, 32), packed.packed, n, allowed, dist, rows.numpy())
     return _to_float(dist[:nq], scale, offset), rows[:nq]
 

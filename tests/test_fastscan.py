@@ -60,13 +60,21 @@ def needs(isa):
 
 @pytest.mark.parametrize(
     "isa, n_queries, M",
-    [("avx512", 3, 16), ("avx512", 1, 14), ("avx2", 1, 16), ("avx2", 3, 16), ("portable", 3, 16)],
+    [
+        ("avx512", 3, 16),
+        ("avx512", 1, 14),
+        ("avx2", 1, 16),
+        ("avx2", 3, 16),
+        ("avx2", 5, 14),
+        ("portable", 3, 16),
+    ],
 )
 def test_flat_kernel_equals_reference(isa, n_queries, M):
-    """M = 14: an odd number of pairs, the last one read by a 32-byte shuffle in AVX-512."""
+    """M = 14: an odd number of pairs, the last one read by a 32-byte shuffle in AVX-512.
+    AVX2 with 5 queries: one pass over the rows per nibble half (shuffle.JOINT_QUERIES)."""
     needs(isa)
     rng = np.random.default_rng(2)
-    n, nq, k = 1000, 6, 7
+    n, nq, k = 1000, n_queries * max(2, 6 // n_queries), 7
     codes = rng.integers(0, 16, (n, M)).astype(np.uint8)
     tables = rng.standard_normal((nq, 1, M, 16)).astype(np.float32)
     luts = np.empty((nq, 1, M // 2, 32), np.uint8)
@@ -328,3 +336,42 @@ def test_empty_query_batch(data, desc):
     D, I = index.search(q[:0], 10)
     assert D.shape == I.shape == (0, 10)
     assert D.dtype == np.float32 and I.dtype == np.int64
+
+
+def test_flat_query_blocks_give_the_portable_answers(data, monkeypatch):
+    """The flat scan serves 5, 3 or 1 queries per pass with AVX2 (the largest a batch fills,
+    padded to whole passes): every batch size gets the portable kernel's answers."""
+    needs("avx2")
+    from vq import _cpu
+
+    x, q = data
+    index = vq.index_factory(32, "PQ16x4fs")
+    index.train(x[:4000])
+    index.add(x)
+    sizes = (1, 2, 4, 7)
+    assert [fs.flat_query_block("avx2", nq) for nq in sizes] == [1, 1, 3, 5]
+    assert [fs.flat_query_block("portable", nq) for nq in sizes] == [1, 1, 3, 3]
+    monkeypatch.setattr(_cpu, "SERIAL_WORK", 0)  # the general path, not the lean one
+    answers = {}
+    for isa in ("portable", "avx2"):
+        monkeypatch.setenv("VQ_FASTSCAN_ISA", isa)
+        answers[isa] = [index.search(q[:nq], 10) for nq in sizes]
+    for (D, I), (Dp, Ip) in zip(answers["avx2"], answers["portable"], strict=True):
+        np.testing.assert_array_equal(I, Ip)
+        np.testing.assert_array_equal(D, Dp)
+
+
+def test_isa_follows_numba_target_features(monkeypatch):
+    """With NUMBA_CPU_FEATURES naming no AVX-512 (an AVX2 build on an AVX-512 host), no
+    AVX-512 kernel is chosen or allowed: LLVM would abort the process compiling one."""
+    monkeypatch.setattr(fs.numba_config, "CPU_FEATURES", "+avx,+avx2,-avx512f,-avx512bw")
+    monkeypatch.delenv("VQ_FASTSCAN_ISA", raising=False)
+    fs.target_features.cache_clear()
+    try:
+        assert fs.has_avx2() and not fs.has_avx512()
+        assert fs.best_isa() == "avx2"
+        with pytest.raises(ValueError, match="lacks avx512"):
+            fs.check_isa("avx512")
+    finally:
+        monkeypatch.undo()
+        fs.target_features.cache_clear()

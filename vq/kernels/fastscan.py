@@ -34,6 +34,7 @@ import os
 import llvmlite.binding as llvm
 import numpy as np
 from numba import njit
+from numba.core import config as numba_config
 from numba.extending import intrinsic
 
 from vq.kernels.cache import kernel, specialise
@@ -48,9 +49,18 @@ _U16_MAX = 65535
 
 
 @functools.cache
+def target_features() -> dict[str, bool]:
+    """The CPU features numba compiles for: ``NUMBA_CPU_FEATURES`` ("+avx2,-avx512f,..."),
+    where set, else the host's. A kernel using instructions outside them would abort the
+    process in LLVM's instruction selection."""
+    if numba_config.CPU_FEATURES:
+        return {f[1:]: f[0] == "+" for f in numba_config.CPU_FEATURES.split(",") if f[:1] in "+-"}
+    return dict(llvm.get_host_cpu_features())
+
+
 def has_avx2() -> bool:
-    """Whether this CPU has AVX2 (then the shuffle kernel is used)."""
-    return bool(llvm.get_host_cpu_features().get("avx2", False))
+    """Whether numba compiles for AVX2 (then the shuffle kernel is used)."""
+    return target_features().get("avx2", False)
 
 
 # -- packing -----------------------------------------------------------------------------------
@@ -150,11 +160,11 @@ def popcount(typingctx, x):
 
 
 # -- one block of 32 vectors against Q queries ---------------------------------------------------
-@functools.cache
 def has_avx512() -> bool:
-    """Whether this CPU has AVX-512BW (then the shuffle kernel reads two pairs at a time)."""
-    features = llvm.get_host_cpu_features()
-    return bool(features.get("avx512bw", False) and features.get("avx512f", False))
+    """Whether numba compiles for AVX-512BW (then the shuffle kernel reads two pairs at a
+    time)."""
+    features = target_features()
+    return features.get("avx512bw", False) and features.get("avx512f", False)
 
 
 #: the kernel variants: byte shuffles on 64-byte or 32-byte vectors, or plain numba
@@ -275,6 +285,17 @@ def _offer(heap_d, heap_i, q, dist, mask, first_row, end_row, allowed):
                 heap_replace_top_row(heap_d, heap_i, q, d, row)
     top = heap_d[q, 0]
     return min(np.int64(top) if top < 65536 else 65535, 65535)
+
+
+#: the query counts the flat scan serves per pass over a block, per kernel variant (the
+#: largest that a batch fills is used): AVX2 passes once per nibble half above 3 queries
+#: (:data:`vq.kernels.shuffle.JOINT_QUERIES`), which keeps 5 queries' sums in its 16 registers
+FLAT_QUERY_BLOCKS = {"avx512": (3, 1), "avx2": (5, 3, 1), "portable": (3, 1)}
+
+
+def flat_query_block(isa: str, nq: int) -> int:
+    """Queries per pass of the flat scan of ``nq`` queries with kernel variant ``isa``."""
+    return next(q for q in FLAT_QUERY_BLOCKS[isa] if q <= max(nq, 1))
 
 
 @functools.cache  # a dictionary hit per call, not specialise()'s checks

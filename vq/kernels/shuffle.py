@@ -8,6 +8,10 @@ table row by the low nibbles of a 32-byte code row gives the 16 + 16 table entri
 (even byte + 256 × odd byte, modulo 2**16) and "odd" (odd bytes alone); the even sums are
 ``all - 256 × odd``, exact since they fit 16 bits. With AVX-512BW one 64-byte shuffle reads
 two pairs, whose sums are then folded onto one pair's lanes.
+
+AVX2 CPUs have 16 vector registers. The 32-byte kernel keeps its sums in them, in load order
+(:func:`_pin`), and serves more than :data:`JOINT_QUERIES` queries with one pass over the
+rows per nibble half (2 sums per query in registers, the rows read twice from L1).
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from numba.extending import intrinsic
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _V16I16, _V32I16 = ir.VectorType(_I16, 16), ir.VectorType(_I16, 32)
+#: AVX2 blocks of up to this many queries sum both nibble halves in one pass over the rows
+#: (4 sums per query: 12 registers, of 16, for 3); larger ones make a pass per half
+JOINT_QUERIES = 3
 
 
 def _splat(ty: ir.VectorType, value: int) -> ir.Constant:
@@ -32,27 +39,41 @@ def _mask(indices) -> ir.Constant:
     return ir.Constant(ir.VectorType(_I32, len(indices)), [ir.Constant(_I32, i) for i in indices])
 
 
-def _accumulate(builder, codes_base, luts_base, width, first_pair, pairs_per_load, count):
+def _accumulate(builder, codes_base, luts_base, width, first_pair, pairs_per_load, count,
+                nibbles=(0, 1), pinned=False):  # fmt: skip
     """Sums over ``count`` loads of ``pairs_per_load`` rows from row ``first_pair``: for each
-    query, [lo_all, lo_odd, hi_all, hi_odd] as ``width``-byte vectors of 16-bit lanes."""
+    query, [all, odd] of each nibble half in ``nibbles`` (0: low, vectors 0..15; 1: high,
+    16..31), e.g. [lo_all, lo_odd, hi_all, hi_odd], as ``width``-byte vectors of 16-bit lanes.
+
+    ``pinned``: each load's sums pass through :func:`_pin`, so that they are added in load
+    order. Otherwise LLVM reassociates the additions into trees over several rows, whose
+    shuffle results then live at once and spill: with AVX2's 16 vector registers, about 4
+    stack stores per row for 3 queries instead of about 1."""
     vb, vw = ir.VectorType(_I8, width), ir.VectorType(_I16, width // 2)
     name = "llvm.x86.avx2.pshuf.b" if width == 32 else "llvm.x86.avx512.pshuf.b.512"
     pshufb = builder.module.declare_intrinsic(name, fnty=ir.FunctionType(vb, [vb, vb]))
     low4, four, eight = _splat(vb, 15), _splat(vb, 4), _splat(vw, 8)
-    acc = [[ir.Constant(vw, None)] * 4 for _ in luts_base]
+    acc = [[ir.Constant(vw, None)] * (2 * len(nibbles)) for _ in luts_base]
     for i in range(count):
         off = ir.Constant(_I32, 32 * (first_pair + i * pairs_per_load))
         c = builder.load(builder.bitcast(builder.gep(codes_base, [off]), vb.as_pointer()), align=1)
-        lo = builder.and_(c, low4)
-        hi = builder.and_(builder.lshr(c, four), low4)
+        indices = [builder.and_(builder.lshr(c, four) if h else c, low4) for h in nibbles]
         for q, base in enumerate(luts_base):
             lut = builder.load(builder.bitcast(builder.gep(base, [off]), vb.as_pointer()), align=1)
-            for h, idx in enumerate((lo, hi)):
+            for h, idx in enumerate(indices):
                 r = builder.bitcast(builder.call(pshufb, [lut, idx]), vw)
                 a = acc[q]
                 a[2 * h] = builder.add(a[2 * h], r)
                 a[2 * h + 1] = builder.add(a[2 * h + 1], builder.lshr(r, eight))
+        if pinned:
+            acc = [[_pin(builder, v) for v in a] for a in acc]
     return acc
+
+
+def _pin(builder, value):
+    """``value`` through an empty asm: the same register, opaque to LLVM's optimisations."""
+    return builder.asm(ir.FunctionType(value.type, [value.type]), "", "=x,0", [value],
+                       side_effect=False)  # fmt: skip
 
 
 def _sums_wide(builder, codes_base, luts_base, n_pairs: int):
@@ -103,20 +124,29 @@ def _store_wide(builder, a, q, dist_p, thr_p, mask_p) -> None:
     builder.store(builder.bitcast(below, _I32), builder.gep(mask_p, [ir.Constant(_I32, q)]))
 
 
-def _store_halves(builder, halves, q, dist_p, thr, mask_p) -> None:
-    """``_store_wide`` in two 32-byte halves, never a 64-byte value: one would be split on an
-    AVX2-only CPU, and where AVX-512 exists, its 512-bit operations would idle one of the
-    ports that the 32-byte shuffles and adds use."""
+def _store_half(builder, half, h, q, dist_p) -> None:
+    """Nibble half h's 16 distances (vectors 16 h ...) into ``dist_p`` (uint16 [q, 32])."""
+    dptr = builder.gep(dist_p, [ir.Constant(_I32, 32 * q + 16 * h)])
+    builder.store(half, builder.bitcast(dptr, _V16I16.as_pointer()), align=2)
+
+
+def _store_mask(builder, halves, q, thr, mask_p) -> None:
+    """The bits of the 32 distances ``halves`` (two 32-byte halves) below ``thr`` into
+    ``mask_p[q]``, never a 64-byte value: one would be split on an AVX2-only CPU, and where
+    AVX-512 exists, its 512-bit operations would idle one of the ports that the 32-byte
+    shuffles and adds use."""
     thr_v = _broadcast(builder, thr, _V16I16)
-    above = []
-    for h, half in enumerate(halves):
-        dptr = builder.gep(dist_p, [ir.Constant(_I32, 32 * q + 16 * h)])
-        builder.store(half, builder.bitcast(dptr, _V16I16.as_pointer()), align=2)
-        # lanes at or above the threshold (AVX2 has no unsigned "<": max and equal give
-        # ">=" in two operations, the bits are inverted once)
-        above.append(builder.icmp_unsigned(">=", half, thr_v))
+    # lanes at or above the threshold (AVX2 has no unsigned "<": max and equal give ">=" in
+    # two operations, the bits are inverted once)
+    above = [builder.icmp_unsigned(">=", half, thr_v) for half in halves]
     bits = builder.not_(_movemask(builder, above))
     builder.store(bits, builder.gep(mask_p, [ir.Constant(_I32, q)]))
+
+
+def _load_half(builder, h, q, dist_p):
+    """Nibble half h's 16 distances back from ``dist_p`` (what :func:`_store_half` wrote)."""
+    dptr = builder.gep(dist_p, [ir.Constant(_I32, 32 * q + 16 * h)])
+    return builder.load(builder.bitcast(dptr, _V16I16.as_pointer()), align=2)
 
 
 def _movemask(builder, halves) -> ir.Value:
@@ -151,7 +181,9 @@ def _broadcast(builder, value, ty: ir.VectorType):
 def shuffle_block(n_pairs: int, n_queries: int, wide: bool = False):
     """An intrinsic computing the uint16 distances of one block of 32 vectors to
     ``n_queries`` queries with byte shuffles, unrolled over ``n_pairs`` rows: AVX2 (one
-    32-byte row per shuffle) or, with ``wide``, AVX-512BW (two rows per 64-byte shuffle).
+    32-byte row per shuffle; in two passes over the rows, one per nibble half, for more
+    than :data:`JOINT_QUERIES` queries) or, with ``wide``, AVX-512BW (two rows per 64-byte
+    shuffle).
 
     ``block(codes, code_row, luts, lut_rows, thresholds, out_dist, out_mask)``: codes uint8
     [rows, 32] with the block at ``code_row``; luts uint8 [rows, 32], query q's tables at
@@ -181,11 +213,24 @@ def shuffle_block(n_pairs: int, n_queries: int, wide: bool = False):
                 for q in range(n_queries):
                     _store_wide(builder, acc[q], q, dist_p, thr_p, mask_p)
                 return context.get_dummy_value()
-            acc = _accumulate(builder, codes_base, luts_base, 32, 0, 1, n_pairs)
+            if n_queries <= JOINT_QUERIES:
+                acc = _accumulate(builder, codes_base, luts_base, 32, 0, 1, n_pairs, (0, 1), True)
+                for q in range(n_queries):
+                    a = acc[q]
+                    halves = (_half(builder, a[0], a[1]), _half(builder, a[2], a[3]))
+                    for h, half in enumerate(halves):
+                        _store_half(builder, half, h, q, dist_p)
+                    _store_mask(builder, halves, q, _threshold(builder, thr_p, q), mask_p)
+                return context.get_dummy_value()
+            # one pass over the rows per nibble half, the low half's distances stored before
+            # the high pass starts (LLVM cannot move the loads of that pass above the stores)
+            for h in range(2):
+                acc = _accumulate(builder, codes_base, luts_base, 32, 0, 1, n_pairs, (h,), True)
+                for q in range(n_queries):
+                    _store_half(builder, _half(builder, *acc[q]), h, q, dist_p)
             for q in range(n_queries):
-                a = acc[q]
-                halves = (_half(builder, a[0], a[1]), _half(builder, a[2], a[3]))
-                _store_halves(builder, halves, q, dist_p, _threshold(builder, thr_p, q), mask_p)
+                halves = [_load_half(builder, h, q, dist_p) for h in range(2)]
+                _store_mask(builder, halves, q, _threshold(builder, thr_p, q), mask_p)
             return context.get_dummy_value()
 
         return sig, codegen
