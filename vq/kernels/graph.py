@@ -38,6 +38,7 @@ from vq.kernels.graph_store import (
 )
 from vq.kernels.heaps import heapify_pair, push_pair, sift_down_pair, sort_pair_heap
 from vq.kernels.simd import borrow, prefetch_line
+from vq.kernels.small import all_finite
 from vq.kernels.threads import get_num_threads, parallel_for
 
 _EPOCHS = 65535
@@ -372,9 +373,8 @@ def hnsw_search_lean(queries, store, data, rerank, ip, nbr0, up_off, up_nbr, ent
     ``seen`` [1, n + 1], then :func:`vq.kernels.exact.rows_to_ids` (``ids`` int64 [n] or [0],
     distances negated back with ``ip``): ``out_dist`` float32 [nq, k], ``out_ids`` int64
     [nq, k]. Returns False (and does nothing) if a query holds a NaN or an infinity."""
-    for v in queries.reshape(-1):
-        if not np.isfinite(v):
-            return False
+    if not all_finite(queries):
+        return False
     nq, k = out_dist.shape
     kk = min(k, nbr0.shape[0])
     dist, rows = np.empty((nq, kk), dtype=np.float32), np.empty((nq, kk), dtype=np.int64)
