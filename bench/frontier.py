@@ -5,7 +5,8 @@ each reaches at recall@10 >= 0.80, 0.90, 0.95 and 0.99 (k = 10, same data, same 
 
 Systems (each where importable; ``make bench`` installs all of them):
 - vq: IVF{nlist},PQ{d/2}x4fs,RFlat (nprobe x k_factor), IVF{nlist},Flat (nprobe), and every
-  other --vq description given (an HNSW description sweeps efSearch, an IVF one nprobe;
+  other --vq description given (an HNSW description sweeps efSearch, an IVF one nprobe, and
+  nprobe x k_factor where it re-ranks: ",RFlat" or ",Refine(SQfp16)");
   "HNSW32:int8" is vq.HNSW(d, 32, traversal="int8"), "HNSW32:int8:efc200" with
   efConstruction=200, hnswlib's build beam here; "HNSW32,SQ8,Refine(SQfp16)" and other
   factory strings as vq.index_factory reads them, ":efc200" setting a graph's build beam,
@@ -41,10 +42,20 @@ from bench.common import alternate, figure, report, set_threads
 LEVELS = (0.80, 0.90, 0.95, 0.99)
 K = 10
 Search = Callable[[], np.ndarray]  # runs all queries, returns ids [nq, K]
+Points = list[tuple[str, Search]]
+Held = Callable[[], float] | None  # bytes the built index holds, after its searches ran
 
 
-def vq_points(desc: str, x, train, q, nprobes, k_factors, efs) -> list[tuple[str, Search]]:
-    """vq's index of ``desc``, trained and filled, and its sweep."""
+def hnswlib_bytes(n: int, dim: int, M: int) -> float:
+    """hnswlib's bytes (float32 vectors): per vector its level-0 block (2M links, count,
+    vector, label), link-list pointer and level, and the upper levels' M links of the 1/ln(M)
+    nodes per level above; the 65,536-entry label lock table."""
+    upper = (M * 4 + 4) / math.log(M) / (1 - 1 / M)
+    return n * (2 * M * 4 + 4 + dim * 4 + 8 + 8 + 4 + upper) + 65_536 * 40
+
+
+def vq_points(desc: str, x, train, q, nprobes, k_factors, efs) -> tuple[Points, Held]:
+    """vq's index of ``desc``, trained and filled, its sweep, and its ``nbytes``."""
     import vq
 
     base, *options = desc.split(":")
@@ -61,16 +72,25 @@ def vq_points(desc: str, x, train, q, nprobes, k_factors, efs) -> list[tuple[str
     index.add(x)
     if "HNSW" in desc.split(",")[0]:
         if "Refine" in desc:  # the beam's efSearch nodes re-ranked (k_factor = efSearch / k)
-            return [(f"efSearch={e}", lambda e=e: index.search(
+            points = [(f"efSearch={e}", lambda e=e: index.search(
                 q, K, efSearch=e, k_factor=max(1, e // K))[1]) for e in efs]  # fmt: skip
-        return [(f"efSearch={e}", lambda e=e: index.search(q, K, efSearch=e)[1]) for e in efs]
-    if desc.endswith("RFlat"):
-        return [
+        else:
+            points = [(f"efSearch={e}", lambda e=e: index.search(q, K, efSearch=e)[1]) for e in efs]
+    elif reranks(desc):
+        points = [
             (f"nprobe={p},k_factor={f}", refined(index, q, p, f))
             for p in nprobes
             for f in k_factors
         ]
-    return [(f"nprobe={p}", lambda p=p: index.search(q, K, nprobe=p)[1]) for p in nprobes]
+    else:
+        points = [(f"nprobe={p}", lambda p=p: index.search(q, K, nprobe=p)[1]) for p in nprobes]
+    return points, lambda: float(index.nbytes())
+
+
+def reranks(desc: str) -> bool:
+    """Whether the IVF index of ``desc`` re-ranks (",RFlat" or ",Refine(…)": swept over
+    nprobe x k_factor)."""
+    return desc.endswith("RFlat") or ",Refine(" in desc
 
 
 def refined(index, q, nprobe: int, k_factor: int) -> Search:
@@ -78,8 +98,9 @@ def refined(index, q, nprobe: int, k_factor: int) -> Search:
     return lambda: index.search(q, K, nprobe=nprobe, k_factor=k_factor)[1]
 
 
-def faiss_points(desc: str, x, train, q, nprobes, k_factors, efs) -> list[tuple[str, Search]]:
-    """faiss's index of ``desc`` (its own training) and its sweep."""
+def faiss_points(desc: str, x, train, q, nprobes, k_factors, efs) -> tuple[Points, Held]:
+    """faiss's index of ``desc`` (its own training), its sweep, and its bytes (its
+    serialized size: what it holds, less small bookkeeping)."""
     import faiss
 
     if "RaBitQ" in desc and not hasattr(faiss, "IndexIVFRaBitQFastScan"):
@@ -98,19 +119,24 @@ def faiss_points(desc: str, x, train, q, nprobes, k_factors, efs) -> list[tuple[
 
         return search
 
+    def held() -> float:
+        return float(faiss.serialize_index(index).nbytes)
+
     if desc.startswith("HNSW"):
-        return [(f"efSearch={e}", run(efSearch=e)) for e in efs]
-    if desc.endswith("RFlat"):
-        return [
+        return [(f"efSearch={e}", run(efSearch=e)) for e in efs], held
+    if reranks(desc):
+        points = [
             (f"nprobe={p},k_factor={f}", run(nprobe=p, k_factor_rf=f))
             for p in nprobes
             for f in k_factors
         ]
-    return [(f"nprobe={p}", run(nprobe=p)) for p in nprobes]
+        return points, held
+    return [(f"nprobe={p}", run(nprobe=p)) for p in nprobes], held
 
 
-def hnswlib_points(x, q, threads: int, efs) -> list[tuple[str, Search]]:
-    """hnswlib, M=32, ef_construction=200, L2, swept over ef."""
+def hnswlib_points(x, q, threads: int, efs) -> tuple[Points, Held]:
+    """hnswlib, M=32, ef_construction=200, L2, swept over ef; its bytes as
+    :func:`hnswlib_bytes` estimates them."""
     import hnswlib
 
     index = hnswlib.Index(space="l2", dim=x.shape[1])
@@ -125,10 +151,10 @@ def hnswlib_points(x, q, threads: int, efs) -> list[tuple[str, Search]]:
 
         return search
 
-    return [(f"ef={e}", run(e)) for e in efs]
+    return [(f"ef={e}", run(e)) for e in efs], lambda: hnswlib_bytes(*x.shape, 32)
 
 
-def scann_points(x, train_n: int, q, threads: int, soar: bool = False) -> list[tuple[str, Search]]:
+def scann_points(x, train_n: int, q, threads: int, soar: bool = False) -> tuple[Points, Held]:
     """ScaNN: tree + asymmetric hashing + exact reorder, swept over leaves and reorder; with
     ``soar``, its SOAR spilling (soar_lambda 1.5, ScaNN's default) in the tree, which ScaNN
     builds for dot products only: on unit-norm data (where they rank as L2 does), else none."""
@@ -139,7 +165,7 @@ def scann_points(x, train_n: int, q, threads: int, soar: bool = False) -> list[t
     if soar:
         if not np.allclose(np.linalg.norm(x[:1000], axis=1), 1.0, atol=1e-3):
             print("skipped ScaNN SOAR: it needs dot products, and these vectors are not unit norm")
-            return []
+            return [], None
         spill, distance = {"soar_lambda": 1.5}, "dot_product"
     searcher = (
         scann.scann_ops_pybind.builder(x, K, distance)
@@ -163,11 +189,12 @@ def scann_points(x, train_n: int, q, threads: int, soar: bool = False) -> list[t
 
         return search
 
-    return [
+    points = [
         (f"leaves={nl},reorder={r}", run(nl, r))
         for nl in (4, 8, 16, 32, 64, 128)
         for r in (20, 50, 100)
     ]
+    return points, None  # (ScaNN does not say)
 
 
 def frontier(rows: list[dict], system: str, level: float) -> dict | None:
@@ -176,8 +203,17 @@ def frontier(rows: list[dict], system: str, level: float) -> dict | None:
     return max(ok, key=lambda r: r["QPS"]) if ok else None
 
 
-def build_all(args, x, train, q) -> dict[tuple[str, str], list[tuple[str, Search]]]:
-    """Every system's built indexes and sweeps, keyed by (system, index)."""
+def cell(point: dict | None) -> str:
+    """A frontier table's entry: QPS (index, sweep point, bytes per vector where known)."""
+    if point is None:
+        return "-"
+    size = point["B/vector"]
+    size = "" if math.isnan(size) else f", {size:,.0f} B"
+    return f"{point['QPS']:,.0f} ({point['index']} {point['param']}{size})"
+
+
+def build_all(args, x, train, q) -> dict[tuple[str, str], tuple[Points, Held]]:
+    """Every system's built indexes, as their sweeps and bytes, keyed by (system, index)."""
     nlist, M = args.nlist, x.shape[1] // 2
     fast = f"IVF{nlist},PQ{M}x4fs,RFlat"
     plan: list[tuple[str, str, Callable]] = []
@@ -196,9 +232,9 @@ def build_all(args, x, train, q) -> dict[tuple[str, str], list[tuple[str, Search
             continue
         try:
             start = time.perf_counter()
-            points = make()
+            points, held = make()
             if points:  # (none: the system cannot build this kind here, and said why)
-                built[system, desc] = points
+                built[system, desc] = points, held
                 print(f"built {system} {desc} in {time.perf_counter() - start:.1f} s", flush=True)
         except ImportError as err:
             print(f"skipped {system} {desc}: {err}")
@@ -232,20 +268,30 @@ def main(argv: list[str] | None = None) -> list[dict]:
     train = x[: min(n, args.ntrain)]
     truth = ground_truth(x, q, K)[1]
     built = build_all(args, x, train, q)
-    points = {(s, d, lab): fn for (s, d), pts in built.items() for lab, fn in pts}
+    points = {(s, d, lab): fn for (s, d), (pts, _) in built.items() for lab, fn in pts}
     recall = {key: recall_at(fn(), truth, K) for key, fn in points.items()}
+    per_vector = {key: held() / n for key, (_, held) in built.items() if held}  # (caches built)
     seconds = alternate(
         {key: fn for key, fn in points.items() if recall[key] >= LEVELS[0] - 0.05},
         rounds=args.rounds,
         min_seconds=args.min_seconds,
     )
     rows = [
-        {"system": s, "index": d, "param": lab, "recall@10": recall[s, d, lab], "QPS": len(q) / t}
+        {
+            "system": s,
+            "index": d,
+            "param": lab,
+            "recall@10": recall[s, d, lab],
+            "QPS": len(q) / t,
+            "B/vector": per_vector.get((s, d), math.nan),
+        }  # fmt: skip
         for (s, d, lab), t in seconds.items()
     ]
     title = f"## Points: {label}, n={n}, d={dim}, {len(q)} queries, k={K}"
     report(args.name, title, args.threads, rows, list(rows[0]))
     systems = sorted({r["system"] for r in rows})
+    graph_bytes = per_vector.get(("hnswlib", "M=32"))
+    lean = [r for r in rows if r["system"] != "vq" or r["B/vector"] <= (graph_bytes or 0)]
     table = []
     for level in LEVELS:
         best = {s: frontier(rows, s, level) for s in systems}
@@ -253,10 +299,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         row = {"recall@10 >=": level}
         for s in systems:
             b = best[s]
-            row[s] = f"{b['QPS']:,.0f} ({b['index']} {b['param']})" if b else "-"
+            row[s] = cell(b)
         vq_best = best.get("vq")
         ratio = f"{vq_best['QPS'] / max(peers):.2f}" if vq_best and peers else None
         row["vq / best peer"] = ratio or ("only vq" if vq_best else "-")
+        if graph_bytes:  # vq's best among its indexes of at most hnswlib's bytes per vector
+            small = frontier(lean, "vq", level)
+            ratio = small and peers and f"{small['QPS'] / max(peers):.2f} ({small['index']})"
+            row["vq ≤ hnswlib's bytes / best peer"] = ratio or "-"
         table.append(row)
     title = f"## Frontier: best QPS at each recall@10, {label}, n={n}, {args.threads} threads"
     report(f"{args.name}-frontier", title, args.threads, table, list(table[0]))

@@ -32,6 +32,7 @@ from vq._tree_cache import cached, drop
 from vq.index.fileformat import save_target, write_index_file
 from vq.index.lean import search_small
 from vq.index.locking import ReadWriteLock
+from vq.index.memory import held_bytes
 from vq.index.ranges import range_search
 from vq.index.searching import (
     check_options,
@@ -167,6 +168,13 @@ class Index(Updates, nn.Module):
     @property
     def device(self) -> torch.device:
         return next(self.buffers()).device
+
+    def nbytes(self) -> int:
+        """Bytes of memory the index holds: its buffers (what ``save`` writes) and the arrays
+        its searches keep derived from them (the fast-scan packed copy of the codes, norms,
+        an id order…; built by the first search that needs them), each region counted once,
+        on every device together. ``nbytes() / ntotal`` is the memory per vector."""
+        return held_bytes(self)
 
     def save(self, path) -> None:
         """Write the index to ``path`` (safetensors + JSON metadata; see :func:`vq.load_index`

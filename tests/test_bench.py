@@ -114,14 +114,22 @@ def test_ann(results):
 def test_frontier(results):
     argv = (
         "--data synthetic --n 3000 --nq 30 --dim 16 --nlist 16 --ntrain 2000 --nprobe 4 16 "
-        "--k-factor 2 --ef 16 64 --rounds 1 --min-seconds 0.01 --systems vq faiss "
-        "--vq HNSW16 HNSW16:int8:efc64"
+        "--k-factor 2 8 --ef 16 64 --rounds 1 --min-seconds 0.01 --systems vq faiss "
+        "--vq HNSW16 HNSW16:int8:efc64 IVF16,PQ8x4fs,Refine(SQfp16)"
     )
     rows = frontier.main(argv.split())
-    points = read_csv(results / "frontier.csv", ["system", "index", "param", "recall@10", "QPS"])
+    columns = ["system", "index", "param", "recall@10", "QPS", "B/vector"]
+    points = read_csv(results / "frontier.csv", columns)
     assert len(points) == len(rows)
     indexes = {(r["system"], r["index"]) for r in points}
     assert {("vq", "HNSW16"), ("vq", "HNSW16:int8:efc64"), ("faiss", "HNSW32")} <= indexes
+    size = {(r["system"], r["index"]): float(r["B/vector"]) for r in points}
+    # float32 vectors (64 B) re-rank IVF16,PQ8x4fs,RFlat; fp16 ones (32 B) the lean variant
+    lean, full = size["vq", "IVF16,PQ8x4fs,Refine(SQfp16)"], size["vq", "IVF16,PQ8x4fs,RFlat"]
+    assert 32 + 8 + 8 + 4 <= lean <= full - 32 + 1  # + ids, codes, packed codes (and small)
+    assert 64 <= size["faiss", "IVF16,Flat"] <= 64 + 8 + 4
+    fp16 = {r["param"] for r in points if r["system"] == "vq" and "Refine(" in r["index"]}
+    assert fp16 == {"nprobe=4,k_factor=8", "nprobe=16,k_factor=8"}  # swept as RFlat is
     table = read_csv(results / "frontier-frontier.csv", ["recall@10 >=", "vq", "faiss"])
     assert [r["recall@10 >="] for r in table] == ["0.8", "0.9", "0.95", "0.99"]
     # the best vq point at 0.8 is at least as fast as every vq point reaching 0.8
