@@ -11,9 +11,9 @@ Systems (each where importable; ``make bench`` installs all of them):
   efConstruction=200, hnswlib's build beam here; "HNSW32,SQ8,Refine(SQfp16)" and other
   factory strings as vq.index_factory reads them, ":efc200" setting a graph's build beam,
   a Refine around a graph re-ranking the beam: k_factor = efSearch / k);
-- faiss: the same fast-scan + RFlat and IVF,Flat, HNSW32 (efSearch), and IVF RaBitQ fast-scan
-  + RFlat with 1-bit and 4-bit (extended RaBitQ) codes (nprobe x k_factor);
-- hnswlib: M=32, ef_construction=200 (ef);
+- faiss: the same fast-scan + RFlat and IVF,Flat, HNSW{M} for each --hnsw-M (efSearch), and
+  IVF RaBitQ fast-scan + RFlat with 1-bit and 4-bit (extended RaBitQ) codes (nprobe x k_factor);
+- hnswlib: each --hnsw-M (default 16, hnswlib's own example, and 32), ef_construction=200 (ef);
 - ScaNN: tree (num_leaves ~ 2 sqrt(n)) + score_ah(2, 0.2) + reorder (leaves x reorder), with
   and without its SOAR spilling (soar_lambda 1.5), as vq's own "IVF…(soar),…" descriptions.
 
@@ -22,7 +22,10 @@ library: at a recall level, a coarser grid decides more than the systems do. Eve
 every system is timed in one alternating loop (each round visits all points in
 turn; each sample repeats a search of all queries until it lasts --min-seconds; the best of
 --rounds is kept), so that the machine's noise falls on all systems alike. Prints the points,
-the frontier table and the ratio of vq's best to the best peer at each level; writes
+the frontier table (with the bytes per vector of each best point: vq's ``Index.nbytes``, faiss's
+serialized size, hnswlib's by :func:`hnswlib_bytes`) and the ratio of vq's best to the best
+peer at each level, and of vq's best among its indexes that hold no more bytes per vector
+than hnswlib's best there; writes
 results/<name>.csv, <name>-frontier.csv and <name>.png. Data as bench.ann ("text" is the
 all-MiniLM-L6-v2 set of vq.datasets.text: 300k sentences of local text, unit norm).
 """
@@ -33,6 +36,7 @@ import argparse
 import math
 import time
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
@@ -134,13 +138,13 @@ def faiss_points(desc: str, x, train, q, nprobes, k_factors, efs) -> tuple[Point
     return [(f"nprobe={p}", run(nprobe=p)) for p in nprobes], held
 
 
-def hnswlib_points(x, q, threads: int, efs) -> tuple[Points, Held]:
-    """hnswlib, M=32, ef_construction=200, L2, swept over ef; its bytes as
+def hnswlib_points(x, q, M: int, threads: int, efs) -> tuple[Points, Held]:
+    """hnswlib, ``M``, ef_construction=200, L2, swept over ef; its bytes as
     :func:`hnswlib_bytes` estimates them."""
     import hnswlib
 
     index = hnswlib.Index(space="l2", dim=x.shape[1])
-    index.init_index(max_elements=len(x), M=32, ef_construction=200, random_seed=0)
+    index.init_index(max_elements=len(x), M=M, ef_construction=200, random_seed=0)
     index.set_num_threads(threads)
     index.add_items(x, np.arange(len(x)))
 
@@ -151,7 +155,7 @@ def hnswlib_points(x, q, threads: int, efs) -> tuple[Points, Held]:
 
         return search
 
-    return [(f"ef={e}", run(e)) for e in efs], lambda: hnswlib_bytes(*x.shape, 32)
+    return [(f"ef={e}", run(e)) for e in efs], lambda: hnswlib_bytes(*x.shape, M)
 
 
 def scann_points(x, train_n: int, q, threads: int, soar: bool = False) -> tuple[Points, Held]:
@@ -220,9 +224,12 @@ def build_all(args, x, train, q) -> dict[tuple[str, str], tuple[Points, Held]]:
     for desc in [fast, f"IVF{nlist},Flat", *args.vq]:
         plan.append(("vq", desc, lambda d=desc: vq_points(d, x, train, q, *args.sweeps)))
     rabitq = [f"IVF{nlist},RaBitQfs,RFlat", f"IVF{nlist},RaBitQfs4,RFlat"]
-    for desc in [fast, f"IVF{nlist},Flat", "HNSW32", *rabitq]:
+    graphs = [f"HNSW{m}" for m in args.hnsw_M]
+    for desc in [fast, f"IVF{nlist},Flat", *graphs, *rabitq]:
         plan.append(("faiss", desc, lambda d=desc: faiss_points(d, x, train, q, *args.sweeps)))
-    plan.append(("hnswlib", "M=32", lambda: hnswlib_points(x, q, args.threads, args.sweeps[2])))
+    for m in args.hnsw_M:
+        graph = partial(hnswlib_points, x, q, m, args.threads, args.sweeps[2])
+        plan.append(("hnswlib", f"M={m}", graph))
     plan.append(("scann", "tree+AH", lambda: scann_points(x, len(train), q, args.threads)))
     plan.append(("scann", "tree+AH+SOAR",
                  lambda: scann_points(x, len(train), q, args.threads, soar=True)))  # fmt: skip
@@ -252,6 +259,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--k-factor", type=int, nargs="+", default=[2, 4, 8, 16])
     p.add_argument("--ef", type=int, nargs="+",
                    default=[10, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512])  # fmt: skip
+    p.add_argument("--hnsw-M", type=int, nargs="+", default=[16, 32],
+                   help="the M of faiss's and hnswlib's graphs (one index each)")  # fmt: skip
     p.add_argument("--threads", type=int, default=2, help="threads for every system")
     p.add_argument("--rounds", type=int, default=3, help="alternating timing rounds (best kept)")
     p.add_argument("--min-seconds", type=float, default=0.1, help="least time per timing sample")
@@ -290,8 +299,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     title = f"## Points: {label}, n={n}, d={dim}, {len(q)} queries, k={K}"
     report(args.name, title, args.threads, rows, list(rows[0]))
     systems = sorted({r["system"] for r in rows})
-    graph_bytes = per_vector.get(("hnswlib", "M=32"))
-    lean = [r for r in rows if r["system"] != "vq" or r["B/vector"] <= (graph_bytes or 0)]
     table = []
     for level in LEVELS:
         best = {s: frontier(rows, s, level) for s in systems}
@@ -303,7 +310,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         vq_best = best.get("vq")
         ratio = f"{vq_best['QPS'] / max(peers):.2f}" if vq_best and peers else None
         row["vq / best peer"] = ratio or ("only vq" if vq_best else "-")
-        if graph_bytes:  # vq's best among its indexes of at most hnswlib's bytes per vector
+        if best.get("hnswlib"):  # vq's best among its indexes of at most the bytes per
+            graph_bytes = best["hnswlib"]["B/vector"]  # vector of hnswlib's best here
+            lean = [r for r in rows if r["system"] == "vq" and r["B/vector"] <= graph_bytes]
             small = frontier(lean, "vq", level)
             ratio = small and peers and f"{small['QPS'] / max(peers):.2f} ({small['index']})"
             row["vq ≤ hnswlib's bytes / best peer"] = ratio or "-"
