@@ -14,7 +14,7 @@ The modules, bottom to top (each imports only from those below it):
   + JSON metadata, checksums, atomic writes), ``lean`` (the lean path of small searches),
   ``static`` (what the static-shape searches share), ``searching`` (the general path's
   plumbing: options, results by id), ``fastscan`` (4-bit packed codes), ``faiss_build`` (what
-  each kind's ``to_faiss`` uses);
+  each kind's ``to_faiss`` uses), ``memory`` (the bytes a module tree holds: ``Index.nbytes``);
 - ``base`` (:class:`Index`) and ``wrapper`` (indexes around another);
 - the kinds, each with its static search, its consistency checks and its ``to_faiss``:
   ``flat``, ``pq``, ``sq``, ``hnsw``, ``ivf`` (what the IVF kinds share), ``ivfflat``,
