@@ -123,3 +123,35 @@ def test_unique_rows_keeps_the_first_row_of_each_id(threads):
         want += [(np.inf, -1)] * (k - len(want))
         assert out_r[q].tolist() == [r for _, r in want]
         assert out_d[q].tolist() == [np.float32(d) for d, _ in want]
+
+
+@pytest.mark.parametrize("inner_product", [False, True])
+@pytest.mark.parametrize("ties", [False, True])
+def test_ivf_flat_scan_matches_brute_force_over_the_probed_lists(inner_product, ties):
+    rng = np.random.default_rng(7)
+    sizes = np.array([0, 1, 3, 4, 5, 7, 8, 9, 13, 16])  # every tail of the four-row steps
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    n, d, nq, k = int(offsets[-1]), 12, 9, 6
+    if ties:  # small integers: many equal distances (then only the distances are fixed)
+        x = rng.integers(-2, 3, (n, d)).astype(np.float32)
+        q = rng.integers(-2, 3, (nq, d)).astype(np.float32)
+    else:
+        x = rng.standard_normal((n, d)).astype(np.float32)
+        q = rng.standard_normal((nq, d)).astype(np.float32)
+    probes = np.stack([rng.permutation(len(sizes))[:5] for _ in range(nq)]).astype(np.int64)
+    probes[0, 2] = -1  # a skipped probe
+    allowed = (rng.random(n) < 0.7).astype(np.uint8)
+    for mask in (NONE, allowed):
+        dist = np.empty((nq, k), np.float32)
+        rows = np.empty((nq, k), np.int64)
+        kernels.ivf_flat_scan(q, x, probes, offsets, mask, inner_product, dist, rows)
+        for i in range(nq):
+            seen = [r for p in probes[i] if p >= 0 for r in range(offsets[p], offsets[p + 1])]
+            seen = np.array([r for r in seen if mask.size == 0 or mask[r]], np.int64)
+            full = -(x[seen] @ q[i]) if inner_product else ((x[seen] - q[i]) ** 2).sum(1)
+            m = min(k, len(seen))
+            np.testing.assert_allclose(dist[i, :m], np.sort(full)[:m], rtol=1e-5, atol=1e-5)
+            assert (rows[i, m:] == -1).all() and np.isinf(dist[i, m:]).all()
+            assert set(rows[i, :m]) <= set(seen.tolist())  # rows it was allowed to scan
+            if not ties:
+                np.testing.assert_array_equal(rows[i, :m], seen[np.argsort(full)[:m]])
