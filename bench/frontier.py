@@ -270,6 +270,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--min-seconds", type=float, default=0.1, help="least time per timing sample")
     p.add_argument("--name", default="frontier", help="results/<name>.csv and .png")
     args = p.parse_args(argv)
+    if min(args.hnsw_M) < 2:
+        p.error(f"--hnsw-M: each M must be at least 2 (links per node), got {args.hnsw_M}")
 
     from vq.datasets import ground_truth, recall_at
 

@@ -277,3 +277,11 @@ def test_latency_reports_means_recalls_and_nprobe_of_both(results):
     assert row["target"].startswith("p50 <= 1x: ")
     columns = ["nprobe", "vq mean us", "faiss mean us", "p99 ratio", "vq recall@10", "same ids"]
     read_csv(results / "latency.csv", columns)
+
+
+def test_frontier_refuses_a_graph_of_fewer_than_two_links(capsys):
+    with pytest.raises(SystemExit) as stop:
+        frontier.main(["--data", "synthetic", "--hnsw-M", "16", "1"])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err
+    assert "--hnsw-M: each M must be at least 2 (links per node), got [16, 1]" in error
