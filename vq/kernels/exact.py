@@ -41,34 +41,6 @@ def exact_distance(x, vectors, i, inner_product):
     return d
 
 
-@njit(inline="always", fastmath=True)
-def exact_distance4(x, vectors, i, inner_product):
-    """:func:`exact_distance` to rows i .. i + 3 of ``vectors`` at once: four independent
-    sums over one pass on the query, so that the loads of four rows are in flight together
-    (faiss's ``fvec_L2sqr_batch_4``). An IVF-Flat scan of lists in memory (1M x 128, 256
-    lists of 244 vectors a query) read 15 GB/s so against 12 a row at a time."""
-    d0, d1, d2, d3 = np.float32(0.0), np.float32(0.0), np.float32(0.0), np.float32(0.0)
-    if inner_product:
-        for j in range(x.shape[0]):
-            xj = x[j]
-            d0 -= xj * stored_value(vectors, i, j)
-            d1 -= xj * stored_value(vectors, i + 1, j)
-            d2 -= xj * stored_value(vectors, i + 2, j)
-            d3 -= xj * stored_value(vectors, i + 3, j)
-    else:
-        for j in range(x.shape[0]):
-            xj = x[j]
-            t0 = xj - stored_value(vectors, i, j)
-            t1 = xj - stored_value(vectors, i + 1, j)
-            t2 = xj - stored_value(vectors, i + 2, j)
-            t3 = xj - stored_value(vectors, i + 3, j)
-            d0 += t0 * t0
-            d1 += t1 * t1
-            d2 += t2 * t2
-            d3 += t3 * t3
-    return d0, d1, d2, d3
-
-
 def ivf_flat_scan(queries, vectors, probes, offsets, allowed, inner_product, out_dist, out_idx):
     """Exact distances to the vectors of the probed inverted lists, fused with top-k; threads
     split the queries.
@@ -115,29 +87,12 @@ def _ivf_flat_queries(q0, q1, queries, vectors, probes, offsets, allowed, inner_
             if lst < 0:
                 continue
             threshold = heap_d[0]
-            i, end = offsets[lst], offsets[lst + 1]
-            if not filtered:  # four rows at a time, offered to the heap in row order
-                while i + 4 <= end:
-                    d0, d1, d2, d3 = exact_distance4(x, vectors, i, inner_product)
-                    if d0 < threshold:
-                        heap_replace_top(heap_d, heap_i, d0, i)
-                        threshold = heap_d[0]
-                    if d1 < threshold:
-                        heap_replace_top(heap_d, heap_i, d1, i + 1)
-                        threshold = heap_d[0]
-                    if d2 < threshold:
-                        heap_replace_top(heap_d, heap_i, d2, i + 2)
-                        threshold = heap_d[0]
-                    if d3 < threshold:
-                        heap_replace_top(heap_d, heap_i, d3, i + 3)
-                        threshold = heap_d[0]
-                    i += 4
-            for r in range(i, end):
-                if filtered and allowed[r] == 0:
+            for i in range(offsets[lst], offsets[lst + 1]):
+                if filtered and allowed[i] == 0:
                     continue
-                d = exact_distance(x, vectors, r, inner_product)
+                d = exact_distance(x, vectors, i, inner_product)
                 if d < threshold:
-                    heap_replace_top(heap_d, heap_i, d, r)
+                    heap_replace_top(heap_d, heap_i, d, i)
                     threshold = heap_d[0]
         heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
 
