@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "recall@10": recall[s, d, lab],
             "QPS": len(q) / t,
             "B/vector": per_vector.get((s, d), math.nan),
-        }  # fmt: skip
+        }
         for (s, d, lab), t in seconds.items()
     ]
     title = f"## Points: {label}, n={n}, d={dim}, {len(q)} queries, k={K}"
