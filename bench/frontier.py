@@ -24,9 +24,9 @@ every system is timed in one alternating loop (each round visits all points in
 turn; each sample repeats a search of all queries until it lasts --min-seconds; the best of
 --rounds is kept), so that the machine's noise falls on all systems alike. Prints the points,
 the frontier table (with the bytes per vector of each best point: vq's ``Index.nbytes``, faiss's
-serialized size, hnswlib's by :func:`hnswlib_bytes`) and the ratio of vq's best to the best
-peer at each level, and of vq's best among its indexes that hold no more bytes per vector
-than hnswlib's best there; writes
+serialized size, hnswlib's by :func:`bench.common.hnswlib_bytes`) and the ratio of vq's best
+to the best peer at each level, and of vq's best among its indexes that hold no more bytes
+per vector than hnswlib's best there; writes
 results/<name>.csv, <name>-frontier.csv and <name>.png. Data as bench.ann ("text" is the
 all-MiniLM-L6-v2 set of vq.datasets.text: 300k sentences of local text, unit norm).
 """
@@ -42,24 +42,13 @@ from functools import partial
 import numpy as np
 
 from bench.ann import add_data_arguments, load_data
-from bench.common import alternate, figure, report, set_threads
+from bench.common import alternate, figure, hnswlib_bytes, report, set_threads
 
 LEVELS = (0.80, 0.90, 0.95, 0.99)
 K = 10
 Search = Callable[[], np.ndarray]  # runs all queries, returns ids [nq, K]
 Points = list[tuple[str, Search]]
 Held = Callable[[], float] | None  # bytes the built index holds, after its searches ran
-
-
-def hnswlib_bytes(n: int, dim: int, M: int) -> float:
-    """hnswlib's bytes (float32 vectors): per vector its level-0 block (2M links and their
-    count, the vector, the label), its link-list pointer, level, lock (a 40-byte mutex) and
-    label-map entry (about 40 bytes), and the upper levels' M links for the 1 / (M - 1) levels
-    a node has on average above 0; the 65,536 label locks. Checked against the resident
-    memory of a build (100k x 128, M 32: 902 bytes a vector by this, 913 measured; M 16: 775
-    and 786)."""
-    per_vector = (2 * M * 4 + 4) + dim * 4 + 8 + 8 + 4 + 40 + 40 + (M * 4 + 4) / (M - 1)
-    return n * per_vector + 65_536 * 40
 
 
 def vq_points(desc: str, x, train, q, nprobes, k_factors, efs) -> tuple[Points, Held]:
@@ -144,7 +133,7 @@ def faiss_points(desc: str, x, train, q, nprobes, k_factors, efs) -> tuple[Point
 
 def hnswlib_points(x, q, M: int, threads: int, efs) -> tuple[Points, Held]:
     """hnswlib, ``M``, ef_construction=200, L2, swept over ef; its bytes as
-    :func:`hnswlib_bytes` estimates them."""
+    :func:`bench.common.hnswlib_bytes` estimates them."""
     import hnswlib
 
     index = hnswlib.Index(space="l2", dim=x.shape[1])

@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from bench.common import alternate, report, set_threads
+from bench.common import alternate, hnswlib_bytes, report, set_threads
 
 EF = (10, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 TARGETS = (0.90, 0.95, 0.99)
@@ -120,14 +120,14 @@ def searchers(built: dict, q: np.ndarray, k: int) -> dict:
 
 def bytes_per_vector(name: str, index, n: int, dim: int, M: int) -> float:
     if name.startswith("vq"):
-        return sum(t.numel() * t.element_size() for t in index.state_dict().values()) / n
+        return index.nbytes() / n  # buffers and search caches (Index.nbytes)
     if name == "faiss":
         import faiss
 
         h = index.hnsw
         graph = faiss.vector_to_array(h.neighbors).nbytes + 4 * n + 8 * (n + 1)
         return dim * 4 + graph / n
-    return dim * 4 + (2 * M * 4 + 4) + 8 + 8  # hnswlib's level-0 block, label, link lists
+    return hnswlib_bytes(n, dim, M) / n
 
 
 def main(argv=None) -> None:
