@@ -101,6 +101,23 @@ def test_probe_lists_ranks_as_exact_distances(nlist, dim):
         np.testing.assert_array_equal(scores, np.take_along_axis(exact, want, 1))
 
 
+@pytest.mark.parametrize("nlist", [64, 100, 1024])
+def test_probe_lists_scores_a_query_alike_alone_and_in_a_batch(nlist):
+    # several queries share each load of the centroids (vq.kernels.dots.column_dots_rows):
+    # every query's sums take the same terms in the same order as its own, bit for bit
+    rng = np.random.default_rng(nlist)
+    q = rng.standard_normal((23, 40)).astype(np.float32)
+    c = rng.standard_normal((nlist, 40)).astype(np.float32)
+    ct, norms = np.ascontiguousarray(c.T), (c * c).sum(1)
+    batch_s, batch_l = np.empty((23, 9), np.float32), np.empty((23, 9), np.int64)
+    probe_lists(q, ct, norms, False, batch_s, batch_l)
+    for i in range(23):
+        one_s, one_l = np.empty((1, 9), np.float32), np.empty((1, 9), np.int64)
+        probe_lists(q[i : i + 1], ct, norms, False, one_s, one_l)
+        np.testing.assert_array_equal(one_l[0], batch_l[i])
+        np.testing.assert_array_equal(one_s[0], batch_s[i])
+
+
 SIZES = [(n, k) for n in (16, 40, 256, 300) for k in (1, 4, 15, 16, 17, 32, 33) if k <= n]
 
 

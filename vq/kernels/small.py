@@ -22,7 +22,7 @@ import numpy as np
 from numba import njit
 
 from vq.kernels.cache import kernel
-from vq.kernels.dots import column_dots16, column_dots64
+from vq.kernels.dots import DOT_COLUMNS, DOT_ROWS, column_dots16, column_dots_rows, column_dots_wide
 from vq.kernels.exact import finish_lean, ivf_flat_range
 from vq.kernels.heaps import EMPTY_KEY, heap_replace_top_row, heap_sorted
 from vq.kernels.select import _smallest_k_row, row_scratch
@@ -141,8 +141,9 @@ def probe_lists(queries, centroids_t, c_norms, inner_product, out_scores, out_li
         out_scores: float32 [nq, nprobe], ascending: ‖q - c‖² clamped at 0, or -⟨q, c⟩;
             out_lists: int64 [nq, nprobe], their centroids (ties by lower number).
 
-    The products, up to :data:`PROBE_COLUMNS` centroids: :func:`vq.kernels.dots.column_dots64`
-    over 64 centroids at a time (2x numba's loop at 256 x 128), for up to
+    The products, up to :data:`PROBE_COLUMNS` centroids: :func:`vq.kernels.dots.column_dots_rows`
+    over ``DOT_COLUMNS`` centroids and ``DOT_ROWS`` queries at a time (4 x 64 with AVX-512:
+    3x one query by 64 columns, which was 2x numba's loop, at 256 x 128), for up to
     :data:`PROBE_QUERIES` queries in turn, so that those centroids stay in cache for all
     of them. More centroids: numba's loop, a query at a time (with rows of more than 4 KiB
     the strided reads of 64 columns contend for the same cache sets, and the registers no
@@ -154,13 +155,18 @@ def probe_lists(queries, centroids_t, c_norms, inner_product, out_scores, out_li
     rows = np.empty((min(nq, PROBE_QUERIES), nlist), dtype=np.float32)
     values = row_scratch(nlist)
     held = nlist <= PROBE_COLUMNS
-    wide, blocks = nlist - nlist % 64, nlist - nlist % 16
+    wide, blocks = nlist - nlist % DOT_COLUMNS, nlist - nlist % 16
     for q0 in range(0, nq, PROBE_QUERIES):
         q1 = min(nq, q0 + PROBE_QUERIES)
         if held:
-            for c in range(0, wide, 64):  # 64 sums in registers over all of a query
-                for q in range(q0, q1):
-                    column_dots64(queries, q * dim, centroids_t, c, rows, (q - q0) * nlist + c)
+            for c in range(0, wide, DOT_COLUMNS):  # sums in registers over all of a query
+                q = q0
+                while q + DOT_ROWS <= q1:  # several queries at a time
+                    column_dots_rows(queries, q * dim, dim, centroids_t, c, rows,
+                                     (q - q0) * nlist + c, nlist)  # fmt: skip
+                    q += DOT_ROWS
+                for r in range(q, q1):
+                    column_dots_wide(queries, r * dim, centroids_t, c, rows, (r - q0) * nlist + c)
         for q in range(q0, q1):
             row = rows[q - q0]
             first = 0
