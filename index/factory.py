@@ -15,21 +15,24 @@ from vq.index.pq import PQIndex
 from vq.index.refine import Refine
 from vq.index.sq import SQIndex
 from vq.index.transform import PreTransform
-from vq.quantizers import OPQ
+from vq.quantizers import OPQ, PCA
 
 SUPPORTED = (
     "Flat | PQ<M>[x<nbits>] | PQ<M>x4fs | SQ8|SQ6|SQ4|SQfp16|SQbf16 | "
     "HNSW<M>[,Flat|,SQ8|,SQ6|,SQ4|,SQfp16|,SQbf16] | "
     "IVF<nlist>,Flat | IVF<nlist>,PQ<M>[x<nbits>|x4fs|x4fsr] | IVF<nlist>,SQ<8|6|4|fp16|bf16>, "
     "IVF<nlist>(soar[=<λ>]) for spilled lists, IVF<nlist>_HNSW<M> for graph-routed lists, "
-    "optionally preceded by OPQ<M>[_<dim_out>], "
+    "optionally preceded by OPQ<M>[_<dim_out>] or PCA<dim_out>, "
     "and followed by RFlat or Refine(Flat), or Refine(SQfp16) (re-ranking on fp16 vectors) "
     "— e.g. 'PQ16', 'PQ16x8', 'IVF1024,Flat', 'IVF1024,PQ16', 'IVF1024,PQ32x4fs', "
     "'IVF1024,PQ32x4fsr', 'OPQ16,IVF1024,PQ16', 'OPQ16_64,IVF1024,PQ16,RFlat', "
+    "'PCA128,IVF1024,Flat', 'PCA64,IVF1024,Flat,RFlat', "
     "'HNSW32,SQ8,Refine(SQfp16)'"
 )
 
 _OPQ = re.compile(r"OPQ(\d+)(?:_(\d+))?")
+# "PCA64": faiss's PCAMatrix to 64 dimensions (eigen power 0, no random rotation)
+_PCA = re.compile(r"PCA(\d+)")
 # "np" (no polysemous training) is a no-op here; "x4fs" is 4-bit fast-scan, which in an IVF
 # encodes the vectors themselves unless "x4fsr" asks for residuals (faiss's defaults)
 _PQ = re.compile(r"PQ(\d+)(?:x(\d+)(fsr?)?)?(?:np)?")
@@ -66,10 +69,15 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
     def fail(why: str) -> ValueError:
         return ValueError(f"index_factory: {why} in {description!r}; supported: {SUPPORTED}")
 
-    opq = None
+    opq: OPQ | PCA | None = None
     if parts and (m := _OPQ.fullmatch(parts[0])):
         M, dim_out = int(m[1]), int(m[2] or dim)
         opq = OPQ(dim, M, dim_out=dim_out)
+        parts = parts[1:]
+    elif parts and (m := _PCA.fullmatch(parts[0])):
+        if not 0 < int(m[1]) <= dim:
+            raise fail(f"PCA{m[1]}: the output dimension must lie in [1, {dim}]")
+        opq = PCA(dim, int(m[1]))
         parts = parts[1:]
     refine = _REFINES.get(parts[-1]) if parts else None
     if refine:
@@ -125,8 +133,11 @@ def from_config(config: dict) -> Index:
     try:
         if name == "PreTransform":
             t = dict(args["transform"])
-            opq = OPQ(t.pop("dim"), t.pop("M"), t.pop("nbits"), **t)
-            return PreTransform(opq, from_config(args["index"]), k=args.get("k"))
+            if t.pop("kind", "opq") == "pca":
+                transform: OPQ | PCA = PCA(t.pop("dim"), **t)
+            else:
+                transform = OPQ(t.pop("dim"), t.pop("M"), t.pop("nbits"), **t)
+            return PreTransform(transform, from_config(args["index"]), k=args.get("k"))
         if name == "Refine":
             inner = from_config(args["index"])
             storage = args.get("storage", "float32")  # (files before fp16 storage: float32)

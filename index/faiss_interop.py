@@ -6,8 +6,8 @@
 Same trained parameters and stored codes on both sides give the same search results (ties
 aside). Supported: IndexFlat (L2/IP), IndexPQ, IndexIVFFlat, IndexIVFPQ (flat coarse
 quantizer), IndexScalarQuantizer and IndexIVFScalarQuantizer (QT_8bit, QT_6bit, QT_4bit,
-QT_fp16, QT_bf16), IndexPreTransform with one OPQMatrix, IndexRefineFlat, IndexHNSWFlat,
-IndexHNSWSQ, IndexIDMap around Flat/PQ/HNSW
+QT_fp16, QT_bf16), IndexPreTransform with one OPQMatrix or PCAMatrix, IndexRefineFlat,
+IndexHNSWFlat, IndexHNSWSQ, IndexIDMap around Flat/PQ/HNSW
 (what non-sequential ids need in faiss), and the 4-bit fast-scan IndexPQFastScan and
 IndexIVFPQFastScan (even M).
 
@@ -44,6 +44,7 @@ from vq.index.refine import Refine
 from vq.index.sq import SQIndex
 from vq.index.transform import PreTransform
 from vq.kernels import fastscan as packed4
+from vq.quantizers.pca import PCA
 
 
 def _metric(findex) -> str:
@@ -72,10 +73,16 @@ def from_faiss(findex) -> Index:
         return inner
     if isinstance(f, faiss.IndexPreTransform):
         if f.chain.size() != 1:
-            raise ValueError("only an IndexPreTransform with a single OPQMatrix converts")
+            raise ValueError(
+                "only an IndexPreTransform with a single OPQMatrix or PCAMatrix converts"
+            )
         matrix = faiss.downcast_VectorTransform(f.chain.at(0))
+        if isinstance(matrix, faiss.PCAMatrix):
+            return PreTransform(PCA.from_faiss(matrix), from_faiss(f.index))
         if not isinstance(matrix, faiss.OPQMatrix):
-            raise ValueError(f"only OPQMatrix pre-transforms convert, got {type(matrix).__name__}")
+            raise ValueError(
+                f"only OPQMatrix and PCAMatrix pre-transforms convert, got {type(matrix).__name__}"
+            )
         inner = from_faiss(f.index)
         pq = getattr(inner, "pq", None)
         fpq = (

@@ -14,6 +14,20 @@ from vq.index.ivf import IVFIndex, IVFSearch
 from vq.index.ranges import probed_hits
 from vq.index.searching import shape_problem
 from vq.index.static import kept
+from vq.kernels.rowdist import MIN_SPLIT, head_dims
+
+#: IVFFlat.prunes: the least share of the centroids' variance in a row's head that pays
+PRUNE_SHARE = 0.4
+
+
+def head_share(x: torch.Tensor) -> float:
+    """The share of the variance of the rows of ``x`` [n, d] in their first
+    :func:`vq.kernels.rowdist.head_dims` dimensions (0 for fewer than 2 rows)."""
+    if x.shape[0] < 2:
+        return 0.0
+    var = x.double().var(dim=0)
+    total = float(var.sum())
+    return float(var[: head_dims(x.shape[1])].sum()) / total if total > 0 else 0.0
 
 
 class IVFFlat(IVFIndex):
@@ -34,6 +48,18 @@ class IVFFlat(IVFIndex):
 
     def _train(self, x: torch.Tensor) -> None:
         self._train_coarse(x)
+
+    def prunes(self) -> bool:
+        """Whether the CPU scans compute each row's head first and skip its tail once the head
+        reaches the heap's threshold (:mod:`vq.kernels.rowdist`; the same results either
+        way): for L2, where the head's dimensions hold at least :data:`PRUNE_SHARE` of the
+        centroids' variance (vectors rotated into their principal axes, ``"PCA128,IVF…"``,
+        hold most of it there; isotropic ones a quarter, where the tests cost more than
+        they save)."""
+        if self.metric != "l2" or self.dim < MIN_SPLIT:
+            return False
+        c = self.quantizer.codebook
+        return self._derived("prunes", (c,), lambda: head_share(c) >= PRUNE_SHARE)
 
     def _encode_rows(self, x: torch.Tensor, lists: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"vectors": x}
@@ -58,7 +84,7 @@ class IVFFlat(IVFIndex):
 
     def _lean_kernel(self, store) -> tuple:
         x, offsets = store.vectors.contiguous().numpy(), store.offsets.numpy()
-        return kernels.ivf_flat_lean, (x, offsets)
+        return kernels.ivf_flat_lean, (x, offsets, self.prunes())
 
     def _range_hits(self, q, radius: float, allowed=None, nprobe=None, max_codes=None) -> list:
         """The probed lists' hits, a block of queries (bounded probed rows) at a time."""
@@ -82,6 +108,7 @@ class IVFFlat(IVFIndex):
             self.metric == "ip",
             out_dist.numpy(),
             out_rows.numpy(),
+            self.prunes(),
         )
 
 

@@ -1,4 +1,5 @@
-"""An index behind a learned rotation: faiss's ``IndexPreTransform`` with an ``OPQMatrix``."""
+"""An index behind a learned linear map: faiss's ``IndexPreTransform`` with an ``OPQMatrix`` or a
+``PCAMatrix``."""
 
 from __future__ import annotations
 
@@ -11,15 +12,16 @@ from vq.index.static import Searcher, kept
 from vq.index.wrapper import Wrapper
 from vq.quantizers import OPQ
 from vq.quantizers.opq import rotate
+from vq.quantizers.pca import PCA
 
 
 class PreTransform(Wrapper):
-    """Applies an OPQ rotation to every vector and query before the wrapped index sees it
-    (``"OPQ16,IVF1024,PQ16"`` in :func:`vq.index_factory`).
+    """Applies an OPQ rotation or a PCA to every vector and query before the wrapped index sees
+    it (``"OPQ16,IVF1024,PQ16"``, ``"PCA128,IVF1024,Flat"`` in :func:`vq.index_factory`).
 
     Args:
         transform: a :class:`vq.OPQ` (its ``rotation`` [dim_out, dim] is applied; its own PQ
-            only serves to learn the rotation).
+            only serves to learn the rotation) or a :class:`vq.PCA` (``(x - mean) Rᵀ``).
         index: the index over rotated vectors, of dimension ``transform.dim_out``.
         k: neighbours ``forward`` returns (default: the wrapped index's).
 
@@ -27,9 +29,11 @@ class PreTransform(Wrapper):
     ``index``; ``nprobe`` is forwarded.
     """
 
-    def __init__(self, transform: OPQ, index: Index, k: int | None = None):
-        if not isinstance(transform, OPQ):
-            raise TypeError(f"transform must be a vq.OPQ, got {type(transform).__name__}")
+    def __init__(self, transform: OPQ | PCA, index: Index, k: int | None = None):
+        if not isinstance(transform, (OPQ, PCA)):
+            raise TypeError(
+                f"transform must be a vq.OPQ or a vq.PCA, got {type(transform).__name__}"
+            )
         if index.dim != transform.dim_out:
             raise ValueError(
                 f"the index has dim {index.dim} but the transform outputs {transform.dim_out} "
@@ -39,10 +43,11 @@ class PreTransform(Wrapper):
         super().__init__(transform.dim, index.metric, k, index.verbose, store_ids=False)
         self.transform = transform
         self.index = index
-        # search needs the rotation only: the PQ that learned it is not saved (as faiss's
-        # OPQMatrix keeps no codebooks), which saves M·ksub·dsub floats per index
-        transform.register_state_dict_post_hook(_drop_training_pq)
-        transform.register_load_state_dict_pre_hook(_keep_training_pq)
+        if isinstance(transform, OPQ):
+            # search needs the rotation only: the PQ that learned it is not saved (as faiss's
+            # OPQMatrix keeps no codebooks), which saves M·ksub·dsub floats per index
+            transform.register_state_dict_post_hook(_drop_training_pq)
+            transform.register_load_state_dict_pre_hook(_keep_training_pq)
 
     @property
     def is_trained(self) -> bool:
@@ -59,18 +64,24 @@ class PreTransform(Wrapper):
         return self.index._sequential_ids()
 
     def to_faiss(self):
-        """faiss ``IndexPreTransform`` of an ``OPQMatrix`` holding the rotation, in front of
-        the wrapped index's ``to_faiss()``."""
+        """faiss ``IndexPreTransform`` of an ``OPQMatrix`` holding the rotation (or the PCA's
+        ``PCAMatrix``), in front of the wrapped index's ``to_faiss()``."""
         faiss, t = import_faiss(), self.transform
-        matrix = faiss.OPQMatrix(t.dim, t.M, t.dim_out)
-        faiss.copy_array_to_vector(t.rotation.float().cpu().numpy().ravel(), matrix.A)
-        matrix.is_trained = True
-        matrix.is_orthonormal = True
+        if isinstance(t, PCA):
+            matrix = t.to_faiss()
+        else:
+            matrix = faiss.OPQMatrix(t.dim, t.M, t.dim_out)
+            faiss.copy_array_to_vector(t.rotation.float().cpu().numpy().ravel(), matrix.A)
+            matrix.is_trained = True
+            matrix.is_orthonormal = True
         inner = self.index.to_faiss()
         return keep_alive(faiss.IndexPreTransform(matrix, inner), matrix, inner)
 
     def config(self) -> dict:
         t = self.transform
+        inner = {"class": type(self.index).__name__, **self.index.config()}
+        if isinstance(t, PCA):
+            return {"k": self.k, "transform": t.config(), "index": inner}
         return {
             "k": self.k,
             "transform": {
@@ -90,8 +101,14 @@ class PreTransform(Wrapper):
         }
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
-        """Rotated vectors: float32 [n, dim] → [n, dim_out] (:func:`vq.quantizers.opq.rotate`)."""
+        """Transformed vectors: float32 [n, dim] → [n, dim_out] (``x Rᵀ`` for OPQ,
+        ``(x - mean) Rᵀ`` for PCA)."""
         return self.transform.rotate(x.float())
+
+    def mean(self) -> torch.Tensor:
+        """float32 [dim]: ``apply(x) = (x - mean()) Rᵀ`` (zeros for OPQ)."""
+        t = self.transform
+        return t.mean if isinstance(t, PCA) else torch.zeros(t.dim, device=t.rotation.device)
 
     def searcher(self, k: int | None = None, **options) -> PreTransformSearch:
         """The search as a static-shape graph: the rotation, then the wrapped index's
@@ -116,8 +133,10 @@ class PreTransform(Wrapper):
         self.index._merge(other.index, shift)
 
     def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """The wrapped index's reconstructions rotated back, ``x̂ R`` (R orthonormal)."""
-        return self.index._decode_rows(rows) @ self.transform.rotation.float()
+        """The wrapped index's reconstructions mapped back, ``x̂ R`` (R orthonormal; plus the
+        mean for PCA)."""
+        back = self.index._decode_rows(rows) @ self.transform.rotation.float()
+        return back + self.transform.mean if isinstance(self.transform, PCA) else back
 
     def _renumber(self, mapping: torch.Tensor) -> None:
         self.index._renumber(mapping)
@@ -141,9 +160,12 @@ class PreTransform(Wrapper):
         if inner is None:
             return None
         rt = self.transform.rotation.float().T.contiguous().numpy()
+        mean = self.mean().float().cpu().numpy()
+        centred = bool(mean.any())
 
         def search(q: np.ndarray, k: int, ranked: bool, params: dict):
-            return inner(np.ascontiguousarray(q @ rt, dtype=np.float32), k, ranked, params)
+            y = (q - mean if centred else q) @ rt
+            return inner(np.ascontiguousarray(y, dtype=np.float32), k, ranked, params)
 
         return search
 
@@ -163,10 +185,11 @@ def _keep_training_pq(module, state_dict, prefix, *args) -> None:
 
 
 class PreTransformSearch(Searcher):
-    """:class:`PreTransform`'s search as a static-shape graph: the OPQ rotation, then the
-    wrapped index's static search (``inner``), which maps rows to ids.
+    """:class:`PreTransform`'s search as a static-shape graph: the linear map ``(q - mean) Rᵀ``
+    (OPQ's rotation with a zero mean, or a PCA), then the wrapped index's static search
+    (``inner``), which maps rows to ids.
 
-    Buffers: rotation: float32 [dim_out, dim] (and ``inner``'s).
+    Buffers: rotation: float32 [dim_out, dim], mean: float32 [dim] (and ``inner``'s).
     """
 
     def __init__(self, index: PreTransform, inner: Searcher, copy: bool = True):
@@ -174,6 +197,7 @@ class PreTransformSearch(Searcher):
         self.inner = inner
         self.sequential = inner.sequential  # the rows and ids are ``inner``'s
         self.register_buffer("rotation", kept(index.transform.rotation.float(), copy))
+        self.register_buffer("mean", kept(index.mean().float(), copy))
 
     @property
     def id_table(self) -> torch.Tensor:
@@ -181,7 +205,7 @@ class PreTransformSearch(Searcher):
         return self.inner.id_table
 
     def search(self, queries: torch.Tensor, k: int, **options):
-        return self.inner.search(rotate(queries, self.rotation), k, **options)
+        return self.inner.search(rotate(queries - self.mean, self.rotation), k, **options)
 
     def chunk_rows(self, k: int, **options) -> int:
         return self.inner.chunk_rows(k, **options)

@@ -10,26 +10,54 @@ among equal distances the first one scanned stays. Threads split the queries
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from vq.kernels.cache import kernel
 from vq.kernels.halves import stored_value
 from vq.kernels.heaps import heap_replace_top, heap_reset, heap_sorted
+from vq.kernels.rowdist import ip_row, l2_heads4, l2_row, l2_tail
 from vq.kernels.simd import borrow, prefetch_line
 from vq.kernels.threads import parallel_for
 
 
-@njit(inline="always", fastmath=True)
 def exact_distance(x, vectors, i, inner_product):
-    """Squared L2 distance of the float32 vector x to row i of ``vectors`` (float32, or uint16
-    fp16 bits: :func:`vq.kernels.halves.stored_value`), or their negated inner product (the
-    row indexed in place, not taken as a view: see
-    :func:`vq.kernels.heaps.heap_replace_top_row`).
+    """Squared L2 distance of the float32 vector x [d] to row i of ``vectors`` (float32, or
+    uint16 fp16 bits: :func:`vq.kernels.halves.stored_value`), or their negated inner product.
 
-    By metric: a loop that calls this with ``inner_product`` a run-time flag gets scalar
-    code (LLVM does not take the test out of the loop: the IVF-Flat scan ran 1.8x slower so),
-    so each kernel here tests the flag once and runs its loop as an inlined function called
-    with the literal ``True`` or ``False``."""
+    Float32 rows: :mod:`vq.kernels.rowdist`'s fixed sequence of operations (head + tail), the
+    same bit for bit as the scans that test a row's head first. By metric: a loop that calls
+    this with ``inner_product`` a run-time flag gets scalar code (LLVM does not take the test
+    out of the loop: the IVF-Flat scan ran 1.8x slower so), so each kernel here tests the flag
+    once and runs its loop as an inlined function called with the literal ``True`` or
+    ``False``. (This body runs with ``NUMBA_DISABLE_JIT=1``; compiled kernels take the
+    overload below.)"""
+    if vectors.dtype == np.uint16:
+        return _half_distance(x, vectors, i, inner_product)
+    return ip_row(x, vectors, i) if inner_product else l2_row(x, vectors, i)
+
+
+@overload(exact_distance, prefer_literal=True, jit_options={"fastmath": True})
+def _exact_distance(x, vectors, i, inner_product):
+    if isinstance(vectors, types.Array) and vectors.dtype == types.uint16:
+        return lambda x, vectors, i, inner_product: _half_distance(x, vectors, i, inner_product)
+    if isinstance(inner_product, types.BooleanLiteral):  # (the kernels' literal metric)
+        if inner_product.literal_value:
+            return lambda x, vectors, i, inner_product: ip_row(x, vectors, i)
+        return lambda x, vectors, i, inner_product: l2_row(x, vectors, i)
+
+    def impl(x, vectors, i, inner_product):
+        if inner_product:
+            return ip_row(x, vectors, i)
+        return l2_row(x, vectors, i)
+
+    return impl
+
+
+@njit(inline="always", fastmath=True)
+def _half_distance(x, vectors, i, inner_product):
+    """:func:`exact_distance` to a row of fp16 bits (uint16 [n, d]), indexed in place (not
+    taken as a view: see :func:`vq.kernels.heaps.heap_replace_top_row`)."""
     d = np.float32(0.0)
     if inner_product:
         for j in range(x.shape[0]):
@@ -41,7 +69,8 @@ def exact_distance(x, vectors, i, inner_product):
     return d
 
 
-def ivf_flat_scan(queries, vectors, probes, offsets, allowed, inner_product, out_dist, out_idx):
+def ivf_flat_scan(queries, vectors, probes, offsets, allowed, inner_product, out_dist, out_idx,
+                  prune=False):  # fmt: skip
     """Exact distances to the vectors of the probed inverted lists, fused with top-k; threads
     split the queries.
 
@@ -53,48 +82,78 @@ def ivf_flat_scan(queries, vectors, probes, offsets, allowed, inner_product, out
             that smaller is better in both cases).
         out_dist: float32 [nq, k] ascending (+inf padding); out_idx: int64 [nq, k] rows in
             ``vectors`` (-1 padding).
+        prune: (L2) compute a row's head first, four rows at a time, and its tail only where
+            the head is below the heap's threshold (:mod:`vq.kernels.rowdist`): the same
+            results, faster where the first dimensions carry most of the distance (vectors
+            rotated into their principal axes), slower elsewhere.
     """
     parallel_for(ivf_flat_range, probes.shape[0], queries, vectors, probes, offsets, allowed,
-                 bool(inner_product), out_dist, out_idx)  # fmt: skip
+                 bool(inner_product), out_dist, out_idx, bool(prune))  # fmt: skip
 
 
 @kernel(nogil=True, fastmath=True)
 def ivf_flat_range(q0, q1, queries, vectors, probes, offsets, allowed, inner_product, out_dist,
-                   out_idx):  # fmt: skip
+                   out_idx, prune):  # fmt: skip
     """:func:`ivf_flat_scan` for queries ``q0..q1`` (int64) on the calling thread."""
     queries, out_dist, out_idx = borrow(queries), borrow(out_dist), borrow(out_idx)
-    if inner_product:  # the metric a constant in each copy (see exact_distance)
-        _ivf_flat_queries(q0, q1, queries, vectors, probes, offsets, allowed, True, out_dist,
-                          out_idx)  # fmt: skip
-    else:
-        _ivf_flat_queries(q0, q1, queries, vectors, probes, offsets, allowed, False, out_dist,
-                          out_idx)  # fmt: skip
-
-
-@njit(inline="always", fastmath=True)
-def _ivf_flat_queries(q0, q1, queries, vectors, probes, offsets, allowed, inner_product,
-                      out_dist, out_idx):  # fmt: skip
-    nprobe = probes.shape[1]
+    vectors, probes, offsets = borrow(vectors), borrow(probes), borrow(offsets)
+    allowed = borrow(allowed)
     k = out_dist.shape[1]
-    filtered = allowed.shape[0] > 0
     heap_d = np.empty(k, dtype=np.float32)
     heap_i = np.empty(k, dtype=np.int64)
     for q in range(q0, q1):
         heap_reset(heap_d, heap_i)
         x = queries[q]
-        for p in range(nprobe):
+        for p in range(probes.shape[1]):
             lst = probes[q, p]
             if lst < 0:
                 continue
-            threshold = heap_d[0]
-            for i in range(offsets[lst], offsets[lst + 1]):
-                if filtered and allowed[i] == 0:
-                    continue
-                d = exact_distance(x, vectors, i, inner_product)
-                if d < threshold:
-                    heap_replace_top(heap_d, heap_i, d, i)
-                    threshold = heap_d[0]
+            start, end = offsets[lst], offsets[lst + 1]
+            # the metric and the pruning constants in each copy (see exact_distance)
+            if inner_product:
+                _scan_rows(x, vectors, start, end, allowed, True, heap_d, heap_i)
+            elif prune:
+                _scan_heads(x, vectors, start, end, allowed, heap_d, heap_i)
+            else:
+                _scan_rows(x, vectors, start, end, allowed, False, heap_d, heap_i)
         heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
+
+
+@njit(inline="always", fastmath=True)
+def _scan_rows(x, vectors, start, end, allowed, inner_product, heap_d, heap_i):
+    """Rows ``start..end`` offered to the max-heap, one whole distance at a time."""
+    filtered = allowed.shape[0] > 0
+    threshold = heap_d[0]
+    for i in range(start, end):
+        if filtered and allowed[i] == 0:
+            continue
+        d = exact_distance(x, vectors, i, inner_product)
+        if d < threshold:
+            heap_replace_top(heap_d, heap_i, d, i)
+            threshold = heap_d[0]
+
+
+@njit(inline="always", fastmath=True)
+def _scan_heads(x, vectors, start, end, allowed, heap_d, heap_i):
+    """:func:`_scan_rows` (L2) with the heads of four rows first, a row's tail only where its
+    head is below the heap's threshold (the last row repeated to fill the last four)."""
+    filtered = allowed.shape[0] > 0
+    threshold = heap_d[0]
+    last = end - 1
+    for i in range(start, end, 4):
+        h0, h1, h2, h3 = l2_heads4(x, vectors, i, min(i + 1, last), min(i + 2, last),
+                                   min(i + 3, last))  # fmt: skip
+        if min(min(h0, h1), min(h2, h3)) >= threshold:
+            continue  # (no row of the four can enter the heap)
+        for r in range(min(4, end - i)):
+            h = h0 if r == 0 else h1 if r == 1 else h2 if r == 2 else h3
+            row = i + r
+            if h >= threshold or (filtered and allowed[row] == 0):
+                continue
+            d = h + l2_tail(x, vectors, row)
+            if d < threshold:
+                heap_replace_top(heap_d, heap_i, d, row)
+                threshold = heap_d[0]
 
 
 _PREFETCH_AHEAD = 4  # candidates whose vectors refine_scan fetches before their turn

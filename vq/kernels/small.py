@@ -235,15 +235,17 @@ def probe_few(queries, centroids_t, c_norms, nprobe, inner_product):
 
 
 @kernel(nogil=True)
-def ivf_flat_lean(queries, centroids_t, c_norms, nprobe, vectors, offsets, ids, inner_product,
-                  ref_vectors, ref_ids, k_candidates, out_dist, out_ids, ranked):  # fmt: skip
+def ivf_flat_lean(queries, centroids_t, c_norms, nprobe, vectors, offsets, prune, ids,
+                  inner_product, ref_vectors, ref_ids, k_candidates, out_dist, out_ids,
+                  ranked):  # fmt: skip
     """A search of a few queries in an IVF-Flat index on the calling thread in one call, from
     the coarse step to ids (the lean path): :func:`probe_lists` (``centroids_t`` [d, nlist],
     ``c_norms`` float32 [nlist] read for l2), :func:`vq.kernels.ivf_flat_range` over the
-    ``nprobe`` lists of ``vectors`` [n, d] (CSR ``offsets``) for the ``k_candidates`` nearest,
-    then :func:`vq.kernels.exact.finish_lean` (ids, or the re-ranking of a wrapping
-    ``Refine`` with ``ref_vectors``/``ref_ids``): ``out_dist`` float32 [nq, k] ascending
-    (negated back to inner products with ``inner_product``; +inf / -inf padding),
+    ``nprobe`` lists of ``vectors`` [n, d] (CSR ``offsets``; ``prune``: heads first) for the
+    ``k_candidates`` nearest, then :func:`vq.kernels.exact.finish_lean` (ids, or the
+    re-ranking of a wrapping ``Refine`` with ``ref_vectors``/``ref_ids``): ``out_dist``
+    float32 [nq, k] ascending (negated back to inner products with ``inner_product``; +inf /
+    -inf padding),
     ``out_ids`` int64 [nq, k] (-1 padding). Returns False (and does nothing) if a query holds
     a NaN or an infinity."""
     if not all_finite(queries):
@@ -252,6 +254,6 @@ def ivf_flat_lean(queries, centroids_t, c_norms, nprobe, vectors, offsets, ids, 
     coarse, probes = probe_few(queries, centroids_t, c_norms, nprobe, inner_product)
     dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
     ivf_flat_range(np.int64(0), np.int64(nq), queries, vectors, probes, offsets,
-                   np.zeros(0, dtype=np.uint8), inner_product, dist, rows)  # fmt: skip
+                   np.zeros(0, dtype=np.uint8), inner_product, dist, rows, prune)  # fmt: skip
     finish_lean(queries, dist, rows, ids, inner_product, ref_vectors, ref_ids, out_dist, out_ids)
     return True

@@ -9,6 +9,7 @@ from vq.quantizers.layer import QuantizerOutput
 from vq.quantizers.learning import EMA, Gradient, Learning, SimVQ
 from vq.quantizers.lfq import LFQ
 from vq.quantizers.opq import OPQ
+from vq.quantizers.pca import PCA
 from vq.quantizers.product import ProductQuantizer
 from vq.quantizers.residual import ResidualVQ
 from vq.quantizers.residual_scalar import ResidualFSQ, ResidualLFQ
@@ -19,6 +20,7 @@ __all__ = [
     "EMA",
     "FSQ",
     "OPQ",
+    "PCA",
     "Gradient",
     "GroupedResidualVQ",
     "LFQ",
