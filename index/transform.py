@@ -8,8 +8,11 @@ import torch
 
 from vq.index.base import Index
 from vq.index.faiss_build import import_faiss, keep_alive
+from vq.index.lean import SMALL_BATCH
 from vq.index.static import Searcher, kept
 from vq.index.wrapper import Wrapper
+from vq.kernels.small import project_range
+from vq.kernels.threads import parallel_for
 from vq.quantizers import OPQ
 from vq.quantizers.opq import rotate
 from vq.quantizers.pca import PCA
@@ -160,12 +163,17 @@ class PreTransform(Wrapper):
         if inner is None:
             return None
         rt = self.transform.rotation.float().T.contiguous().numpy()
-        mean = self.mean().float().cpu().numpy()
-        centred = bool(mean.any())
+        mean = self.mean().float().contiguous().numpy()
 
         def search(q: np.ndarray, k: int, ranked: bool, params: dict):
-            y = (q - mean if centred else q) @ rt
-            return inner(np.ascontiguousarray(y, dtype=np.float32), k, ranked, params)
+            y = np.empty((q.shape[0], rt.shape[1]), np.float32)
+            if q.shape[0] <= SMALL_BATCH:
+                project_range(0, q.shape[0], q, rt, mean, y)
+            else:  # (split as the inner search splits: by query)
+                parallel_for(project_range, q.shape[0], q, rt, mean, y, grain=SMALL_BATCH)
+            return inner(y, k, ranked, params)
+
+        search.splits = getattr(inner, "splits", False)  # (batches the inner search splits)
 
         return search
 

@@ -198,3 +198,18 @@ def test_a_pca_index_saves_loads_and_searches_alike_on_every_path(skewed, tmp_pa
 def test_the_factory_refuses_a_pca_wider_than_the_vectors():
     with pytest.raises(ValueError, match="PCA200"):
         vq.index_factory(128, "PCA200,IVF16,Flat")
+
+
+@pytest.mark.parametrize("d_out", [7, 16, 48, 100])
+def test_project_range_maps_queries_as_numpy_does(d_out):
+    from vq.kernels.small import project_range
+
+    rng = np.random.default_rng(d_out)
+    q = rng.standard_normal((37, 48)).astype(np.float32)
+    rt = rng.standard_normal((48, d_out)).astype(np.float32)
+    mean = rng.standard_normal(48).astype(np.float32)
+    out = np.full((37, d_out), np.nan, np.float32)
+    project_range(0, 20, q, rt, mean, out)
+    project_range(20, 37, q, rt, mean, out)
+    want = (q.astype(np.float64) - mean) @ rt
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)

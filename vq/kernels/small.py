@@ -7,7 +7,8 @@ product, torch tensor or thread-pool wake-up before them.
 - :func:`flat_rows`: exact distances of rows ``r0..r1`` to a few queries into per-query heaps,
   each stored vector read once for all the queries; :func:`flat_parts` splits the rows.
 - :func:`probe_lists`: the coarse step of an IVF search, inner products with the centroids
-  and the ``nprobe`` nearest, as :func:`vq.kernels.smallest_k_rows` ranks them.
+  (:func:`products`) and the ``nprobe`` nearest, as :func:`vq.kernels.smallest_k_rows` ranks
+  them; :func:`project_range`: a pre-transform's map of a few queries.
 - :func:`ivf_flat_lean`: a whole IVF-Flat search of a few queries in one call.
 - :func:`nearest_lean`: a vector quantizer's encode of a few vectors.
 - :func:`all_finite`: the input check.
@@ -150,40 +151,71 @@ def probe_lists(queries, centroids_t, c_norms, inner_product, out_scores, out_li
     longer pay: 0.9-1.3x at 2,048-4,096 centroids).
     """
     queries, out_scores, out_lists = borrow(queries), borrow(out_scores), borrow(out_lists)
-    nq, dim = queries.shape
+    nq = queries.shape[0]
     nlist = centroids_t.shape[1]
     rows = np.empty((min(nq, PROBE_QUERIES), nlist), dtype=np.float32)
     values = row_scratch(nlist)
     held = nlist <= PROBE_COLUMNS
-    wide, blocks = nlist - nlist % DOT_COLUMNS, nlist - nlist % 16
     for q0 in range(0, nq, PROBE_QUERIES):
         q1 = min(nq, q0 + PROBE_QUERIES)
-        if held:
-            for c in range(0, wide, DOT_COLUMNS):  # sums in registers over all of a query
-                q = q0
-                while q + DOT_ROWS <= q1:  # several queries at a time
-                    column_dots_rows(queries, q * dim, dim, centroids_t, c, rows,
-                                     (q - q0) * nlist + c, nlist)  # fmt: skip
-                    q += DOT_ROWS
-                for r in range(q, q1):
-                    column_dots_wide(queries, r * dim, centroids_t, c, rows, (r - q0) * nlist + c)
+        products(queries, q0, q1, centroids_t, held, rows)
         for q in range(q0, q1):
-            row = rows[q - q0]
-            first = 0
-            if held:
-                for c in range(wide, blocks, 16):
-                    column_dots16(queries, q * dim, centroids_t, c, row, c)
-                first = blocks
-            rest = row[first:]  # (a loop from a variable start does not vectorise: 4x)
-            for c in range(nlist - first):
-                rest[c] = 0.0
-            for j in range(dim):
-                xj = queries[q, j]
-                columns = centroids_t[j, first:]
-                for c in range(nlist - first):
-                    rest[c] += xj * columns[c]
-            _smallest_k_row(row, queries[q], c_norms, inner_product, out_scores[q], out_lists[q],
-                            values)  # fmt: skip
+            _smallest_k_row(rows[q - q0], queries[q], c_norms, inner_product, out_scores[q],
+                            out_lists[q], values)  # fmt: skip
+
+
+@njit(nogil=True, fastmath=True)
+def products(queries, q0, q1, columns_t, held, out):
+    """``out[i - q0] = queries[i] @ columns_t`` for i in ``q0..q1``: queries float32 [nq, d]
+    (C-contiguous), columns_t float32 [d, n], out float32 [>= q1 - q0, n]. ``held``: sums in
+    vector registers (:func:`vq.kernels.dots.column_dots_rows` over ``DOT_COLUMNS`` columns
+    and ``DOT_ROWS`` queries at a time, then 16 columns), the rest by numba's loop (all of
+    them without ``held``). Each product is the same whichever way it is computed for the
+    same ``held`` and n."""
+    dim, n = queries.shape[1], columns_t.shape[1]
+    wide, blocks = n - n % DOT_COLUMNS, n - n % 16
+    first = 0
+    if held:
+        for c in range(0, wide, DOT_COLUMNS):  # sums in registers over all of a query
+            q = q0
+            while q + DOT_ROWS <= q1:  # several queries at a time
+                column_dots_rows(queries, q * dim, dim, columns_t, c, out, (q - q0) * n + c, n)
+                q += DOT_ROWS
+            for r in range(q, q1):
+                column_dots_wide(queries, r * dim, columns_t, c, out, (r - q0) * n + c)
+        for q in range(q0, q1):
+            for c in range(wide, blocks, 16):
+                column_dots16(queries, q * dim, columns_t, c, out[q - q0], c)
+        first = blocks
+    for q in range(q0, q1):
+        rest = out[q - q0, first:]  # (a loop from a variable start does not vectorise: 4x)
+        for c in range(n - first):
+            rest[c] = 0.0
+        for j in range(dim):
+            xj = queries[q, j]
+            columns = columns_t[j, first:]
+            for c in range(n - first):
+                rest[c] += xj * columns[c]
+
+
+@kernel(nogil=True)
+def project_range(q0, q1, queries, matrix_t, mean, out):
+    """``out[q] = (queries[q] - mean) @ matrix_t`` for q in ``q0..q1`` on the calling thread: a
+    pre-transform's map of a few queries (:class:`vq.PreTransform`'s lean path), with no
+    matrix product of a BLAS library (whose threads then spin on the cores the search needs).
+
+    Args:
+        queries: float32 [nq, d] (C-contiguous); matrix_t: float32 [d, d_out], the map
+            transposed; mean: float32 [d] subtracted first (zeros: none).
+        out: float32 [nq, d_out].
+    """
+    queries, out = borrow(queries), borrow(out)
+    n, dim = q1 - q0, queries.shape[1]
+    centred = np.empty((n, dim), dtype=np.float32)
+    for i in range(n):
+        for j in range(dim):
+            centred[i, j] = queries[q0 + i, j] - mean[j]
+    products(centred, np.int64(0), n, matrix_t, matrix_t.shape[1] <= PROBE_COLUMNS, out[q0:q1])
 
 
 #: probe_lists computes the products of this many queries with each group of centroids
