@@ -327,11 +327,16 @@ class IVFIndex(IVFStorage, Index):
     def _lean_search(self):
         """The whole search of a few queries as one kernel call on the calling thread (the
         coarse step, the scan of the probed lists, ids: the kind's ``_lean_kernel``); a call
-        whose estimated work is not small returns None (the general, parallel path). None
-        when spilled (the general path keeps each id once)."""
-        return None if self.spill else self._lean_closure(None)
+        whose estimated work is not small returns None (the general, parallel path). Spilled
+        lists: the best ``2 k`` rows, each id's first kept (as the general path keeps them);
+        none where the rows are mapped from the index file."""
+        if self.spill and self.rows_mapped():
+            return None
+        return self._lean_closure(None)
 
     def _lean_search_refined(self, vectors: np.ndarray, ids: np.ndarray, k_factor: Callable):
+        """None when spilled (a re-ranking of spilled lists runs the general path, which
+        keeps each id once before re-ranking)."""
         return None if self.spill else self._lean_closure((vectors, ids, k_factor))
 
     def _lean_closure(self, refine: tuple | None):

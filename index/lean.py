@@ -24,6 +24,7 @@ from vq._checks import check_positive, is_eager
 from vq._cpu import numpy_path
 from vq.index.mapped import read_lists
 from vq.index.searching import NO_IDS
+from vq.kernels.select import unique_rows, unique_rows_range
 from vq.kernels.small import probe_lists
 from vq.kernels.threads import parallel_for
 
@@ -114,6 +115,11 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
     c = index.quantizer.codebook
     centroids_t = index._derived("centroids_t", (c,), lambda: c.float().T.contiguous().numpy())
     ids = index.ids.numpy() if index.ids.shape[0] == index.ntotal else NO_IDS
+    copies = index.copies  # spilled lists: the best k distinct ids among the best 2 k rows
+    if copies > 1:
+        if refine is not None or mapped:
+            raise ValueError("the lean search of spilled lists takes no re-ranking or mapping")
+        row_ids, ids = index.ids.numpy(), NO_IDS  # (the kernel's ids: rows, made unique below)
     if mapped:  # the lists the kernel may probe read from the file first (see ivf.py)
         c_sq = norms if not ip else (centroids_t * centroids_t).sum(0)
         rows = {name: index._buffers[name] for name in index._row_buffers}
@@ -142,9 +148,11 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
             return None
         if nq <= SMALL_BATCH and work >= serial_work:
             return None
+        split_up = nq > SMALL_BATCH and work >= serial_work  # else on the calling thread
+        if copies > 1:
+            return spilled(q, nprobe, k, split_up)
         out_dist = np.empty((nq, k), np.float32)
         out_ids = np.empty((nq, k), np.int64)
-        split_up = nq > SMALL_BATCH and work >= serial_work  # else on the calling thread
         if not mapped:
             run = partial(split_queries, kernel) if split_up else kernel
             done = run(q, centroids_t, norms, nprobe, *args, ids, ip, ref_x, ref_ids, kc,
@@ -160,6 +168,22 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
         at, stored = index._ids_of(local.stored_rows(out_ids))  # (the kernel's ids: rows here)
         out_ids[...] = np.where(at >= 0, stored[np.maximum(at, 0)], -1)
         return out_dist, out_ids
+
+    def spilled(q: np.ndarray, nprobe: int, k: int, split_up: bool):
+        """The best ``copies * k`` rows, then each id's first (as the general path keeps
+        them: :func:`vq.kernels.unique_rows`), mapped to ids."""
+        nq, kr = q.shape[0], min(k * copies, row_ids.shape[0])
+        dist, rows = np.empty((nq, kr), np.float32), np.empty((nq, kr), np.int64)
+        run = partial(split_queries, kernel) if split_up else kernel
+        if not run(q, centroids_t, norms, nprobe, *args, NO_IDS, ip, ref_x, NO_IDS, kr, dist,
+                   rows, True):  # fmt: skip
+            return None
+        out_dist, out_rows = np.empty((nq, k), np.float32), np.empty((nq, k), np.int64)
+        if split_up:
+            unique_rows(dist, rows, row_ids, out_dist, out_rows)
+        else:
+            unique_rows_range(0, nq, dist, rows, row_ids, out_dist, out_rows)
+        return out_dist, np.where(out_rows >= 0, row_ids[np.maximum(out_rows, 0)], -1)
 
     search.splits = split
     return search

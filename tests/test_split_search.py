@@ -13,7 +13,8 @@ from vq.index.base import Index
 from vq.kernels.select import smallest_k_range
 from vq.kernels.small import probe_lists
 
-KINDS = ["IVF32,Flat", "IVF32,PQ8", "IVF32,PQ8x4fs,RFlat", "IVF32,SQ8", "IVF40,Flat"]
+KINDS = ["IVF32,Flat", "IVF32,PQ8", "IVF32,PQ8x4fs,RFlat", "IVF32,SQ8", "IVF40,Flat",
+         "IVF32(soar),Flat", "IVF32(soar),PQ8", "IVF32(soar),SQ8"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +53,11 @@ def test_a_split_batch_gives_the_general_paths_results(data, description, metric
             vq.set_num_threads(2)
         np.testing.assert_array_equal(ids, want_ids)
         np.testing.assert_allclose(dist, want_dist, rtol=1e-4, atol=1e-3)
+    small_dist, small_ids = index.search(q[:9], 10)  # (a small batch: the calling thread)
+    np.testing.assert_array_equal(small_ids, want_ids[:9])
+    np.testing.assert_allclose(small_dist, want_dist[:9], rtol=1e-4, atol=1e-3)
+    if getattr(index, "spill", False):  # each id once per row
+        assert all(len(set(row)) == len(row) for row in ids.tolist())
 
 
 def test_a_split_batch_runs_no_torch_search(data, monkeypatch):
