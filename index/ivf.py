@@ -328,10 +328,7 @@ class IVFIndex(IVFStorage, Index):
         """The whole search of a few queries as one kernel call on the calling thread (the
         coarse step, the scan of the probed lists, ids: the kind's ``_lean_kernel``); a call
         whose estimated work is not small returns None (the general, parallel path). Spilled
-        lists: the best ``2 k`` rows, each id's first kept (as the general path keeps them);
-        none where the rows are mapped from the index file."""
-        if self.spill and self.rows_mapped():
-            return None
+        lists: the best ``2 k`` rows, each id's first kept (as the general path keeps them)."""
         return self._lean_closure(None)
 
     def _lean_search_refined(self, vectors: np.ndarray, ids: np.ndarray, k_factor: Callable):

@@ -117,9 +117,10 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
     ids = index.ids.numpy() if index.ids.shape[0] == index.ntotal else NO_IDS
     copies = index.copies  # spilled lists: the best k distinct ids among the best 2 k rows
     if copies > 1:
-        if refine is not None or mapped:
-            raise ValueError("the lean search of spilled lists takes no re-ranking or mapping")
-        row_ids, ids = index.ids.numpy(), NO_IDS  # (the kernel's ids: rows, made unique below)
+        if refine is not None:
+            raise ValueError("the lean search of spilled lists takes no re-ranking")
+        ids = NO_IDS  # (the kernel's ids: rows, made unique below)
+        row_ids = None if mapped else index.ids.numpy()
     if mapped:  # the lists the kernel may probe read from the file first (see ivf.py)
         c_sq = norms if not ip else (centroids_t * centroids_t).sum(0)
         rows = {name: index._buffers[name] for name in index._row_buffers}
@@ -149,41 +150,36 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
         if nq <= SMALL_BATCH and work >= serial_work:
             return None
         split_up = nq > SMALL_BATCH and work >= serial_work  # else on the calling thread
-        if copies > 1:
-            return spilled(q, nprobe, k, split_up)
-        out_dist = np.empty((nq, k), np.float32)
-        out_ids = np.empty((nq, k), np.int64)
+        # spilled lists: the best copies * k rows (k_candidates), made unique below
+        width = k if copies == 1 else min(k * copies, index.n_rows)
+        out_dist = np.empty((nq, width), np.float32)
+        found = np.empty((nq, width), np.int64)  # ids, or rows where mapped or spilled
+        ranked = ranked or copies > 1
         if not mapped:
             run = partial(split_queries, kernel) if split_up else kernel
-            done = run(q, centroids_t, norms, nprobe, *args, ids, ip, ref_x, ref_ids, kc,
-                       out_dist, out_ids, ranked)  # fmt: skip
-            return (out_dist, out_ids) if done else None  # (not finite: the general path says)
-        lists = near_lists(q, centroids_t, c_sq, ip, nprobe)
-        local = read_lists(rows, offsets, np.arange(nlist) if lists is None else lists)
-        local_kernel, rest = index._lean_kernel(local)
-        run = partial(split_queries, local_kernel) if split_up else local_kernel
-        if not run(q, centroids_t, norms, nprobe, *rest, NO_IDS, ip, ref_x, ref_ids, kc,
-                   out_dist, out_ids, ranked):  # fmt: skip
-            return None
-        at, stored = index._ids_of(local.stored_rows(out_ids))  # (the kernel's ids: rows here)
-        out_ids[...] = np.where(at >= 0, stored[np.maximum(at, 0)], -1)
-        return out_dist, out_ids
-
-    def spilled(q: np.ndarray, nprobe: int, k: int, split_up: bool):
-        """The best ``copies * k`` rows, then each id's first (as the general path keeps
-        them: :func:`vq.kernels.unique_rows`), mapped to ids."""
-        nq, kr = q.shape[0], min(k * copies, row_ids.shape[0])
-        dist, rows = np.empty((nq, kr), np.float32), np.empty((nq, kr), np.int64)
-        run = partial(split_queries, kernel) if split_up else kernel
-        if not run(q, centroids_t, norms, nprobe, *args, NO_IDS, ip, ref_x, NO_IDS, kr, dist,
-                   rows, True):  # fmt: skip
-            return None
-        out_dist, out_rows = np.empty((nq, k), np.float32), np.empty((nq, k), np.int64)
-        if split_up:
-            unique_rows(dist, rows, row_ids, out_dist, out_rows)
+            if not run(q, centroids_t, norms, nprobe, *args, ids, ip, ref_x, ref_ids,
+                       kc if copies == 1 else width, out_dist, found, ranked):  # fmt: skip
+                return None  # (not finite: the general path says)
+            if copies == 1:
+                return out_dist, found
+            at, stored = found, row_ids
         else:
-            unique_rows_range(0, nq, dist, rows, row_ids, out_dist, out_rows)
-        return out_dist, np.where(out_rows >= 0, row_ids[np.maximum(out_rows, 0)], -1)
+            lists = near_lists(q, centroids_t, c_sq, ip, nprobe)
+            local = read_lists(rows, offsets, np.arange(nlist) if lists is None else lists)
+            local_kernel, rest = index._lean_kernel(local)
+            run = partial(split_queries, local_kernel) if split_up else local_kernel
+            if not run(q, centroids_t, norms, nprobe, *rest, NO_IDS, ip, ref_x, ref_ids,
+                       kc if copies == 1 else width, out_dist, found, ranked):  # fmt: skip
+                return None
+            at, stored = index._ids_of(local.stored_rows(found))
+        if copies > 1:  # each id's first row, as the general path keeps them (unique_rows)
+            first_dist, first = np.empty((nq, k), np.float32), np.empty((nq, k), np.int64)
+            if split_up:
+                unique_rows(out_dist, at, stored, first_dist, first)
+            else:
+                unique_rows_range(0, nq, out_dist, at, stored, first_dist, first)
+            out_dist, at = first_dist, first
+        return out_dist, np.where(at >= 0, stored[np.maximum(at, 0)], -1)
 
     search.splits = split
     return search
