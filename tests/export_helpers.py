@@ -108,6 +108,9 @@ def make_index(name, x):
         ),
         "OPQ-IVFPQ-RFlat-l2": lambda: _filled(_opq_refine(x), x, odd_ids),
         "OPQ-IVFPQ-RFlat-ip": lambda: _filled(_opq_refine(x, "ip"), x),
+        "PCA-IVFFlat-l2-ids": lambda: _filled(
+            vq.PreTransform(vq.PCA(DIM, 12).fit(x), vq.IVFFlat(12, 8, coarse_niter=4)), x, odd_ids
+        ),
     }
     return builders[name]()
 
@@ -127,6 +130,7 @@ INDEXES = [
     "IVFPQ-fastscan-ip",
     "OPQ-IVFPQ-RFlat-l2",
     "OPQ-IVFPQ-RFlat-ip",
+    "PCA-IVFFlat-l2-ids",
 ]
 
 

@@ -199,6 +199,7 @@ ONNX_INDEXES = [
     "IVFPQ-ip-ids",
     "IVFPQ-direct-l2",
     "OPQ-IVFPQ-RFlat-l2",
+    "PCA-IVFFlat-l2-ids",
 ]
 
 
