@@ -17,7 +17,7 @@ Systems (each where importable; ``make bench`` installs all of them):
 - ScaNN: tree (num_leaves ~ 2 sqrt(n)) + score_ah(2, 0.2) + reorder (leaves x reorder), with
   and without its SOAR spilling (soar_lambda 1.5), as vq's own "IVF…(soar),…" descriptions.
 
-The default grids step by about 1.5x (nprobe 4…512, at most nlist; efSearch 10…512), as
+The default grids step by about 1.5x (nprobe 1…512, at most nlist; efSearch 10…512), as
 finely for every library: at a recall level, a coarser grid decides more than the systems do.
 Every point of
 every system is timed in one alternating loop (each round visits all points in
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.set_defaults(data="text", n=300_000)
     p.add_argument("--vq", nargs="*", default=[], help="more vq descriptions (e.g. HNSW32)")
     p.add_argument("--systems", nargs="+", default=["vq", "faiss", "hnswlib", "scann"])
-    nprobes = [4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]
+    nprobes = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]
     p.add_argument("--nprobe", type=int, nargs="+", default=nprobes)
     p.add_argument("--k-factor", type=int, nargs="+", default=[2, 4, 8, 16])
     p.add_argument("--ef", type=int, nargs="+",

@@ -13,10 +13,12 @@ from vq._cpu import empty, fast_path
 from vq.index.base import Index
 from vq.index.faiss_build import import_faiss, keep_alive, with_id_map
 from vq.index.filters import IdFilter, torch_mask
+from vq.index.lean import SMALL_BATCH
 from vq.index.searching import NO_IDS, shape_problem
 from vq.index.static import INF, Searcher, kept, search_in_chunks, top_rows
 from vq.index.storage import IdRange, append_rows, reserve
 from vq.index.wrapper import Wrapper
+from vq.kernels.threads import parallel_for
 
 
 class Refine(Wrapper):
@@ -226,11 +228,21 @@ class Refine(Wrapper):
             if found is None:
                 return None
             # the wrapped index stores this index's rows as its ids
-            out_dist = np.empty((q.shape[0], k), np.float32)
-            out_ids = np.empty((q.shape[0], k), np.int64)
-            kernels.refine_lean(q, x, found[1], ids, ip, out_dist, out_ids)
+            nq = q.shape[0]
+            out_dist = np.empty((nq, k), np.float32)
+            out_ids = np.empty((nq, k), np.int64)
+            if nq <= SMALL_BATCH:
+                kernels.refine_lean(q, x, found[1], ids, ip, out_dist, out_ids)
+                return out_dist, out_ids
+            # a batch the wrapped search split: the re-ranking split by query as well
+            dist, rows = np.empty((nq, k), np.float32), np.empty((nq, k), np.int64)
+            parallel_for(kernels.refine_range, nq, q, x, found[1], ip, dist, rows,
+                         grain=SMALL_BATCH)  # fmt: skip
+            fill = np.float32(-np.inf) if ip else np.float32(np.inf)
+            kernels.rows_to_ids(dist, rows, ids, ip, fill, out_dist, out_ids)
             return out_dist, out_ids
 
+        search.splits = getattr(candidates, "splits", False)  # (batches the wrapped search splits)
         return search
 
 

@@ -60,6 +60,37 @@ def test_a_split_batch_gives_the_general_paths_results(data, description, metric
         assert all(len(set(row)) == len(row) for row in ids.tolist())
 
 
+# graphs, and re-ranking around an index whose lean search cannot re-rank in its own kernel
+SPLIT_WRAPPED = ["HNSW8", "HNSW8,SQ8", "HNSW8,RFlat", "PCA16,IVF32,Flat,RFlat"]
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+@pytest.mark.parametrize("description", SPLIT_WRAPPED)
+def test_a_split_graph_or_refine_batch_gives_the_general_paths_results(data, description, metric):
+    x, q = data
+    index = vq.index_factory(x.shape[1], description, metric=metric)
+    index.train(x)
+    index.add_with_ids(x, np.arange(len(x), dtype=np.int64) * 7 + 3)
+    params = {"nprobe": 5} if "IVF" in description else {"efSearch": 24}
+    if "RFlat" in description:
+        params["k_factor"] = 3
+    assert index._lean().splits
+    want_dist, want_ids = _general(index, q, 10, **params)
+    for threads in (1, 2):
+        vq.set_num_threads(threads)
+        try:
+            dist, ids = index.search(q, 10, **params)
+        finally:
+            vq.set_num_threads(2)
+        np.testing.assert_array_equal(ids, want_ids)
+        np.testing.assert_allclose(dist, want_dist, rtol=1e-4, atol=1e-3)
+    bad = q.copy()
+    bad[250, 3] = np.inf  # in the second thread's slice: the general path says what is wrong
+    assert lean.search_small(index, bad, 10, params) is None
+    with pytest.raises(ValueError, match="NaN/Inf values, first in row 250"):
+        index.search(bad, 10, **params)
+
+
 def test_a_split_batch_runs_no_torch_search(data, monkeypatch):
     x, q = data
     index = _index("IVF32,Flat", "l2", x)
