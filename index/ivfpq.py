@@ -316,9 +316,9 @@ class IVFPQ(IVFIndex):
             state.fill(store.lists, list_tables, inputs)
             return kernel, args
 
-        def lean(q, centroids_t, c_norms, nprobe, *rest):  # first the rows it may read
-            state.fill_near(q, centroids_t, c_norms, nprobe, list_tables, inputs)
-            return kernel(q, centroids_t, c_norms, nprobe, *rest)
+        def lean(q, coarse, nprobe, *rest):  # first the rows it may read
+            state.fill_near(q, coarse[0], coarse[1], nprobe, list_tables, inputs)
+            return kernel(q, coarse, nprobe, *rest)
 
         return lean, args
 

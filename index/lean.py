@@ -25,14 +25,15 @@ from vq._cpu import numpy_path
 from vq.index.mapped import read_lists
 from vq.index.searching import NO_IDS
 from vq.kernels.select import unique_rows, unique_rows_range
-from vq.kernels.small import probe_lists
+from vq.kernels.small import BOUND_RATIO, BOUND_SPARE, probe_lists
 from vq.kernels.threads import parallel_for
 
 #: searches of at most this many queries may take the lean path
 SMALL_BATCH = 16
 #: an IVF search of more queries may take it too, its queries split between the threads, where
 #: its coarse step is small (at most SPLIT_COARSE products of centroid and query components:
-#: the lean kernels scan the centroids, with no matrix product) and so is its whole estimated
+#: the lean kernels scan the centroids, with no matrix product; fewer where a bound rules most
+#: centroids out, see vq.kernels.small.probe_bounded) and so is its whole estimated
 #: work (SPLIT_WORK ns): there the general path's fixed costs (a multi-threaded BLAS product
 #: of a few hundred queries, torch tensors, two pool wake-ups) are most of the time
 SPLIT_BATCH = 4096
@@ -40,6 +41,8 @@ SPLIT_COARSE = 1 << 16
 SPLIT_WORK = 20_000_000
 _FLOAT32 = np.dtype(np.float32)
 _NO_NORMS = np.zeros(0, np.float32)
+_NO_BOUND = (np.zeros((0, 0), np.float32), np.zeros((0, 0), np.float32), _NO_NORMS,
+             np.zeros((0, 0), np.float32))  # fmt: skip
 
 
 def search_small(index, queries: Any, k: Any, params: dict):
@@ -114,6 +117,8 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
     norms = _NO_NORMS if ip else index._centroid_norms()
     c = index.quantizer.codebook
     centroids_t = index._derived("centroids_t", (c,), lambda: c.float().T.contiguous().numpy())
+    bound = _NO_BOUND if ip else index._coarse_bound()  # (L2: see probe_bounded)
+    coarse = (centroids_t, norms, *bound)
     ids = index.ids.numpy() if index.ids.shape[0] == index.ntotal else NO_IDS
     copies = index.copies  # spilled lists: the best k distinct ids among the best 2 k rows
     if copies > 1:
@@ -131,7 +136,14 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
     per_probe = index.ntotal / nlist * index._vector_ns()
     fixed = index._search_work(1, 1, nprobe=1) - per_probe
     serial_work = _cpu.SERIAL_WORK
-    split = nlist * index.dim <= SPLIT_COARSE
+    d, r = index.dim, bound[0].shape[1]
+
+    def coarse_products(nprobe: int) -> int:  # per query, as probe_few computes them
+        if r and nlist >= BOUND_RATIO * (nprobe + BOUND_SPARE):
+            return d * r + nlist * r + (nprobe + BOUND_SPARE) * d
+        return nlist * d
+
+    split = coarse_products(1) <= SPLIT_COARSE
 
     def search(q: np.ndarray, k: int, ranked: bool, params: dict):
         nprobe = params.get("nprobe")
@@ -145,7 +157,7 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
                 return None  # the general path says what is wrong
             kc = k * factor
         work = nq * (fixed + nprobe * per_probe)
-        if nq > SMALL_BATCH and (not split or work >= SPLIT_WORK):
+        if nq > SMALL_BATCH and (coarse_products(nprobe) > SPLIT_COARSE or work >= SPLIT_WORK):
             return None
         if nq <= SMALL_BATCH and work >= serial_work:
             return None
@@ -157,7 +169,7 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
         ranked = ranked or copies > 1
         if not mapped:
             run = partial(split_queries, kernel) if split_up else kernel
-            if not run(q, centroids_t, norms, nprobe, *args, ids, ip, ref_x, ref_ids,
+            if not run(q, coarse, nprobe, *args, ids, ip, ref_x, ref_ids,
                        kc if copies == 1 else width, out_dist, found, ranked):  # fmt: skip
                 return None  # (not finite: the general path says)
             if copies == 1:
@@ -168,7 +180,7 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
             local = read_lists(rows, offsets, np.arange(nlist) if lists is None else lists)
             local_kernel, rest = index._lean_kernel(local)
             run = partial(split_queries, local_kernel) if split_up else local_kernel
-            if not run(q, centroids_t, norms, nprobe, *rest, NO_IDS, ip, ref_x, ref_ids,
+            if not run(q, coarse, nprobe, *rest, NO_IDS, ip, ref_x, ref_ids,
                        kc if copies == 1 else width, out_dist, found, ranked):  # fmt: skip
                 return None
             at, stored = index._ids_of(local.stored_rows(found))

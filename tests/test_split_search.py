@@ -10,8 +10,9 @@ import pytest
 import vq
 from vq.index import lean
 from vq.index.base import Index
+from vq.index.ivf import coarse_bound
 from vq.kernels.select import smallest_k_range
-from vq.kernels.small import probe_lists
+from vq.kernels.small import BOUND_MOST, probe_bounded, probe_few, probe_lists
 
 KINDS = ["IVF32,Flat", "IVF32,PQ8", "IVF32,PQ8x4fs,RFlat", "IVF32,SQ8", "IVF40,Flat",
          "IVF32(soar),Flat", "IVF32(soar),PQ8", "IVF32(soar),SQ8"]  # fmt: skip
@@ -168,3 +169,78 @@ def test_the_selection_keeps_the_k_least_ties_by_lower_column(n, k):
     want = np.argsort(values, axis=1, kind="stable")[:, :k]
     np.testing.assert_array_equal(out_i, want)
     np.testing.assert_array_equal(out_d, np.take_along_axis(values, want, 1))
+
+
+BOUNDED = [(200, 32, 2, 2), (256, 40, 3, 3), (256, 64, 12, 4), (300, 128, 3, 8)]
+
+
+@pytest.mark.parametrize("nlist,dim,nprobe,directions", BOUNDED)
+def test_the_bounded_coarse_step_ranks_as_exact_distances(nlist, dim, nprobe, directions):
+    # small integers: every exact distance is exact in float32, so the lists must be the
+    # stable argsort's (ties to the lower list) and the scores the exact values. The
+    # centroids lie near a few directions, as trained ones do, so that the bound rules most
+    # of them out, but not so near that the nprobe + BOUND_SPARE least bounds always hold
+    # the nearest lists (the centroids within the margin of the nprobe-th must be taken too)
+    rng = np.random.default_rng(nlist + dim)
+    basis = rng.integers(-2, 3, (directions, dim))
+    c = rng.integers(-3, 4, (nlist, dim)) + rng.integers(-3, 4, (nlist, directions)) @ basis
+    q = rng.integers(-3, 4, (50, dim)) + rng.integers(-3, 4, (50, directions)) @ basis
+    c, q = c.astype(np.float32), q.astype(np.float32)
+    bound = coarse_bound(c)
+    assert bound[0].shape == (dim, 8 * -(-dim // 32))
+    scores, lists = np.empty((50, nprobe), np.float32), np.empty((50, nprobe), np.int64)
+    probe_bounded(q, np.ascontiguousarray(c.T), (c * c).sum(1), *bound, scores, lists)
+    exact = ((q[:, None, :].astype(np.float64) - c[None]) ** 2).sum(-1)
+    want = np.argsort(exact, axis=1, kind="stable")[:, :nprobe]
+    np.testing.assert_array_equal(lists, want)
+    np.testing.assert_array_equal(scores, np.take_along_axis(exact, want, 1))
+    lower = (((q[:, None, :] - c[None]) @ bound[0]) ** 2).sum(-1)  # the bounds, by numpy
+    assert ((lower <= np.take_along_axis(exact, want[:, -1:], 1)).sum(1) < BOUND_MOST).all()
+
+
+def test_a_loose_bound_falls_back_to_the_whole_coarse_step():
+    # isotropic centroids in 64 dimensions: 16 axes bound little, more than BOUND_MOST
+    # centroids stay in doubt, and the query takes the full step (same lists either way)
+    rng = np.random.default_rng(5)
+    c = rng.integers(-1, 2, (1024, 64)).astype(np.float32)
+    q = rng.integers(-1, 2, (20, 64)).astype(np.float32)
+    ct, norms = np.ascontiguousarray(c.T), (c * c).sum(1)
+    bound = coarse_bound(c)
+    got = probe_few(q, (ct, norms, *bound), 5, False)
+    want = np.empty((20, 5), np.float32), np.empty((20, 5), np.int64)
+    probe_lists(q, ct, norms, False, *want)
+    exact = ((q[:, None, :] - c[None]) ** 2).sum(-1)
+    lower = (((q[:, None, :] - c[None]) @ bound[0]) ** 2).sum(-1)  # the bounds, by numpy
+    fifth = np.sort(exact, 1)[:, 4:5]
+    assert ((lower <= fifth).sum(1) > BOUND_MOST).all()  # (a loose bound for every query)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[0], want[0])
+
+
+def test_few_centroids_or_dimensions_take_no_bound():
+    assert coarse_bound(np.ones((63, 128), np.float32))[0].shape == (128, 0)
+    assert coarse_bound(np.ones((100, 16), np.float32))[0].shape == (16, 0)
+    assert coarse_bound(np.ones((128, 128), np.float32))[0].shape == (128, 32)
+
+
+@pytest.mark.parametrize("description", ["IVF512,Flat", "IVF512,PQ16x4fs,RFlat", "IVF512,SQ8",
+                                         "IVF512(soar),Flat"])  # fmt: skip
+def test_a_bounded_coarse_step_gives_the_general_paths_results(description):
+    # anisotropic vectors (as embeddings are): the lean coarse step rules most lists out by
+    # their bound, and still probes the lists the general path's BLAS products pick
+    rng = np.random.default_rng(3)
+    scale = 0.93 ** np.arange(64, dtype=np.float32)
+    x = rng.standard_normal((12000, 64), dtype=np.float32) * scale
+    q = rng.standard_normal((200, 64), dtype=np.float32) * scale
+    index = vq.index_factory(64, description)
+    index.train(x)
+    index.add(x)
+    ivf = index.index if description.endswith("RFlat") else index
+    assert ivf._coarse_bound()[0].shape == (64, 16)
+    for nprobe in (1, 4, 12):  # (at least BOUND_RATIO centroids for each of nprobe + 4)
+        want_dist, want_ids = _general(index, q, 10, nprobe=nprobe)
+        dist, ids = index.search(q, 10, nprobe=nprobe)
+        np.testing.assert_array_equal(ids, want_ids)
+        np.testing.assert_allclose(dist, want_dist, rtol=1e-4, atol=1e-3)
+        one_dist, one_ids = index.search(q[:5], 10, nprobe=nprobe)  # (the calling thread)
+        np.testing.assert_array_equal(one_ids, want_ids[:5])

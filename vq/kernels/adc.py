@@ -187,16 +187,15 @@ def ivfpq_hits(n_tables: int, words: bool, dsub: int):
 @functools.cache
 def ivfpq_lean(n_tables: int, words: bool, dsub: int):
     """A search of a few queries on the calling thread in one call, from the coarse step to
-    ids (the lean path): ``lean_search(queries, centroids_t, c_norms, nprobe, codebooks_t,
-    norms, centroids, list_tables, kind, alpha, coarse_base, codes, offsets, ids,
-    inner_product, out_dist, out_ids, ranked)``, results always ranked. ``centroids_t``
-    float32 [d, nlist] (the centroids transposed) and ``c_norms`` [nlist] (their squared
-    norms, read for l2) choose each query's ``nprobe`` lists as
-    :func:`vq.kernels.probe_lists` does; ``coarse_base``: whether the coarse scores are the
-    ``base`` of :func:`ivfpq_scanner` (else 0); ``ids`` int64 [ntotal] (or [0]: the rows are
-    the ids); ``out_dist`` float32 [nq, k] ascending (negated back to inner products with
-    ``inner_product``; +inf / -inf padding) and ``out_ids`` int64 [nq, k] (-1 padding); the
-    other inputs are :func:`ivfpq_scanner`'s."""
+    ids (the lean path): ``lean_search(queries, coarse, nprobe, codebooks_t, norms,
+    centroids, list_tables, kind, alpha, coarse_base, codes, offsets, ids, inner_product,
+    out_dist, out_ids, ranked)``, results always ranked. ``coarse`` (centroids_t float32
+    [d, nlist], c_norms [nlist] read for l2, and the bound arrays) chooses each query's
+    ``nprobe`` lists as :func:`vq.kernels.small.probe_few` does; ``coarse_base``: whether
+    the coarse scores are the ``base`` of :func:`ivfpq_scanner` (else 0); ``ids`` int64
+    [ntotal] (or [0]: the rows are the ids); ``out_dist`` float32 [nq, k] ascending
+    (negated back to inner products with ``inner_product``; +inf / -inf padding) and
+    ``out_ids`` int64 [nq, k] (-1 padding); the other inputs are :func:`ivfpq_scanner`'s."""
     return _ivfpq_module(n_tables, words, dsub).lean_search
 
 

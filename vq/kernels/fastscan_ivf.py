@@ -143,12 +143,12 @@ def block_bits(bits, offsets, list_blocks, out):
 def ivf_fastscan_lean(n_pairs: int, dsub: int, isa: str):
     """A search of a few queries on the calling thread in one call, from the coarse step to
     ids (the lean path, which a thread-pool wake-up or a step per call would cost more than
-    the work): ``lean_search(queries, centroids_t, c_norms, nprobe, codebooks_t, norms,
-    centroids, list_tables, kind, alpha, coarse_base, list_blocks, offsets, packed, ids,
-    inner_product, out_dist, out_ids, ranked)``.
+    the work): ``lean_search(queries, coarse, nprobe, codebooks_t, norms, centroids,
+    list_tables, kind, alpha, coarse_base, list_blocks, offsets, packed, ids, inner_product,
+    out_dist, out_ids, ranked)``.
 
-    ``centroids_t`` float32 [d, nlist] (the centroids transposed) and ``c_norms`` [nlist]
-    (read for l2) choose each query's ``nprobe`` lists as :func:`vq.kernels.probe_lists`
+    ``coarse`` (centroids_t float32 [d, nlist], c_norms [nlist] read for l2, and the bound
+    arrays) chooses each query's ``nprobe`` lists as :func:`vq.kernels.small.probe_few`
     does; ``coarse_base``: whether the coarse scores are added to the distances (by-residual
     tables); the other inputs are
     ``ivf_fastscan_lists``'s. ``ids`` int64 [ntotal] (or [0]: the ids are the rows) map rows

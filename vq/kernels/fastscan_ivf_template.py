@@ -259,7 +259,7 @@ def scan(queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
 
 
 @kernel(nogil=True)
-def lean_search(queries, centroids_t, c_norms, nprobe, codebooks_t, norms, centroids,
+def lean_search(queries, coarse_step, nprobe, codebooks_t, norms, centroids,
                 list_tables, kind, alpha, coarse_base, list_blocks, offsets, packed, ids,
                 inner_product, ref_vectors, ref_ids, k_candidates, out_dist, out_ids,
                 ranked):  # fmt: skip
@@ -270,7 +270,7 @@ def lean_search(queries, centroids_t, c_norms, nprobe, codebooks_t, norms, centr
     if not all_finite(queries):
         return False
     nq, k = queries.shape[0], k_candidates
-    coarse, probes = probe_few(queries, centroids_t, c_norms, nprobe, inner_product)
+    coarse, probes = probe_few(queries, coarse_step, nprobe, inner_product)
     base = coarse if coarse_base else np.zeros((nq, nprobe), dtype=np.float32)
     summed = list_tables.shape[0] > 0
     T = nprobe if summed or (kind != IP_TABLE and kind != L2_TABLE) else 1

@@ -174,7 +174,7 @@ def _probe_table(x, lst, kind, table, buf, residual, centroids, codebooks_t, nor
 
 
 @kernel(nogil=True)
-def lean_search(queries, centroids_t, c_norms, nprobe, codebooks_t, norms, centroids,
+def lean_search(queries, coarse_step, nprobe, codebooks_t, norms, centroids,
                 list_tables, kind, alpha, coarse_base, codes, offsets, ids, inner_product,
                 ref_vectors, ref_ids, k_candidates, out_dist, out_ids, ranked):  # fmt: skip
     """A few queries on the calling thread, from the coarse step to ids (and through the
@@ -184,7 +184,7 @@ def lean_search(queries, centroids_t, c_norms, nprobe, codebooks_t, norms, centr
     if not all_finite(queries):
         return False
     nq, k = queries.shape[0], k_candidates
-    coarse, probes = probe_few(queries, centroids_t, c_norms, nprobe, inner_product)
+    coarse, probes = probe_few(queries, coarse_step, nprobe, inner_product)
     base = coarse if coarse_base else np.zeros((nq, nprobe), dtype=np.float32)
     dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
     ivfpq_range(np.int64(0), np.int64(nq), queries, codebooks_t, norms, centroids, list_tables,

@@ -326,7 +326,7 @@ def sq_ivf_range(q0, q1, queries, probes, offsets, codes, centroids, by_residual
 
 
 @kernel(nogil=True)
-def sq_ivf_lean(queries, centroids_t, c_norms, nprobe, offsets, codes, centroids, by_residual,
+def sq_ivf_lean(queries, coarse, nprobe, offsets, codes, centroids, by_residual,
                 offset, scale, kind, ids, inner_product, ref_vectors,
                 ref_ids, k_candidates, out_dist, out_ids, ranked):  # fmt: skip
     """A search of a few queries in an IVF-SQ index on the calling thread in one call, from
@@ -336,7 +336,7 @@ def sq_ivf_lean(queries, centroids_t, c_norms, nprobe, offsets, codes, centroids
     if not all_finite(queries):
         return False
     nq, k = queries.shape[0], k_candidates
-    _, probes = probe_few(queries, centroids_t, c_norms, nprobe, inner_product)
+    _, probes = probe_few(queries, coarse, nprobe, inner_product)
     dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
     sq_ivf_range(np.int64(0), np.int64(nq), queries, probes, offsets, codes, centroids,
                  by_residual, offset, scale, kind, _NO_FILTER, inner_product, dist,
