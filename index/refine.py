@@ -233,13 +233,13 @@ class Refine(Wrapper):
             out_ids = np.empty((nq, k), np.int64)
             if nq <= SMALL_BATCH:
                 kernels.refine_lean(q, x, found[1], ids, ip, out_dist, out_ids)
-                return out_dist, out_ids
-            # a batch the wrapped search split: the re-ranking split by query as well
-            dist, rows = np.empty((nq, k), np.float32), np.empty((nq, k), np.int64)
-            parallel_for(kernels.refine_range, nq, q, x, found[1], ip, dist, rows,
-                         grain=SMALL_BATCH)  # fmt: skip
-            fill = np.float32(-np.inf) if ip else np.float32(np.inf)
-            kernels.rows_to_ids(dist, rows, ids, ip, fill, out_dist, out_ids)
+            else:  # a batch the wrapped search split: the re-ranking split by query as well
+
+                def body(q0: int, q1: int) -> None:
+                    kernels.refine_lean(q[q0:q1], x, found[1][q0:q1], ids, ip, out_dist[q0:q1],
+                                        out_ids[q0:q1])  # fmt: skip
+
+                parallel_for(body, nq, grain=SMALL_BATCH)
             return out_dist, out_ids
 
         search.splits = getattr(candidates, "splits", False)  # (batches the wrapped search splits)
