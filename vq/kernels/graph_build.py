@@ -39,7 +39,8 @@ from numba.extending import intrinsic
 
 from vq.kernels.cache import kernel
 from vq.kernels.graph import (
-    beam,
+    beam_heaps,
+    candidate_room,
     decode_sorted,
     descend,
     pair_distance,
@@ -150,6 +151,8 @@ def insert_range(s0, s1, nodes, data, store, rerank, ip, levels, nbr0, up_off, u
     hd = np.empty(ef, dtype=np.float32)
     hi = np.empty(ef, dtype=np.int64)
     scratch = np.empty(nbr0.shape[1], dtype=np.int64)
+    cd = np.empty(candidate_room(ef, nbr0.shape[1]), dtype=np.float32)
+    ci = np.empty(cd.shape[0], dtype=np.int64)
     no_filter = np.zeros(0, dtype=np.uint8)
     nb = nodes.shape[0]
     for s in range(s0, s1):
@@ -162,24 +165,24 @@ def insert_range(s0, s1, nodes, data, store, rerank, ip, levels, nbr0, up_off, u
                 if ip:  # the metric a constant in each copy (see vq.kernels.exact_distance)
                     _insert_one(nodes[b], data, store, rerank, True, levels, nbr0, up_off,
                                 up_nbr, entry, max_level, ef, stamps, hd, hi, scratch,
-                                no_filter)  # fmt: skip
+                                cd, ci, no_filter)  # fmt: skip
                 else:
                     _insert_one(nodes[b], data, store, rerank, False, levels, nbr0, up_off,
                                 up_nbr, entry, max_level, ef, stamps, hd, hi, scratch,
-                                no_filter)  # fmt: skip
+                                cd, ci, no_filter)  # fmt: skip
 
 
 @njit(inline="always", fastmath=True)
 def _insert_one(u, data, store, rerank, ip, levels, nbr0, up_off, up_nbr, entry, max_level, ef,
-                stamps, hd, hi, scratch, no_filter):  # fmt: skip
+                stamps, hd, hi, scratch, cd, ci, no_filter):  # fmt: skip
     """Node u's own lists at its levels: a beam of ``ef`` per level on ``store``, the beam
     ranked by the exact distances, then the heuristic on the vectors."""
     x = prepare_query(data[u], store, ip)
     top = min(np.int64(levels[u]), max_level)
     v, dv = descend(x, store, ip, nbr0, up_off, up_nbr, entry, max_level, top, stamps, scratch)
     for level in range(top, -1, -1):
-        size, _ = beam(x, store, ip, nbr0, up_off, up_nbr, level, v, dv, ef, ef, stamps, hd,
-                       hi, scratch, no_filter, hd, hi)  # fmt: skip
+        size, _ = beam_heaps(x, store, ip, nbr0, up_off, up_nbr, level, v, dv, ef, stamps, hd,
+                             hi, scratch, no_filter, hd, hi, cd, ci)  # fmt: skip
         decode_sorted(hd, hi, size)
         if rerank:  # the beam on codes: its nodes ranked by their exact distances
             for j in range(size):
