@@ -1,6 +1,7 @@
 """HNSW construction on int8 codes (vq.kernels.graph_build.hnsw_insert with ``codes``): the
 lists it gives are those of the build on the vectors but for near ties, and an index uses
-the codes only for batches worth coding every vector for."""
+the codes only for batches worth coding every vector for; a batch's reverse links are grouped
+by the list they extend."""
 
 from __future__ import annotations
 
@@ -53,3 +54,27 @@ def test_insertion_codes_only_for_batches_worth_coding_the_index_for(blobs):
         codes, factors = insertion_codes(x, 1000, stored)
         np.testing.assert_array_equal(codes, full[0])
         np.testing.assert_array_equal(factors, full[1])
+
+
+def test_reverse_links_group_every_link_by_level_and_target_in_batch_order():
+    rng = np.random.default_rng(4)
+    n = 300
+    levels = np.minimum(rng.geometric(0.5, n) - 1, 3).astype(np.int32)
+    up_off = np.concatenate([[0], np.cumsum(levels, dtype=np.int64)])
+    nbr0 = rng.integers(-1, n, (n, 2 * M)).astype(np.int32)
+    up_nbr = rng.integers(-1, n, (int(up_off[-1]), M)).astype(np.int32)
+    batch = rng.permutation(n)[:80].astype(np.int64)
+    want: dict[tuple[int, int], list[int]] = {}
+    for u in batch:  # every link of the batch's lists, its source in batch order
+        for level in range(levels[u] + 1):
+            row = nbr0[u] if level == 0 else up_nbr[up_off[u] + level - 1]
+            for t in row[row >= 0]:
+                want.setdefault((level, int(t)), []).append(int(u))
+    targets, tlevels, starts, sources = graph_build.reverse_links(batch, nbr0, up_off, up_nbr)
+    got = {
+        (int(lv), int(t)): sources[starts[g] : starts[g + 1]].tolist()
+        for g, (t, lv) in enumerate(zip(targets, tlevels, strict=True))
+    }
+    assert got == want
+    assert list(zip(tlevels, targets, strict=True)) == sorted(zip(tlevels, targets, strict=True))
+    assert starts[0] == 0 and starts[-1] == len(sources) == sum(map(len, want.values()))

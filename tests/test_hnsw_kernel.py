@@ -1,6 +1,7 @@
 """The HNSW search kernel's parts (vq.kernels.graph): the descent that computes each node's
-distance once takes faiss's greedy path, the pop-min picks faiss's node, and visit stamps
-that wrap around (an epoch for the descent and one for the beam per query) change nothing."""
+distance once takes faiss's greedy path, the beam's candidate heap expands the nodes faiss's
+scan of the beam expands, and visit stamps that wrap around (an epoch for the descent and one
+for the beam per query) change nothing."""
 
 from __future__ import annotations
 
@@ -50,13 +51,66 @@ def test_descent_that_skips_visited_nodes_takes_faiss_greedy_path():
         assert v == plain_greedy(x, data, nbr0, up_off, up_nbr, entry, index.max_level)
 
 
-def test_pop_min_takes_the_nearest_unexpanded_node_and_ties_go_to_the_last_slot():
-    hd = np.array([0.5, 0.1, 0.3, 0.1, 0.2, 0.1], np.float32)
-    hi = np.array([4, -9, 7, 2, 5, 8], np.int64)  # slot 1 expanded (ids below 0)
-    assert graph.nearest_unexpanded(hd, hi, 6) == (5, np.float32(0.1))
-    assert graph.nearest_unexpanded(hd, hi, 5) == (3, np.float32(0.1))
-    hi[3] = -4
-    assert graph.nearest_unexpanded(hd, hi, 5) == (4, np.float32(0.2))
+def scan_beam(x, data, nbr0, entry, cap, ef):
+    """faiss's search_from_candidates on level 0, written plainly: the nearest unexpanded node
+    of the beam found by a scan, the stop for efSearch < k; the beam's nodes, nearest first."""
+    dist = {entry: float(((data[entry] - x) ** 2).sum(dtype=np.float32))}
+    beam, expanded, visited = dict(dist), set(), {entry}
+    while True:
+        waiting = [v for v in beam if v not in expanded]
+        if not waiting:
+            break
+        v = min(waiting, key=beam.get)
+        expanded.add(v)
+        if ef < cap and sum(d < beam[v] for d in beam.values()) >= ef:
+            break
+        for w in nbr0[v]:
+            if w < 0:
+                break
+            if w in visited:
+                continue
+            visited.add(int(w))
+            d = float(((data[w] - x) ** 2).sum(dtype=np.float32))
+            if len(beam) == cap:
+                far = max(beam, key=beam.get)
+                if d >= beam[far]:
+                    continue
+                del beam[far]
+            beam[int(w)] = d
+    return sorted(beam, key=beam.get)
+
+
+def test_the_candidate_heap_expands_the_nodes_of_faiss_scan_of_the_beam():
+    index, queries = small_index(3)
+    data, nbr0, up_off, up_nbr = index._arrays()
+    seen = graph.new_seen(1, index.ntotal)[0]
+    scratch = np.empty(nbr0.shape[1], np.int64)
+    no_filter = np.zeros(0, np.uint8)
+    checked = 0
+    for cap, ef in ((10, 10), (10, 4), (24, 24), (64, 64), (40, 12)):
+        hd, hi = np.empty(cap, np.float32), np.empty(cap, np.int64)
+        for room in (graph.candidate_room(cap, nbr0.shape[1]), cap):  # cap: dropped often
+            cd, ci = np.empty(room, np.float32), np.empty(room, np.int64)
+            for x in queries[:10]:
+                entry = int(x @ x) % index.ntotal  # any node: the beam alone is compared
+                d0 = np.float32(((data[entry] - x) ** 2).sum(dtype=np.float32))
+                size, _ = graph.beam(x, data, False, nbr0, up_off, up_nbr, 0, entry, d0, cap, ef,
+                                     seen, hd, hi, scratch, no_filter, hd, hi, cd, ci)  # fmt: skip
+                graph.sort_beam(hd, hi, size)
+                want = scan_beam(x, data, nbr0, entry, cap, ef)
+                assert hi[:size].tolist() == want, (cap, ef, room)
+                checked += size == cap
+    assert checked > 50  # full beams, where nodes are pushed out
+
+
+def test_dropping_candidates_keeps_the_nearer_ones_as_a_heap():
+    cd = -np.array([0.1, 0.9, 0.4, 0.7, 0.2, 0.5], np.float32)  # negated: a max-heap of -d
+    ci = np.arange(6, dtype=np.int64)
+    order = np.argsort(cd)[::-1]
+    cd, ci = cd[order].copy(), ci[order].copy()  # -d descending: a valid max-heap
+    kept = graph.drop_farther(cd, ci, 6, np.float32(0.5))
+    assert kept == 3 and sorted(ci[:3].tolist()) == [0, 2, 4]
+    assert all(cd[0] >= cd[j] for j in range(kept)) and ci[0] == 0
 
 
 def test_visit_stamps_that_wrap_around_give_the_results_of_fresh_ones():

@@ -17,9 +17,9 @@ nearest one not yet expanded is expanded next, and the search stops when none is
 efSearch < k, when efSearch of them are nearer than the one to expand), so that the same graph
 gives faiss's ids (ties aside). faiss finds that node by scanning the beam (its
 ``MinimaxHeap``); here a min-heap of the unexpanded nodes beside the beam gives it in log(cap)
-(:func:`beam_heaps`; the scan, :func:`beam_scan`, remains for efSearch < k): the same nodes
-expanded in the same order, at 1.1x the queries per second at efSearch 16 and 2x at 256 (HNSW8
-on 33,000 NSynth vectors, Zen 1), and a third less build time at efConstruction 200.
+(see :func:`beam`): the same nodes expanded in the same order, at 1.1x the queries per second
+at efSearch 16 and 2x at 256 (HNSW8 on 33,000 NSynth vectors, Zen 1), and a third less build
+time at efConstruction 200.
 
 Visited nodes are stamped with an epoch in a uint16 array per thread (``seen`` [n + 1], the
 epoch in its last slot), reused from query to query and cleared once every 65,534 searches.
@@ -123,34 +123,12 @@ def beam(x, data, ip, nbr0, up_off, up_nbr, level, entry, d_entry, cap, ef, seen
     uint8 [n] (or [0]: no filter): the beam walks every node, and the ``cap`` nearest allowed
     ones seen are kept in the max-heap ``rd``/``ri`` (faiss's search with an ``IDSelector``).
 
-    The nodes to expand: where ``ef`` >= ``cap`` and ``cd``/``ci`` hold at least
-    :func:`candidate_room` entries, a min-heap of them beside the beam (:func:`beam_heaps`);
-    else the beam's own slots marked expanded or not, scanned for the nearest unexpanded
-    one (:func:`beam_scan`, faiss's ``MinimaxHeap``). Both expand the same nodes in the same
-    order, ties aside; the heap costs log(cap) per expansion where the scan costs cap."""
-    if ef >= cap and cd.shape[0] >= candidate_room(cap, degree(nbr0, up_nbr, level)):
-        return beam_heaps(x, data, ip, nbr0, up_off, up_nbr, level, entry, d_entry, cap, seen,
-                          hd, hi, scratch, allowed, rd, ri, cd, ci)  # fmt: skip
-    return beam_scan(x, data, ip, nbr0, up_off, up_nbr, level, entry, d_entry, cap, ef, seen,
-                     hd, hi, scratch, allowed, rd, ri)  # fmt: skip
-
-
-@njit(inline="always")
-def candidate_room(cap, deg):
-    """Entries :func:`beam_heaps`'s candidate heap needs: the beam's, and a node's neighbours
-    more, so that it is compacted at most once every ``deg`` expansions."""
-    return cap + 2 * deg
-
-
-@njit(inline="always", fastmath=True)
-def beam_heaps(x, data, ip, nbr0, up_off, up_nbr, level, entry, d_entry, cap, seen, hd, hi,
-               scratch, allowed, rd, ri, cd, ci):  # fmt: skip
-    """:func:`beam` with its nodes to expand in a min-heap (``cd``/``ci``: negated distances
-    in a max-heap, as hnswlib's ``candidate_set``): the nearest is expanded next, and the
-    search stops when it is farther than the farthest of a full beam. A node enters the
-    candidates when it enters the beam; one pushed out of the beam since (farther than the
-    beam's farthest) is dropped when the heap is full, so that at most ``cap`` live ones are
-    ever kept."""
+    The nodes to expand are kept in a min-heap beside the beam (``cd``/``ci``, at least
+    :func:`candidate_room` entries: negated distances in a max-heap, as hnswlib's
+    ``candidate_set``): the nearest is expanded next, and the search stops when it is farther
+    than the farthest of a full beam. A node enters the candidates when it enters the beam;
+    one pushed out of the beam since (farther than the beam's farthest) is never expanded,
+    and is dropped when the heap is full."""
     epoch = next_epoch(seen)
     deg = degree(nbr0, up_nbr, level)
     filtered = allowed.shape[0] > 0
@@ -169,6 +147,12 @@ def beam_heaps(x, data, ip, nbr0, up_off, up_nbr, level, entry, d_entry, cap, se
             sift_down_pair(cd, ci, csize, 0, cd[csize], ci[csize])
         if size == cap and bd > hd[0]:
             break
+        if ef < cap:  # faiss's stop for efSearch < k
+            below = 0
+            for j in range(size):
+                below += hd[j] < bd
+            if below >= ef:
+                break
         fresh = unvisited(data, nbr0, up_off, up_nbr, level, v, deg, seen, epoch, scratch)
         for j in range(fresh):
             w = scratch[j]
@@ -192,6 +176,13 @@ def beam_heaps(x, data, ip, nbr0, up_off, up_nbr, level, entry, d_entry, cap, se
 
 
 @njit(inline="always")
+def candidate_room(cap, deg):
+    """Entries :func:`beam`'s candidate heap needs: the beam's, and a node's neighbours
+    more, so that it is compacted at most once every ``deg`` expansions."""
+    return cap + 2 * deg
+
+
+@njit(inline="always")
 def drop_farther(cd, ci, csize, limit):
     """Keep the candidates (negated distances ``cd``, a max-heap) nearer than ``limit``, as a
     heap again; returns their number. Those farther left the beam and are never expanded;
@@ -204,53 +195,6 @@ def drop_farther(cd, ci, csize, limit):
             kept += 1
     heapify_pair(cd, ci, kept)
     return kept
-
-
-@njit(inline="always", fastmath=True)
-def beam_scan(x, data, ip, nbr0, up_off, up_nbr, level, entry, d_entry, cap, ef, seen, hd, hi,
-              scratch, allowed, rd, ri):  # fmt: skip
-    """:func:`beam` with the beam's slots marked expanded (an expanded node v's id encoded
-    as ``-v - 2``) and the nearest unexpanded one found by a scan: faiss's
-    ``search_from_candidates``, with its stop for efSearch < k."""
-    epoch = next_epoch(seen)
-    deg = degree(nbr0, up_nbr, level)
-    filtered = allowed.shape[0] > 0
-    hd[0], hi[0] = d_entry, entry
-    size, valid, rsize = 1, 1, 0
-    seen[entry] = epoch
-    if filtered and allowed[entry] != 0:
-        rd[0], ri[0] = d_entry, entry
-        rsize = 1
-    while valid > 0:
-        best, bd = nearest_unexpanded(hd, hi, size)
-        v = hi[best]
-        hi[best] = -v - 2
-        valid -= 1
-        if ef < cap:  # faiss's stop for efSearch < k
-            below = 0
-            for j in range(size):
-                below += hd[j] < bd
-            if below >= ef:
-                break
-        fresh = unvisited(data, nbr0, up_off, up_nbr, level, v, deg, seen, epoch, scratch)
-        for j in range(fresh):
-            w = scratch[j]
-            d = node_distance(x, data, w, ip)
-            if filtered and allowed[w] != 0:
-                rsize = keep_nearest(rd, ri, rsize, cap, d, w)
-            if size == cap:
-                if d >= hd[0]:
-                    continue
-                if hi[0] >= 0:
-                    valid -= 1
-                sift_down_pair(hd, hi, size, 0, d, w)
-            else:
-                push_pair(hd, hi, size, d, w)
-                size += 1
-            valid += 1
-            if level == 0:  # its neighbour list, read when it is expanded
-                prefetch_line(nbr0, w, 0)
-    return size, rsize
 
 
 @njit(inline="always")
@@ -275,19 +219,6 @@ def unvisited(data, nbr0, up_off, up_nbr, level, v, deg, seen, epoch, scratch):
 
 
 @njit(inline="always")
-def nearest_unexpanded(hd, hi, size):
-    """The slot and distance of the nearest unexpanded node of the beam (faiss's
-    ``pop_min``; ties to the last slot). With branches: a new minimum is rare once the scan
-    is under way, so they are predicted, where a branch-free select chains every slot on the
-    last (efSearch 128 on 300k vectors: 14% fewer queries per second that way)."""
-    best, bd = np.int64(-1), np.float32(np.inf)
-    for j in range(size - 1, -1, -1):
-        if hi[j] >= 0 and (best < 0 or hd[j] < bd):
-            best, bd = j, hd[j]
-    return best, bd
-
-
-@njit(inline="always")
 def keep_nearest(heap_d, heap_i, count, limit, dist, node):
     """Offer (dist, node) to the max-heap ``heap_d``/``heap_i`` of at most ``limit``
     entries (``count`` now); returns its new count."""
@@ -301,11 +232,8 @@ def keep_nearest(heap_d, heap_i, count, limit, dist, node):
 
 
 @njit(inline="always")
-def decode_sorted(hd, hi, size):
-    """The beam's ``size`` entries ascending by distance, ids decoded, in place."""
-    for j in range(size):
-        if hi[j] < 0:
-            hi[j] = -hi[j] - 2
+def sort_beam(hd, hi, size):
+    """The beam's ``size`` entries ascending by distance, in place."""
     sort_pair_heap(hd, hi, size)
 
 
@@ -373,7 +301,7 @@ def _search_queries(q0, q1, queries, store, data, rerank, ip, nbr0, up_off, up_n
             size = rsize
             for j in range(size):
                 hd[j], hi[j] = rd[j], ri[j]
-        decode_sorted(hd, hi, size)
+        sort_beam(hd, hi, size)
         if rerank:  # the beam's nodes by their exact distances, their vectors fetched ahead
             for j in range(size):
                 prefetch_node(data, hi[j])

@@ -39,11 +39,11 @@ from numba.extending import intrinsic
 
 from vq.kernels.cache import kernel
 from vq.kernels.graph import (
-    beam_heaps,
+    beam,
     candidate_room,
-    decode_sorted,
     descend,
     pair_distance,
+    sort_beam,
 )
 from vq.kernels.graph_store import borrow_store, node_distance, prepare_query
 from vq.kernels.heaps import heapify_pair, sort_pair_heap
@@ -181,9 +181,9 @@ def _insert_one(u, data, store, rerank, ip, levels, nbr0, up_off, up_nbr, entry,
     top = min(np.int64(levels[u]), max_level)
     v, dv = descend(x, store, ip, nbr0, up_off, up_nbr, entry, max_level, top, stamps, scratch)
     for level in range(top, -1, -1):
-        size, _ = beam_heaps(x, store, ip, nbr0, up_off, up_nbr, level, v, dv, ef, stamps, hd,
-                             hi, scratch, no_filter, hd, hi, cd, ci)  # fmt: skip
-        decode_sorted(hd, hi, size)
+        size, _ = beam(x, store, ip, nbr0, up_off, up_nbr, level, v, dv, ef, ef, stamps, hd, hi,
+                       scratch, no_filter, hd, hi, cd, ci)  # fmt: skip
+        sort_beam(hd, hi, size)
         if rerank:  # the beam on codes: its nodes ranked by their exact distances
             for j in range(size):
                 hd[j] = pair_distance(data, u, hi[j], ip)
@@ -256,32 +256,52 @@ def link_range(s0, s1, targets, target_levels, starts, sources, data, ip, nbr0, 
                 _link(data, False, rows, row, v, sources, starts[g], starts[g + 1], cd, ci)
 
 
-def _reverse_links(batch, levels, nbr0, up_off, up_nbr):
-    """The links the batch's lists point at, grouped by (level, target), in batch order:
-    targets, their levels, group starts [groups + 1], sources."""
+@kernel(nogil=True)
+def reverse_links(batch, nbr0, up_off, up_nbr):
+    """The links the batch's lists point at, grouped by (level, target), each group's sources
+    in batch order: targets int64 [g], their levels int64 [g], group starts int64 [g + 1],
+    sources int64 [links] (phase two's work, :func:`link_range`)."""
     n = nbr0.shape[0]
-    lists = [nbr0[batch]]
-    owners = [batch]
-    lvl = [np.zeros(len(batch), np.int64)]
-    high = batch[levels[batch] > 0]
-    if len(high):
-        count = up_off[high + 1] - up_off[high]
-        within = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
-        lists.append(up_nbr[np.repeat(up_off[high], count) + within])
-        owners.append(np.repeat(high, count))
-        lvl.append(within + 1)
-    out_t, out_l, out_s = [], [], []
-    for nb, own, lv in zip(lists, owners, lvl, strict=True):
-        mask = nb >= 0
-        out_t.append(nb[mask].astype(np.int64))
-        out_s.append(np.broadcast_to(own[:, None], nb.shape)[mask])
-        out_l.append(np.broadcast_to(lv[:, None], nb.shape)[mask])
-    t, lv, s = np.concatenate(out_t), np.concatenate(out_l), np.concatenate(out_s)
-    order = np.argsort(lv * n + t, kind="stable")
-    t, lv, s = t[order], lv[order], s[order].astype(np.int64)
-    first = np.flatnonzero(np.diff(lv * n + t, prepend=-1)) if len(t) else np.zeros(0, np.int64)
-    starts = np.append(first, len(t)).astype(np.int64)
-    return t[first], lv[first], starts, s
+    links = 0
+    for u in batch:
+        for j in range(nbr0.shape[1]):
+            links += nbr0[u, j] >= 0
+        for r in range(up_off[u], up_off[u + 1]):
+            for j in range(up_nbr.shape[1]):
+                links += up_nbr[r, j] >= 0
+    keys = np.empty(links, dtype=np.int64)  # level * n + target
+    sources = np.empty(links, dtype=np.int64)
+    e = 0
+    for u in batch:
+        for j in range(nbr0.shape[1]):
+            t = nbr0[u, j]
+            if t >= 0:
+                keys[e], sources[e] = t, u
+                e += 1
+        for r in range(up_off[u], up_off[u + 1]):
+            level = r - up_off[u] + 1
+            for j in range(up_nbr.shape[1]):
+                t = up_nbr[r, j]
+                if t >= 0:
+                    keys[e], sources[e] = level * n + t, u
+                    e += 1
+    order = np.argsort(keys, kind="mergesort")  # stable: sources stay in batch order
+    groups = 0
+    for e in range(links):
+        groups += e == 0 or keys[order[e]] != keys[order[e - 1]]
+    targets = np.empty(groups, dtype=np.int64)
+    target_levels = np.empty(groups, dtype=np.int64)
+    starts = np.empty(groups + 1, dtype=np.int64)
+    grouped = np.empty(links, dtype=np.int64)
+    g = 0
+    for e in range(links):
+        key = keys[order[e]]
+        if e == 0 or key != keys[order[e - 1]]:
+            targets[g], target_levels[g], starts[g] = key % n, key // n, e
+            g += 1
+        grouped[e] = sources[order[e]]
+    starts[groups] = links
+    return targets, target_levels, starts, grouped
 
 
 def hnsw_insert(nodes, data, inner_product, levels, nbr0, up_off, up_nbr, entry, max_level,
@@ -322,7 +342,7 @@ def hnsw_insert(nodes, data, inner_product, levels, nbr0, up_off, up_nbr, entry,
         parallel_for(insert_range, slots, batch, data, store, rerank, ip, levels, nbr0, up_off,
                      up_nbr, int(entry), int(max_level), ef, seen,
                      np.zeros(1, np.int64))  # fmt: skip
-        targets, tlevels, starts, sources = _reverse_links(batch, levels, nbr0, up_off, up_nbr)
+        targets, tlevels, starts, sources = reverse_links(batch, nbr0, up_off, up_nbr)
         width = nbr0.shape[1] + int(np.diff(starts).max(initial=0))
         threads = max(1, min(len(seen), -(-len(targets) // LINK_CLAIM)))
         parallel_for(link_range, threads, targets, tlevels, starts, sources, data, ip, nbr0,
