@@ -183,12 +183,11 @@ def _insert_one(u, data, store, rerank, ip, levels, nbr0, up_off, up_nbr, entry,
     for level in range(top, -1, -1):
         size, _ = beam(x, store, ip, nbr0, up_off, up_nbr, level, v, dv, ef, ef, stamps, hd, hi,
                        scratch, no_filter, hd, hi, cd, ci)  # fmt: skip
-        sort_beam(hd, hi, size)
         if rerank:  # the beam on codes: its nodes ranked by their exact distances
             for j in range(size):
                 hd[j] = pair_distance(data, u, hi[j], ip)
             heapify_pair(hd, hi, size)
-            sort_pair_heap(hd, hi, size)
+        sort_beam(hd, hi, size)
         m = up_nbr.shape[1]  # hnswlib: M links of its own at every level
         if level == 0:
             select_neighbours(data, ip, hd, hi, size, nbr0, u, m)
