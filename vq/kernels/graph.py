@@ -301,14 +301,13 @@ def _search_queries(q0, q1, queries, store, data, rerank, ip, nbr0, up_off, up_n
             size = rsize
             for j in range(size):
                 hd[j], hi[j] = rd[j], ri[j]
-        sort_beam(hd, hi, size)
         if rerank:  # the beam's nodes by their exact distances, their vectors fetched ahead
             for j in range(size):
                 prefetch_node(data, hi[j])
             for j in range(size):
                 hd[j] = exact_distance(queries[q], data, hi[j], ip)
             heapify_pair(hd, hi, size)
-            sort_pair_heap(hd, hi, size)
+        sort_beam(hd, hi, size)
         write_row(hd, hi, size, out_dist, out_idx, q)
 
 
