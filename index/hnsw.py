@@ -56,6 +56,7 @@ from vq.index.lean import SMALL_BATCH
 from vq.index.searching import NO_IDS, shape_problem
 from vq.index.static import search_in_chunks
 from vq.kernels import graph, graph_build, graph_store
+from vq.kernels.metric import metric
 from vq.kernels.threads import parallel_for
 
 _TRAVERSALS = ("float", "int8")
@@ -353,8 +354,8 @@ class HNSW(Index):
         ids = self.ids.numpy() if self.ids.shape[0] == n else NO_IDS
         data, nbr0, up_off, up_nbr, *codes = self._arrays()
         store, rerank = graph.traversal_store(data, tuple(codes) or None)
-        graph_args = (store, data, rerank, ip, nbr0, up_off, up_nbr, int(self.entry_point[0]),
-                      self.max_level)  # fmt: skip
+        graph_args = (store, data, rerank, metric(ip), nbr0, up_off, up_nbr,
+                      int(self.entry_point[0]), self.max_level)  # fmt: skip
         pool = self._seen_pool
 
         def search(q: np.ndarray, k: int, ranked: bool, params: dict):

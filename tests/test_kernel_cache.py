@@ -7,6 +7,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import vq
@@ -125,6 +126,22 @@ def test_an_unwritable_cache_warns_once_and_compiles_in_memory(tmp_path):
     assert out.stdout.split() == ["None", "[1,", "3]", "True"]
     assert out.stderr.count("cannot use the kernel cache") == 1
     assert "NUMBA_CACHE_DIR" in out.stderr
+
+
+@cache.kernel()
+def _total(x, pair):
+    return x.sum() + pair[0].sum() + pair[1][0, 0]
+
+
+def test_a_read_only_array_runs_the_kernel_compiled_for_writable_ones():
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    frozen = x.copy()
+    frozen.setflags(write=False)
+    assert _total(x, (x, x)) == 30.0
+    assert _total(frozen, (frozen, x)) == 30.0
+    assert _total(np.frombuffer(x.tobytes(), np.float32).reshape(2, 3), (x, frozen)) == 30.0
+    (signature,) = _total.signatures  # one compilation, for writable arrays
+    assert all(t.mutable for t in (signature[0], *signature[1]))
 
 
 def test_specialise_gives_one_module_per_configuration():

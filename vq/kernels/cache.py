@@ -43,7 +43,7 @@ import llvmlite
 import llvmlite.binding as llvm
 import numba
 from numba.core import config as numba_config
-from numba.core import event
+from numba.core import event, types
 from numba.core.caching import FunctionCache
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.registry import CPUDispatcher
@@ -180,7 +180,16 @@ class Kernel(CPUDispatcher):
     2-core machine, more than everything else a first search does. Loading compiled code needs
     none of that (only numba's runtime, for the arrays a kernel allocates), so a kernel first
     tries the cache itself and leaves numba's full path to the calls that must compile.
+
+    A read-only array (a fixture frozen with ``setflags(write=False)``, ``np.frombuffer`` of
+    bytes, ``np.load(mmap_mode="r")``) is typed as a writable one, so that it runs the code
+    compiled for writable arrays instead of compiling the kernel a second time (30-70 s for a
+    graph kernel on Zen 1). vq's kernels write only arrays vq allocated (their outputs and
+    an index's own buffers), never an argument that came from the user.
     """
+
+    def typeof_pyval(self, val):
+        return _writable(super().typeof_pyval(val))
 
     def _compile_for_args(self, *args, **kws):
         if not kws:
@@ -188,6 +197,17 @@ class Kernel(CPUDispatcher):
             if entry is not None:
                 return entry
         return super()._compile_for_args(*args, **kws)
+
+
+def _writable(tp: types.Type) -> types.Type:
+    """``tp`` with each array in it (tuples included) writable."""
+    if isinstance(tp, types.Array) and not tp.mutable:
+        return tp.copy(readonly=False)
+    if isinstance(tp, types.BaseTuple) and not isinstance(tp, types.BaseNamedTuple):
+        inner = [_writable(t) for t in tp.types]
+        if inner != list(tp.types):
+            return types.Tuple(inner)  # (a UniTuple again where they are all the same)
+    return tp
 
 
 def _load_cached(dispatcher: Kernel, args: tuple):

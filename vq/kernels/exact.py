@@ -16,6 +16,7 @@ from numba.extending import overload
 from vq.kernels.cache import kernel
 from vq.kernels.halves import stored_value
 from vq.kernels.heaps import heap_replace_top, heap_reset, heap_sorted
+from vq.kernels.metric import constant_metric
 from vq.kernels.rowdist import ip_row, l2_heads4, l2_row, l2_tail
 from vq.kernels.simd import borrow, prefetch_line
 from vq.kernels.threads import parallel_for
@@ -30,8 +31,9 @@ def exact_distance(x, vectors, i, inner_product):
     this with ``inner_product`` a run-time flag gets scalar code (LLVM does not take the test
     out of the loop: the IVF-Flat scan ran 1.8x slower so), so each kernel here tests the flag
     once and runs its loop as an inlined function called with the literal ``True`` or
-    ``False``. (This body runs with ``NUMBA_DISABLE_JIT=1``; compiled kernels take the
-    overload below.)"""
+    ``False``, or takes the metric as a type (:mod:`vq.kernels.metric`: one metric compiled
+    per call, as the graph kernels do). (This body runs with ``NUMBA_DISABLE_JIT=1``;
+    compiled kernels take the overload below.)"""
     if vectors.dtype == np.uint16:
         return _half_distance(x, vectors, i, inner_product)
     return ip_row(x, vectors, i) if inner_product else l2_row(x, vectors, i)
@@ -41,8 +43,9 @@ def exact_distance(x, vectors, i, inner_product):
 def _exact_distance(x, vectors, i, inner_product):
     if isinstance(vectors, types.Array) and vectors.dtype == types.uint16:
         return lambda x, vectors, i, inner_product: _half_distance(x, vectors, i, inner_product)
-    if isinstance(inner_product, types.BooleanLiteral):  # (the kernels' literal metric)
-        if inner_product.literal_value:
+    fixed = constant_metric(inner_product)  # (the kernels' literal or typed metric)
+    if fixed is not None:
+        if fixed:
             return lambda x, vectors, i, inner_product: ip_row(x, vectors, i)
         return lambda x, vectors, i, inner_product: l2_row(x, vectors, i)
 

@@ -26,6 +26,9 @@ as ``HNSW(traversal="int8")`` searches): a quarter of the bytes per visited node
 then ranked by exact distances and the neighbours chosen on the vectors, so that the lists
 are those of a build on the vectors but for near ties (a third less build time on 384-d
 sentence embeddings at efConstruction 200, the same recall per efSearch).
+
+The kernels take the metric as a type (:mod:`vq.kernels.metric`), as the search kernels do:
+an L2 build compiles no inner-product code (the first add of an index: 48 -> 23 s on Zen 1).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from vq.kernels.graph import (
 )
 from vq.kernels.graph_store import borrow_store, node_distance, prepare_query
 from vq.kernels.heaps import heapify_pair, sort_pair_heap
+from vq.kernels.metric import metric
 from vq.kernels.simd import borrow
 from vq.kernels.threads import get_num_threads, parallel_for
 
@@ -162,14 +166,9 @@ def insert_range(s0, s1, nodes, data, store, rerank, ip, levels, nbr0, up_off, u
             if b0 >= nb:
                 break
             for b in range(b0, min(b0 + CLAIM, nb)):
-                if ip:  # the metric a constant in each copy (see vq.kernels.exact_distance)
-                    _insert_one(nodes[b], data, store, rerank, True, levels, nbr0, up_off,
-                                up_nbr, entry, max_level, ef, stamps, hd, hi, scratch,
-                                cd, ci, no_filter)  # fmt: skip
-                else:
-                    _insert_one(nodes[b], data, store, rerank, False, levels, nbr0, up_off,
-                                up_nbr, entry, max_level, ef, stamps, hd, hi, scratch,
-                                cd, ci, no_filter)  # fmt: skip
+                _insert_one(nodes[b], data, store, rerank, ip, levels, nbr0, up_off, up_nbr,
+                            entry, max_level, ef, stamps, hd, hi, scratch, cd, ci,
+                            no_filter)  # fmt: skip
 
 
 @njit(inline="always", fastmath=True)
@@ -249,10 +248,7 @@ def link_range(s0, s1, targets, target_levels, starts, sources, data, ip, nbr0, 
         for g in range(g0, min(g0 + LINK_CLAIM, ng)):
             v, level = targets[g], target_levels[g]
             rows, row = (nbr0, v) if level == 0 else (up_nbr, up_off[v] + level - 1)
-            if ip:  # the metric a constant in each copy
-                _link(data, True, rows, row, v, sources, starts[g], starts[g + 1], cd, ci)
-            else:
-                _link(data, False, rows, row, v, sources, starts[g], starts[g + 1], cd, ci)
+            _link(data, ip, rows, row, v, sources, starts[g], starts[g + 1], cd, ci)
 
 
 @kernel(nogil=True)
@@ -323,7 +319,7 @@ def hnsw_insert(nodes, data, inner_product, levels, nbr0, up_off, up_nbr, entry,
             near ties: 99.8% the same neighbours on 384-d sentence embeddings).
     """
     nodes = np.ascontiguousarray(nodes, dtype=np.int64)
-    ip = bool(inner_product)
+    ip = metric(inner_product)  # (a type: each metric compiles its own code)
     ef = int(ef_construction)
     store, rerank = (data, False) if codes is None else (tuple(codes), True)
     seen = np.zeros((get_num_threads(), data.shape[0] + 1), np.uint16)

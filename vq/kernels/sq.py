@@ -177,7 +177,6 @@ def sq_distance(codes, row, qa, const, scale, kind, inner_product):
 #: rows whose distances a scan computes in one pass before offering them to the heap (a tight
 #: loop per kind that vectorises, apart from the heap's branches: 4x faster at 8 bits)
 BLOCK = 32
-_NO_FILTER = np.zeros(0, dtype=np.uint8)
 
 
 @njit(inline="always")
@@ -338,8 +337,10 @@ def sq_ivf_lean(queries, coarse, nprobe, offsets, codes, centroids, by_residual,
     nq, k = queries.shape[0], k_candidates
     _, probes = probe_few(queries, coarse, nprobe, inner_product)
     dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
+    no_filter = np.zeros(0, dtype=np.uint8)  # (a global is typed read-only: this call would
+    # compile the range kernel a second time, beside the general path's)
     sq_ivf_range(np.int64(0), np.int64(nq), queries, probes, offsets, codes, centroids,
-                 by_residual, offset, scale, kind, _NO_FILTER, inner_product, dist,
+                 by_residual, offset, scale, kind, no_filter, inner_product, dist,
                  rows)  # fmt: skip
     finish_lean(queries, dist, rows, ids, inner_product, ref_vectors, ref_ids, out_dist, out_ids)
     return True
