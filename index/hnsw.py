@@ -56,7 +56,7 @@ from vq.index.lean import SMALL_BATCH
 from vq.index.searching import NO_IDS, shape_problem
 from vq.index.static import search_in_chunks
 from vq.kernels import graph, graph_build, graph_store
-from vq.kernels.metric import metric
+from vq.kernels.static import metric
 from vq.kernels.threads import parallel_for
 
 _TRAVERSALS = ("float", "int8")

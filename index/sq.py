@@ -42,17 +42,17 @@ def copy_ranges(sq: ScalarQuantizer, fsq) -> None:
 def kernel_arrays(index: Index, sq: ScalarQuantizer) -> tuple:
     """``(offset, scale, kind)`` as :mod:`vq.kernels.sq` reads them, kept on ``index`` until
     the ranges change: offset, scale float32 [d]; kind one of ``SQ8``, ``SQ6``, ``SQ4``,
-    ``SQ_FP16``, ``SQ_BF16``."""
+    ``SQ_FP16``, ``SQ_BF16`` (as :func:`vq.kernels.sq.sq_kind` gives it)."""
 
     def compute():
         if sq.is_float:
             ones, zeros = np.ones(sq.dim, np.float32), np.zeros(sq.dim, np.float32)
             kind = sq_kernels.SQ_FP16 if sq.bits == "fp16" else sq_kernels.SQ_BF16
-            return zeros, ones, kind
+            return zeros, ones, sq_kernels.sq_kind(kind)
         scale = sq.cell_width().float()
         offset = (sq.vmin.float() + 0.5 * scale).numpy()
         kind = {8: sq_kernels.SQ8, 6: sq_kernels.SQ6, 4: sq_kernels.SQ4}[sq.bits]
-        return offset, scale.numpy(), kind
+        return offset, scale.numpy(), sq_kernels.sq_kind(kind)
 
     return index._derived(f"sq_arrays/{sq.bits}", (sq.vmin, sq.vdiff), compute)
 

@@ -16,9 +16,9 @@ from numba.extending import overload
 from vq.kernels.cache import kernel
 from vq.kernels.halves import stored_value
 from vq.kernels.heaps import heap_replace_top, heap_reset, heap_sorted
-from vq.kernels.metric import constant_metric
 from vq.kernels.rowdist import ip_row, l2_heads4, l2_row, l2_tail
 from vq.kernels.simd import borrow, prefetch_line
+from vq.kernels.static import constant_metric
 from vq.kernels.threads import parallel_for
 
 
@@ -31,7 +31,7 @@ def exact_distance(x, vectors, i, inner_product):
     this with ``inner_product`` a run-time flag gets scalar code (LLVM does not take the test
     out of the loop: the IVF-Flat scan ran 1.8x slower so), so each kernel here tests the flag
     once and runs its loop as an inlined function called with the literal ``True`` or
-    ``False``, or takes the metric as a type (:mod:`vq.kernels.metric`: one metric compiled
+    ``False``, or takes the metric as a type (:mod:`vq.kernels.static`: one metric compiled
     per call, as the graph kernels do). (This body runs with ``NUMBA_DISABLE_JIT=1``;
     compiled kernels take the overload below.)"""
     if vectors.dtype == np.uint16:

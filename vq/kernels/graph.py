@@ -27,7 +27,7 @@ epoch in its last slot), reused from query to query and cleared once every 65,53
 :func:`node_distance` is the only function that reads the vectors: a traversal on
 compressed codes replaces it (and re-ranks the survivors exactly).
 
-The kernels take the metric as a type (``ip``: :data:`vq.kernels.metric.L2` or ``IP``), so a
+The kernels take the metric as a type (``ip``: :data:`vq.kernels.static.L2` or ``IP``), so a
 call compiles the code of its own metric only (a float-traversal search compiled in 14 s on
 Zen 1 where both metrics inlined took 30 s), with the metric a constant in the loops.
 """
@@ -46,9 +46,10 @@ from vq.kernels.graph_store import (
     prepare_query,
 )
 from vq.kernels.heaps import heapify_pair, push_pair, sift_down_pair, sort_pair_heap
-from vq.kernels.metric import metric
 from vq.kernels.simd import borrow, prefetch_line
 from vq.kernels.small import all_finite
+from vq.kernels.sq import sq_kind
+from vq.kernels.static import metric
 from vq.kernels.threads import get_num_threads, parallel_for
 
 _EPOCHS = 65535
@@ -262,7 +263,7 @@ def hnsw_search_range(s0, s1, slices, queries, store, data, rerank, ip, nbr0, up
                       entry, max_level, ef, seen, allowed, out_dist, out_idx):  # fmt: skip
     """:func:`hnsw_search` for slices ``s0..s1`` of ``slices`` (slice s: queries
     ``nq * s // slices`` .. and the visit stamps ``seen[s]``) on the calling thread; ``ip``
-    a :class:`vq.kernels.metric.Metric`."""
+    a :class:`vq.kernels.static.Static`."""
     queries, data, nbr0 = borrow(queries), borrow(data), borrow(nbr0)
     up_off, up_nbr, seen = borrow(up_off), borrow(up_nbr), borrow(seen)
     store = borrow_store(store)
@@ -395,7 +396,7 @@ def hnsw_search_lean(queries, store, data, rerank, ip, nbr0, up_off, up_nbr, ent
     """A few queries on the calling thread, from the search to ids, in one call (the lean
     path of an HNSW index: one dispatch where a single query's kernel takes a few µs):
     :func:`hnsw_search_range` with ``store``/``rerank`` from :func:`traversal_store`, ``ip``
-    a :class:`vq.kernels.metric.Metric` and ``seen`` [1, n + 1], then
+    a :class:`vq.kernels.static.Static` and ``seen`` [1, n + 1], then
     :func:`vq.kernels.exact.rows_to_ids` (``ids`` int64 [n] or [0], distances negated back
     with ``ip``): ``out_dist`` float32 [nq, k], ``out_ids`` int64
     [nq, k]. Returns False (and does nothing) if a query holds a NaN or an infinity."""
@@ -424,5 +425,5 @@ def traversal_store(data, codes) -> tuple:
     codes = tuple(codes)
     if len(codes) == 4:
         c, offset, scale, kind = codes
-        return (c, offset, scale, np.int64(kind)), False
+        return (c, offset, scale, sq_kind(kind)), False
     return codes, True

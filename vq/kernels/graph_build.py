@@ -27,7 +27,7 @@ then ranked by exact distances and the neighbours chosen on the vectors, so that
 are those of a build on the vectors but for near ties (a third less build time on 384-d
 sentence embeddings at efConstruction 200, the same recall per efSearch).
 
-The kernels take the metric as a type (:mod:`vq.kernels.metric`), as the search kernels do:
+The kernels take the metric as a type (:mod:`vq.kernels.static`), as the search kernels do:
 an L2 build compiles no inner-product code (the first add of an index: 48 -> 23 s on Zen 1).
 """
 
@@ -50,8 +50,8 @@ from vq.kernels.graph import (
 )
 from vq.kernels.graph_store import borrow_store, node_distance, prepare_query
 from vq.kernels.heaps import heapify_pair, sort_pair_heap
-from vq.kernels.metric import metric
 from vq.kernels.simd import borrow
+from vq.kernels.static import metric
 from vq.kernels.threads import get_num_threads, parallel_for
 
 #: a batch holds at most this fraction of the nodes already in the graph (and at least one)

@@ -17,7 +17,7 @@ from numba import njit
 from vq.kernels.cache import kernel
 from vq.kernels.exact import exact_distance
 from vq.kernels.simd import borrow
-from vq.kernels.sq import BLOCK, SQ4, SQ6, SQ8, SQ_BF16, SQ_FP16, block_distances, sq_prepare
+from vq.kernels.sq import BLOCK, block_distances, sq_kind, sq_prepare
 from vq.kernels.threads import parallel_for
 
 _NO_CENTROID = np.zeros(0, np.float32)
@@ -112,7 +112,7 @@ def sq_hits(queries, probes, offsets, codes, centroids, by_residual, offset, sca
     :func:`vq.kernels.sq.sq_ivf_scan`'s; a flat code array is one list (offsets [0, n],
     probes zeros [nq, 1], by_residual False). Threads split the queries."""
     parallel_for(sq_hits_range, queries.shape[0], queries, probes, offsets, codes, centroids,
-                 bool(by_residual), offset, scale, int(kind), starts, thresholds,
+                 bool(by_residual), offset, scale, sq_kind(kind), starts, thresholds,
                  allowed, bool(inner_product), out_rows, out_dist, counts)  # fmt: skip
 
 
@@ -145,28 +145,9 @@ def sq_hits_range(q0, q1, queries, probes, offsets, codes, centroids, by_residua
 @njit(inline="always")
 def _hits_rows(codes, r0, r1, qa, const, scale, kind, inner_product, allowed, t,
                out_rows, out_dist, c, buf):  # fmt: skip
-    """:func:`_hits_kind` with the kind a constant in each branch (see :func:`_push_rows`)."""
-    if kind == SQ8:
-        return _hits_kind(codes, r0, r1, qa, const, scale, SQ8, inner_product, allowed,
-                          t, out_rows, out_dist, c, buf)  # fmt: skip
-    if kind == SQ4:
-        return _hits_kind(codes, r0, r1, qa, const, scale, SQ4, inner_product, allowed,
-                          t, out_rows, out_dist, c, buf)  # fmt: skip
-    if kind == SQ6:
-        return _hits_kind(codes, r0, r1, qa, const, scale, SQ6, inner_product, allowed,
-                          t, out_rows, out_dist, c, buf)  # fmt: skip
-    if kind == SQ_FP16:
-        return _hits_kind(codes, r0, r1, qa, const, scale, SQ_FP16, inner_product, allowed,
-                          t, out_rows, out_dist, c, buf)  # fmt: skip
-    return _hits_kind(codes, r0, r1, qa, const, scale, SQ_BF16, inner_product, allowed,
-                      t, out_rows, out_dist, c, buf)  # fmt: skip
-
-
-@njit(inline="always")
-def _hits_kind(codes, r0, r1, qa, const, scale, kind, inner_product, allowed, t,
-               out_rows, out_dist, c, buf):  # fmt: skip
     """Rows ``r0..r1`` below ``t`` written from slot ``c`` of out_rows / out_dist, distances
-    computed :data:`BLOCK` rows at a time as the top-k scan does; returns the next slot."""
+    computed :data:`BLOCK` rows at a time as the top-k scan does (the kind a
+    :func:`vq.kernels.sq.sq_kind`); returns the next slot."""
     filtered = allowed.shape[0] > 0
     for s in range(r0, r1, BLOCK):
         e = min(s + BLOCK, r1)

@@ -2,7 +2,9 @@
 flat scans and inverted lists fused with top-k, and the one-row functions a graph traversal
 calls.
 
-The codes are uint8 [n, code_size], one of four kinds (the ``kind`` argument):
+The codes are uint8 [n, code_size], one of five kinds (the ``kind`` argument; the kernels take
+it as :func:`sq_kind` gives it, a compile-time constant, so that each kind compiles its own
+code: an IVF-SQ8 search compiles no 4-bit, 6-bit or 16-bit loop):
 
 - ``SQ8``: one byte per dimension, the level l_j;
 - ``SQ6``: four dimensions per three bytes (a little-endian 24-bit word, 6 bits each);
@@ -28,7 +30,8 @@ For kernels elsewhere (an HNSW traversal over SQ codes, say), two inlined njit f
 
 ``sq_distance(codes, row, qa, const, scale, kind, inner_product) -> float32``
     The squared L2 distance, or the *negated* inner product (smaller is nearer in both), of
-    the prepared query to row ``row`` of ``codes`` uint8 [n, code_size].
+    the prepared query to row ``row`` of ``codes`` uint8 [n, code_size]; ``kind`` a
+    :func:`sq_kind`.
 
 Threads split the queries (:func:`vq.kernels.threads.parallel_for`); the ``*_range`` kernels
 are one thread's share.
@@ -38,6 +41,8 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from numba.core.errors import TypingError
+from numba.extending import overload
 
 from vq.kernels.cache import kernel
 from vq.kernels.exact import finish_lean
@@ -45,9 +50,24 @@ from vq.kernels.halves import half_value
 from vq.kernels.heaps import heap_replace_top, heap_reset, heap_sorted
 from vq.kernels.simd import borrow
 from vq.kernels.small import all_finite, probe_few
+from vq.kernels.static import Static, static_value
 from vq.kernels.threads import parallel_for
 
 SQ8, SQ6, SQ4, SQ_FP16, SQ_BF16 = 0, 1, 2, 3, 4
+_KINDS = tuple(
+    Static(k, f"sq_kind({name})") for k, name in enumerate(("8", "6", "4", "fp16", "bf16"))
+)
+
+
+def sq_kind(kind) -> Static:
+    """The kind (``SQ8`` … ``SQ_BF16``, or such a :class:`~vq.kernels.static.Static`) as the
+    kernels take it: a compile-time constant, so that each kind compiles its own kernel."""
+    kind = int(kind)
+    if not 0 <= kind < len(_KINDS):
+        raise ValueError(f"unknown scalar-quantizer kind {kind}: expected SQ8 ... SQ_BF16 (0-4)")
+    return _KINDS[kind]
+
+
 _NO_CENTROID = np.zeros(0, np.float32)
 
 
@@ -157,20 +177,36 @@ def _sum_bf16(codes, row, qa, scale, inner_product):
     return acc
 
 
+#: each kind's sum, by kind
+_SUMS = (_sum8, _sum6, _sum4, _sum_fp16, _sum_bf16)
+
+
+def kind_sum(codes, row, qa, scale, kind, inner_product):
+    """The sum over the dimensions of code row ``row`` of kind ``kind`` (a :func:`sq_kind`),
+    before the constant and the sign (see the module docstring). In a kernel the kind is a
+    compile-time constant: the overload below picks the kind's loop while typing, so a
+    kernel holds that one loop."""
+    return _SUMS[int(kind)](codes, row, qa, scale, inner_product)
+
+
+@overload(kind_sum, inline="always", jit_options={"fastmath": True})
+def _kind_sum(codes, row, qa, scale, kind, inner_product):
+    value = static_value(kind)
+    if value is None:
+        raise TypingError(
+            f"kind_sum: the scalar-quantizer kind must be a compile-time constant, got {kind}; "
+            "pass vq.kernels.sq.sq_kind(kind)"
+        )
+    fn = _SUMS[int(value)]
+    return lambda codes, row, qa, scale, kind, inner_product: fn(codes, row, qa, scale,
+                                                                 inner_product)  # fmt: skip
+
+
 @njit(inline="always", fastmath=True)
 def sq_distance(codes, row, qa, const, scale, kind, inner_product):
     """Squared L2 distance or negated inner product of a prepared query to one code row (see
-    the module docstring)."""
-    if kind == SQ8:
-        acc = _sum8(codes, row, qa, scale, inner_product)
-    elif kind == SQ4:
-        acc = _sum4(codes, row, qa, scale, inner_product)
-    elif kind == SQ6:
-        acc = _sum6(codes, row, qa, scale, inner_product)
-    elif kind == SQ_FP16:
-        acc = _sum_fp16(codes, row, qa, scale, inner_product)
-    else:
-        acc = _sum_bf16(codes, row, qa, scale, inner_product)
+    the module docstring); ``kind`` a :func:`sq_kind`."""
+    acc = kind_sum(codes, row, qa, scale, kind, inner_product)
     return -(const + acc) if inner_product else acc
 
 
@@ -182,52 +218,18 @@ BLOCK = 32
 @njit(inline="always")
 def block_distances(codes, r0, r1, qa, scale, kind, inner_product, out):
     """``out[i - r0]``: the kind's sum (before the constant and the sign) for rows r0..r1."""
-    if kind == SQ8:
-        for i in range(r0, r1):
-            out[i - r0] = _sum8(codes, i, qa, scale, inner_product)
-    elif kind == SQ4:
-        for i in range(r0, r1):
-            out[i - r0] = _sum4(codes, i, qa, scale, inner_product)
-    elif kind == SQ6:
-        for i in range(r0, r1):
-            out[i - r0] = _sum6(codes, i, qa, scale, inner_product)
-    elif kind == SQ_FP16:
-        for i in range(r0, r1):
-            out[i - r0] = _sum_fp16(codes, i, qa, scale, inner_product)
-    else:
-        for i in range(r0, r1):
-            out[i - r0] = _sum_bf16(codes, i, qa, scale, inner_product)
+    for i in range(r0, r1):
+        out[i - r0] = kind_sum(codes, i, qa, scale, kind, inner_product)
 
 
 @njit(inline="always")
 def _push_rows(codes, r0, r1, qa, const, scale, kind, inner_product, allowed, heap_d,
                heap_i, buf):  # fmt: skip
     """Offer rows ``r0..r1`` to the max-heap ``heap_d``/``heap_i``, :data:`BLOCK` at a time
-    (``buf`` float32 [BLOCK]). The kind is dispatched here, outside the row loop, each branch
-    passing a constant (a loop holding every kind's code ran 3x slower at 8 bits). Rows whose
-    ``allowed`` byte is 0 are skipped (``allowed`` empty: none is)."""
-    if kind == SQ8:
-        _push_kind(codes, r0, r1, qa, const, scale, SQ8, inner_product, allowed, heap_d,
-                   heap_i, buf)  # fmt: skip
-    elif kind == SQ4:
-        _push_kind(codes, r0, r1, qa, const, scale, SQ4, inner_product, allowed, heap_d,
-                   heap_i, buf)  # fmt: skip
-    elif kind == SQ6:
-        _push_kind(codes, r0, r1, qa, const, scale, SQ6, inner_product, allowed, heap_d,
-                   heap_i, buf)  # fmt: skip
-    elif kind == SQ_FP16:
-        _push_kind(codes, r0, r1, qa, const, scale, SQ_FP16, inner_product, allowed,
-                   heap_d, heap_i, buf)  # fmt: skip
-    else:
-        _push_kind(codes, r0, r1, qa, const, scale, SQ_BF16, inner_product, allowed,
-                   heap_d, heap_i, buf)  # fmt: skip
-
-
-@njit(inline="always")
-def _push_kind(codes, r0, r1, qa, const, scale, kind, inner_product, allowed, heap_d,
-               heap_i, buf):  # fmt: skip
-    """:func:`_push_rows` for one kind (the filter is read only for rows that would enter the
-    heap, so that an unfiltered scan and a dense filter pay nearly nothing for it)."""
+    (``buf`` float32 [BLOCK]), the kind (a :func:`sq_kind`) a constant (a loop holding every
+    kind's code ran 3x slower at 8 bits). Rows whose ``allowed`` byte is 0 are skipped
+    (``allowed`` empty: none is); the filter is read only for rows that would enter the heap,
+    so that an unfiltered scan and a dense filter pay nearly nothing for it."""
     filtered = allowed.shape[0] > 0
     threshold = heap_d[0]
     for s in range(r0, r1, BLOCK):
@@ -256,7 +258,7 @@ def sq_flat_scan(queries, codes, offset, scale, kind, allowed, inner_product, ou
             (-1 padding).
     """
     parallel_for(sq_flat_range, queries.shape[0], queries, codes, offset, scale,
-                 int(kind), allowed, bool(inner_product), out_dist, out_idx)  # fmt: skip
+                 sq_kind(kind), allowed, bool(inner_product), out_dist, out_idx)  # fmt: skip
 
 
 @kernel(nogil=True, fastmath=True)
@@ -292,7 +294,7 @@ def sq_ivf_scan(queries, probes, offsets, codes, centroids, by_residual, offset,
             (-1 padding).
     """
     parallel_for(sq_ivf_range, queries.shape[0], queries, probes, offsets, codes, centroids,
-                 bool(by_residual), offset, scale, int(kind), allowed,
+                 bool(by_residual), offset, scale, sq_kind(kind), allowed,
                  bool(inner_product), out_dist, out_idx)  # fmt: skip
 
 
