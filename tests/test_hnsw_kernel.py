@@ -9,6 +9,7 @@ import numpy as np
 
 import vq
 from vq.kernels import graph
+from vq.kernels.heaps import sort_pair_heap
 
 DIM, N = 16, 600
 
@@ -96,7 +97,7 @@ def test_the_candidate_heap_expands_the_nodes_of_faiss_scan_of_the_beam():
                 d0 = np.float32(((data[entry] - x) ** 2).sum(dtype=np.float32))
                 size, _ = graph.beam(x, data, False, nbr0, up_off, up_nbr, 0, entry, d0, cap, ef,
                                      seen, hd, hi, scratch, no_filter, hd, hi, cd, ci)  # fmt: skip
-                graph.sort_beam(hd, hi, size)
+                sort_pair_heap(hd, hi, size)
                 want = scan_beam(x, data, nbr0, entry, cap, ef)
                 assert hi[:size].tolist() == want, (cap, ef, room)
                 checked += size == cap

@@ -237,12 +237,6 @@ def keep_nearest(heap_d, heap_i, count, limit, dist, node):
     return grown
 
 
-@njit(inline="always")
-def sort_beam(hd, hi, size):
-    """The beam's ``size`` entries ascending by distance, in place."""
-    sort_pair_heap(hd, hi, size)
-
-
 @njit(inline="always", fastmath=True)
 def descend(x, data, ip, nbr0, up_off, up_nbr, entry, max_level, stop, seen, scratch):
     """Greedy descent from ``entry`` through levels ``max_level`` .. ``stop + 1``: the node
@@ -309,7 +303,7 @@ def _search_queries(q0, q1, queries, store, data, rerank, ip, nbr0, up_off, up_n
             for j in range(size):
                 hd[j] = exact_distance(queries[q], data, hi[j], ip)
             heapify_pair(hd, hi, size)
-        sort_beam(hd, hi, size)
+        sort_pair_heap(hd, hi, size)  # the beam ascending by distance
         write_row(hd, hi, size, out_dist, out_idx, q)
 
 

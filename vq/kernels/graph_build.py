@@ -46,7 +46,6 @@ from vq.kernels.graph import (
     candidate_room,
     descend,
     pair_distance,
-    sort_beam,
 )
 from vq.kernels.graph_store import borrow_store, node_distance, prepare_query
 from vq.kernels.heaps import heapify_pair, sort_pair_heap
@@ -186,7 +185,7 @@ def _insert_one(u, data, store, rerank, ip, levels, nbr0, up_off, up_nbr, entry,
             for j in range(size):
                 hd[j] = pair_distance(data, u, hi[j], ip)
             heapify_pair(hd, hi, size)
-        sort_beam(hd, hi, size)
+        sort_pair_heap(hd, hi, size)
         m = up_nbr.shape[1]  # hnswlib: M links of its own at every level
         if level == 0:
             select_neighbours(data, ip, hd, hi, size, nbr0, u, m)
