@@ -182,10 +182,11 @@ def fixture_exported(ort, tmp_path_factory):
     folder, cache = tmp_path_factory.mktemp("onnx"), {}
 
     def export(obj, **options):
+        # the entry holds ``obj`` so that its id is not reused by a later object while cached
         key = (id(obj), tuple(sorted(options.items())))
         if key not in cache:
-            cache[key] = to_onnx(obj, folder / f"model{len(cache)}.onnx", **options)
-        return cache[key]
+            cache[key] = (obj, to_onnx(obj, folder / f"model{len(cache)}.onnx", **options))
+        return cache[key][1]
 
     return export
 
