@@ -339,3 +339,43 @@ def test_workqueue_threading_layer_does_not_abort():
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-2000:]
     assert out.split() == ["unused", "0"]
+
+
+def test_a_parallel_step_holds_none_of_its_arguments_once_it_returns():
+    # A worker that wakes after the caller has run every slice still dequeues the step; were
+    # the arguments in it then, the caller's arrays would be freed on that worker — during the
+    # interpreter's shutdown, a numpy view of a torch tensor freed there aborts the process
+    import gc
+    import weakref
+
+    from vq.kernels import threads
+
+    release, busy = threading.Event(), threading.Semaphore(0)
+
+    class Hold:  # a task that keeps a worker busy until released
+        def run(self):
+            busy.release()
+            release.wait(10)
+
+    class Arg:
+        pass
+
+    previous = threads._setting
+    threads.set_num_threads(2)
+    try:
+        threads._pool.ensure(1)
+        for _ in range(threads._pool.workers):  # every worker busy: the step stays queued
+            threads._pool.tasks.put(Hold())
+        for _ in range(threads._pool.workers):
+            assert busy.acquire(timeout=10)
+        arg = Arg()
+        alive = weakref.ref(arg)
+        seen = []
+        threads.parallel_for(lambda s, e, a: seen.append((s, e)), 2, arg)
+        assert seen == [(0, 1), (1, 2)]  # both slices on this thread
+        del arg
+        gc.collect()
+        assert alive() is None, "the queued step still holds the arguments"
+    finally:
+        release.set()
+        threads._setting = previous

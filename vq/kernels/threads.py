@@ -163,5 +163,10 @@ def parallel_for(body: Callable, n: int, *args, grain: int = 1) -> None:
         _pool.tasks.put(step)
     step.run()
     step.done.wait()
-    if step.error is not None:
-        raise step.error
+    # every slice is done, but a worker (or the queue, for a worker that has not woken yet)
+    # may still hold the step: drop its arguments here, so that the caller's arrays are freed
+    # on the caller's thread, never on a worker during the interpreter's shutdown (a numpy
+    # view of a torch tensor freed there aborts the process: torch's deleter takes the GIL)
+    error, step.body, step.args, step.error = step.error, None, (), None  # (its frames too)
+    if error is not None:
+        raise error
