@@ -14,6 +14,7 @@ from vq.index.ranges import RANGE_SLOTS, counted
 from vq.index.searching import NO_IDS, shape_problem
 from vq.index.static import Searcher, kept, search_in_chunks
 from vq.kernels import threads
+from vq.kernels.static import metric as kernel_metric
 
 _NO_NORMS = np.zeros(0, np.float32)
 
@@ -90,7 +91,7 @@ class FlatIndex(Index):
         """One kernel call for a few queries on the calling thread (``flat_lean``), or, when
         one thread would take long, the rows split between the threads (``flat_parts``) and
         the parts merged by one more kernel."""
-        ip = self.metric == "ip"
+        ip = kernel_metric(self.metric == "ip")
         x = self.vectors.contiguous().numpy()
         norms = _NO_NORMS if ip else self._norms()
         ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else NO_IDS

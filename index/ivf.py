@@ -356,7 +356,8 @@ class IVFIndex(IVFStorage, Index):
         """The kind's lean kernel and its stored arrays (the row buffers and ``offsets`` of
         ``store``: the index, or lists read from its file): ``kernel(q, centroids_t, c_norms,
         nprobe, *args, ids, inner_product, ref_vectors, ref_ids, k_candidates, out_dist,
-        out_ids, ranked)`` searches numpy arrays
+        out_ids, ranked)`` (``ref_vectors``/``ref_ids`` None without re-ranking: see
+        ``vq.kernels.exact.finish_lean``) searches numpy arrays
         of at most 16 queries on the calling thread, from the coarse step to ids (see
         ``_lean_search``); it returns False, having done nothing, for a query that is not
         finite."""

@@ -26,6 +26,7 @@ from vq.index.mapped import read_lists
 from vq.index.searching import NO_IDS
 from vq.kernels.select import unique_rows, unique_rows_range
 from vq.kernels.small import BOUND_RATIO, BOUND_SPARE, probe_lists
+from vq.kernels.static import metric as kernel_metric
 from vq.kernels.threads import parallel_for
 
 #: searches of at most this many queries may take the lean path
@@ -113,7 +114,7 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
     work is not small (the general, parallel path)."""
     mapped = refine is None and index.rows_mapped()
     kernel, args = (None, ()) if mapped else index._lean_kernel(index)
-    ip = index.metric == "ip"
+    ip = kernel_metric(index.metric == "ip")  # (a static: each metric compiles its own kernel)
     norms = _NO_NORMS if ip else index._centroid_norms()
     c = index.quantizer.codebook
     centroids_t = index._derived("centroids_t", (c,), lambda: c.float().T.contiguous().numpy())
@@ -130,7 +131,7 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
         c_sq = norms if not ip else (centroids_t * centroids_t).sum(0)
         rows = {name: index._buffers[name] for name in index._row_buffers}
         offsets = index.offsets.numpy()
-    ref_x, ref_ids, k_factor = refine or (np.zeros((0, index.dim), np.float32), NO_IDS, None)
+    ref_x, ref_ids, k_factor = refine or (None, None, None)  # (None: compiled without it)
     nlist = index.nlist
     # _search_work's estimate: fixed + nprobe * per_probe per query
     per_probe = index.ntotal / nlist * index._vector_ns()
@@ -227,7 +228,7 @@ def near_lists(q, centroids_t, c_sq, inner_product: bool, nprobe: int) -> np.nda
     wide = min(nlist, 2 * nprobe + 8)
     scores = np.empty((q.shape[0], wide), dtype=np.float32)
     lists = np.empty((q.shape[0], wide), dtype=np.int64)
-    probe_lists(q, centroids_t, c_sq, inner_product, scores, lists)
+    probe_lists(q, centroids_t, c_sq, kernel_metric(inner_product), scores, lists)
     bound = (q.shape[1] + 8) * 2.0**-21 * ((q * q).sum(1) + c_sq.max(initial=0.0))
     with np.errstate(invalid="ignore"):  # NaN queries match nothing (the kernel refuses them)
         near = scores <= (scores[:, nprobe - 1] + bound)[:, None]

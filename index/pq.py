@@ -21,6 +21,7 @@ from vq.index.filters import IdFilter, kernel_mask, torch_mask
 from vq.index.ranges import probed_hits
 from vq.index.searching import NO_IDS, shape_problem
 from vq.index.static import Searcher, kept, search_in_chunks, top_rows
+from vq.kernels.static import metric as kernel_metric
 from vq.quantizers import ProductQuantizer
 from vq.quantizers.product import lookup_tables, pq_decode
 
@@ -170,7 +171,7 @@ class PQIndex(Index):
     def _lean_search(self):
         """One kernel call for a few queries on the calling thread: tables, scan, ids (the
         fast-scan layout: see :func:`vq.index.fastscan.pq_lean_search`)."""
-        ip = self.metric == "ip"
+        ip = kernel_metric(self.metric == "ip")
         codebooks_t, norms = self._codebook_arrays()
         ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else NO_IDS
         work, n = self._search_work, self.ntotal

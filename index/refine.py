@@ -18,6 +18,7 @@ from vq.index.searching import NO_IDS, shape_problem
 from vq.index.static import INF, Searcher, kept, search_in_chunks, top_rows
 from vq.index.storage import IdRange, append_rows, reserve
 from vq.index.wrapper import Wrapper
+from vq.kernels.static import metric as kernel_metric
 from vq.kernels.threads import parallel_for
 
 
@@ -209,7 +210,7 @@ class Refine(Wrapper):
         """The wrapped index's lean search for ``k * k_factor`` candidates, re-ranked and
         mapped to ids in one more kernel call — or in the wrapped index's own kernel call where
         it can re-rank (``_lean_search_refined``); None where the wrapped index has none."""
-        ip = self.metric == "ip"
+        ip = kernel_metric(self.metric == "ip")
         x = self.kernel_vectors()
         ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else NO_IDS
         fused = self.index._lean_search_refined(x, ids, lambda: self.k_factor)

@@ -19,6 +19,7 @@ import torch
 from vq import _cpu, kernels
 from vq.index.filters import IdFilter
 from vq.index.static import to_results
+from vq.kernels.static import metric as kernel_metric
 
 #: ``rows_to_ids``'s id table where the ids are the rows themselves
 NO_IDS = np.zeros(0, dtype=np.int64)
@@ -143,7 +144,7 @@ def results_by_id(val, rows, k: int, metric: str, stored: torch.Tensor | None):
     """
     if not (_cpu.fast_path(rows) and val.dtype == torch.float32 and rows.dtype == torch.int64):
         return to_results(val.float(), rows.long(), k, metric, stored)
-    ip = metric == "ip"
+    ip = kernel_metric(metric == "ip")
     nq = rows.shape[0]
     out_dist, out_ids = _cpu.empty((nq, k)), _cpu.empty((nq, k), torch.int64)
     kernels.rows_to_ids(

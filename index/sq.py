@@ -23,6 +23,7 @@ from vq.index.searching import NO_IDS, shape_problem
 from vq.index.static import Searcher, kept, search_in_chunks
 from vq.kernels import sq as sq_kernels
 from vq.kernels.ranges import sq_hits
+from vq.kernels.static import metric as kernel_metric
 from vq.quantizers import ScalarQuantizer
 from vq.quantizers.scalar_codes import decode_stored, stored_values
 
@@ -189,7 +190,7 @@ class SQIndex(Index):
 
     def _lean_search(self):
         """A few queries on the calling thread: the scan (``sq_flat_range``), then ids."""
-        ip = self.metric == "ip"
+        ip = kernel_metric(self.metric == "ip")
         arrays = kernel_arrays(self, self.sq)
         codes = self.codes.numpy()
         ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else NO_IDS

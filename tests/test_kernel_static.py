@@ -10,7 +10,8 @@ from numba import njit, types
 from numba.core.errors import TypingError
 
 import vq
-from vq.kernels import graph, sq
+from vq import kernels
+from vq.kernels import exact, graph, select, sq
 from vq.kernels.static import IP, L2, Static, StaticType, constant_metric, metric
 
 
@@ -72,3 +73,42 @@ def test_the_lean_and_the_general_graph_search_share_one_compiled_range_kernel()
     ]
     assert len(float_l2) == 1, float_l2
     assert all(t.mutable for t in float_l2[0] if isinstance(t, types.Array))
+
+
+@njit
+def _l2_sum(x):
+    return _signed_sum(L2, x)  # a static named inside a kernel (a global constant)
+
+
+def test_a_kernel_may_name_a_static_metric():
+    x = np.arange(4, dtype=np.float64)
+    assert _l2_sum(x) == 6.0
+    assert {sig[0] for sig in _signed_sum.signatures} >= {L2._numba_type_}
+
+
+def test_the_wrappers_hand_the_kernels_a_static_metric_not_a_bool():
+    rng = np.random.default_rng(1)
+    q, x = rng.standard_normal((3, 8)).astype(np.float32), rng.standard_normal((40, 8))
+    products = q @ x.astype(np.float32).T
+    norms = (x * x).sum(1).astype(np.float32)
+    dist, idx = np.empty((3, 4), np.float32), np.empty((3, 4), np.int64)
+    for inner_product in (True, False):
+        kernels.smallest_k_rows(products, q, norms, inner_product, dist, idx)
+        ranked = (
+            -products if inner_product else (q * q).sum(1, keepdims=True) + norms - 2 * products
+        )
+        np.testing.assert_array_equal(idx, np.argsort(ranked, axis=1, kind="stable")[:, :4])
+    metrics = {sig[5] for sig in select.smallest_k_range.signatures}
+    assert metrics == {IP._numba_type_, L2._numba_type_}, metrics  # no run-time bool
+
+
+def test_a_lean_search_without_reranking_compiles_none_of_it():
+    # ref_vectors None: numba prunes the re-ranking while it compiles (None.shape would not type)
+    dist = np.array([[0.5, 1.0, np.inf]], np.float32)
+    rows = np.array([[2, 0, -1]], np.int64)
+    out_dist, out_ids = np.empty((1, 4), np.float32), np.empty((1, 4), np.int64)
+    ids = np.array([10, 11, 12], np.int64)
+    exact.finish_lean(np.zeros((1, 2), np.float32), dist, rows, ids, IP, None, None, out_dist,
+                      out_ids)  # fmt: skip
+    np.testing.assert_array_equal(out_ids, [[12, 10, -1, -1]])
+    np.testing.assert_array_equal(out_dist, [[-0.5, -1.0, -np.inf, -np.inf]])

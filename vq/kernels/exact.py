@@ -18,7 +18,7 @@ from vq.kernels.halves import stored_value
 from vq.kernels.heaps import heap_replace_top, heap_reset, heap_sorted
 from vq.kernels.rowdist import ip_row, l2_heads4, l2_row, l2_tail
 from vq.kernels.simd import borrow, prefetch_line
-from vq.kernels.static import constant_metric
+from vq.kernels.static import L2, constant_metric, metric
 from vq.kernels.threads import parallel_for
 
 
@@ -91,7 +91,7 @@ def ivf_flat_scan(queries, vectors, probes, offsets, allowed, inner_product, out
             rotated into their principal axes), slower elsewhere.
     """
     parallel_for(ivf_flat_range, probes.shape[0], queries, vectors, probes, offsets, allowed,
-                 bool(inner_product), out_dist, out_idx, bool(prune))  # fmt: skip
+                 metric(inner_product), out_dist, out_idx, bool(prune))  # fmt: skip
 
 
 @kernel(nogil=True, fastmath=True)
@@ -181,7 +181,7 @@ def refine_scan(queries, vectors, candidates, inner_product, out_dist, out_idx):
             ``vectors`` (-1 padding).
     """
     parallel_for(refine_range, candidates.shape[0], queries, vectors, candidates,
-                 bool(inner_product), out_dist, out_idx)  # fmt: skip
+                 metric(inner_product), out_dist, out_idx)  # fmt: skip
 
 
 @kernel(nogil=True, fastmath=True)
@@ -240,17 +240,21 @@ def finish_lean(queries, dist, rows, ids, inner_product, ref_vectors, ref_ids, o
     """The last step of a lean IVF search, from the k_c best stored rows (``dist``, ``rows``
     [nq, k_c], consumed) to results (``out_dist``, ``out_ids`` [nq, k]).
 
-    Without re-ranking (``ref_vectors`` [0, d]; k_c = k): the rows mapped to ``ids`` (int64
-    [n], or [0]: the rows are the ids), distances negated back with ``inner_product``. With
-    it: the rows mapped to ``ids`` are candidates — rows of ``ref_vectors`` float32 [n', d],
-    the vectors of the ``Refine`` around the index — ranked by their exact distances
-    (:func:`refine_lean`) and mapped to ``ref_ids``.
+    Without re-ranking (``ref_vectors`` and ``ref_ids`` None; k_c = k): the rows mapped to
+    ``ids`` (int64 [n], or [0]: the rows are the ids), distances negated back with
+    ``inner_product``. With it: the rows mapped to ``ids`` are candidates — rows of
+    ``ref_vectors`` float32 [n', d], the vectors of the ``Refine`` around the index — ranked by
+    their exact distances (:func:`refine_lean`) and mapped to ``ref_ids``.
+
+    None, not an empty array, says "no re-ranking": numba prunes the branch a None argument
+    decides while it compiles, so an index without a ``Refine`` never compiles the re-ranking
+    (4-5 s of its first search on Zen 1).
     """
     fill = np.float32(-np.inf) if inner_product else np.float32(np.inf)
-    if ref_vectors.shape[0] == 0:
+    if ref_vectors is None:
         rows_to_ids(dist, rows, ids, inner_product, fill, out_dist, out_ids)
         return
-    rows_to_ids(dist, rows, ids, False, fill, dist, rows)  # in place: the candidates
+    rows_to_ids(dist, rows, ids, L2, fill, dist, rows)  # in place: the candidates (not negated)
     refine_lean(queries, ref_vectors, rows, ref_ids, inner_product, out_dist, out_ids)
 
 
@@ -271,7 +275,7 @@ def heap_push_block(scores, x_norms, first, allowed, inner_product, heap_d, heap
             finish them with :func:`heaps_sorted`.
     """
     parallel_for(heap_push_range, scores.shape[0], scores, x_norms, int(first), allowed,
-                 bool(inner_product), heap_d, heap_i)  # fmt: skip
+                 metric(inner_product), heap_d, heap_i)  # fmt: skip
 
 
 @kernel(nogil=True, fastmath=True)

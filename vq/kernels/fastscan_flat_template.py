@@ -15,6 +15,7 @@ from vq.kernels.fastscan import BLOCK, _offer, block_kernel, portable_block, qua
 from vq.kernels.heaps import EMPTY_KEY, heap_sorted, key_row, key_value, row_key, smallest_keys
 from vq.kernels.simd import borrow, table_row_kernels
 from vq.kernels.small import all_finite
+from vq.kernels.static import metric
 from vq.kernels.threads import get_num_threads, parallel_for
 
 # -- specialised constants (vq.kernels.cache.specialise writes these lines) --
@@ -122,7 +123,7 @@ def build(queries, codebooks_t, norms, inner_product, out_luts, out_scale, out_o
     untouched), out_scale and out_offset float32 [nq] (see ``quantize_tables``). Threads
     split the queries."""
     parallel_for(build_range, queries.shape[0], queries, codebooks_t, norms,
-                 bool(inner_product), out_luts, out_scale, out_offset)  # fmt: skip
+                 metric(inner_product), out_luts, out_scale, out_offset)  # fmt: skip
 
 
 @kernel(nogil=True)

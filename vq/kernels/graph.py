@@ -405,7 +405,7 @@ def hnsw_search_lean(queries, store, data, rerank, ip, nbr0, up_off, up_nbr, ent
     hnsw_search_range(np.int64(0), one, one, queries, store, data, rerank, ip, nbr0, up_off,
                       up_nbr, entry, max_level, ef, seen, no_filter, dist, rows)  # fmt: skip
     fill = np.float32(-np.inf) if ip else np.float32(np.inf)
-    rows_to_ids(dist, rows, ids, bool(ip), fill, out_dist, out_ids)
+    rows_to_ids(dist, rows, ids, ip, fill, out_dist, out_ids)
     return True
 
 

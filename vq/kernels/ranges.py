@@ -18,6 +18,7 @@ from vq.kernels.cache import kernel
 from vq.kernels.exact import exact_distance
 from vq.kernels.simd import borrow
 from vq.kernels.sq import BLOCK, block_distances, sq_kind, sq_prepare
+from vq.kernels.static import metric
 from vq.kernels.threads import parallel_for
 
 _NO_CENTROID = np.zeros(0, np.float32)
@@ -31,7 +32,7 @@ def flat_range_block(scores, x_norms, first, thresholds, allowed, inner_product,
     → out_rows int64 [nq, b], out_dist float32 [nq, b] (the ranked values) and counts int64
     [nq]: query q's hits are the first counts[q] entries of its row."""
     parallel_for(flat_range_rows, scores.shape[0], scores, x_norms, int(first), thresholds,
-                 allowed, bool(inner_product), out_rows, out_dist, counts)  # fmt: skip
+                 allowed, metric(inner_product), out_rows, out_dist, counts)  # fmt: skip
 
 
 @kernel(nogil=True, fastmath=True)
@@ -61,7 +62,7 @@ def ivf_flat_range_search(queries, vectors, probes, offsets, starts, thresholds,
     lets through → query q's region of out_rows int64 / out_dist float32 [total] starts at
     ``starts[q]`` (int64 [nq], room for every row it probes); counts int64 [nq]."""
     parallel_for(ivf_flat_range_rows, probes.shape[0], queries, vectors, probes, offsets, starts,
-                 thresholds, allowed, bool(inner_product), out_rows, out_dist,
+                 thresholds, allowed, metric(inner_product), out_rows, out_dist,
                  counts)  # fmt: skip
 
 
@@ -113,7 +114,7 @@ def sq_hits(queries, probes, offsets, codes, centroids, by_residual, offset, sca
     probes zeros [nq, 1], by_residual False). Threads split the queries."""
     parallel_for(sq_hits_range, queries.shape[0], queries, probes, offsets, codes, centroids,
                  bool(by_residual), offset, scale, sq_kind(kind), starts, thresholds,
-                 allowed, bool(inner_product), out_rows, out_dist, counts)  # fmt: skip
+                 allowed, metric(inner_product), out_rows, out_dist, counts)  # fmt: skip
 
 
 @kernel(nogil=True, fastmath=True)

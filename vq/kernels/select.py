@@ -25,6 +25,7 @@ from vq.kernels.simd import (
     row_min8,
     trailing_zeros,
 )
+from vq.kernels.static import metric
 from vq.kernels.threads import parallel_for
 
 
@@ -43,7 +44,7 @@ def smallest_k_rows(products, queries, x_norms, inner_product, out_dist, out_idx
             k <= n.
     """
     parallel_for(smallest_k_range, products.shape[0], products, queries, x_norms,
-                 bool(inner_product), out_dist, out_idx)  # fmt: skip
+                 metric(inner_product), out_dist, out_idx)  # fmt: skip
 
 
 @kernel(nogil=True)

@@ -28,6 +28,7 @@ from vq.kernels.exact import finish_lean, ivf_flat_range
 from vq.kernels.heaps import EMPTY_KEY, heap_replace_top_row, heap_sorted
 from vq.kernels.select import _insert, _smallest_k_row, row_scratch
 from vq.kernels.simd import borrow
+from vq.kernels.static import L2, metric
 from vq.kernels.threads import parallel_for
 
 
@@ -61,7 +62,7 @@ def flat_parts(queries, vectors, x_norms, inner_product, heap_d, heap_i):
     parts = heap_d.shape[0]
     n = vectors.shape[0]
     per = -(-n // parts)
-    inner_product = bool(inner_product)
+    inner_product = metric(inner_product)
 
     def run(p0: int, p1: int) -> None:
         for p in range(p0, p1):
@@ -238,7 +239,7 @@ def nearest_lean(x, centroids_t, c_norms, out_codes):
     n = x.shape[0]
     scores = np.empty((n, 1), dtype=np.float32)
     lists = np.empty((n, 1), dtype=np.int64)
-    probe_lists(x, centroids_t, c_norms, False, scores, lists)
+    probe_lists(x, centroids_t, c_norms, L2, scores, lists)
     for i in range(n):
         out_codes[i] = lists[i, 0]
     return True
@@ -330,7 +331,7 @@ def probe_bounded(queries, centroids_t, c_norms, axes_t, proj_t, proj_norms, row
         for q in range(q0, q1):
             x = queries[q]
             # values: every centroid's bound as probe_lists ranks it (near_*: the m least)
-            _smallest_k_row(bounds[q - q0], coords[q - q0], proj_norms, False, near_d, near_i,
+            _smallest_k_row(bounds[q - q0], coords[q - q0], proj_norms, L2, near_d, near_i,
                             values)  # fmt: skip
             q_norm = np.float32(0.0)
             for j in range(dim):
@@ -354,7 +355,7 @@ def probe_bounded(queries, centroids_t, c_norms, axes_t, proj_t, proj_norms, row
                     count += 1
             if count == BOUND_MOST or count < nprobe:  # a loose bound (or no finite one)
                 products(queries, q, q + 1, centroids_t, nlist <= PROBE_COLUMNS, full)
-                _smallest_k_row(full[0], x, c_norms, False, out_scores[q], out_lists[q], values)
+                _smallest_k_row(full[0], x, c_norms, L2, out_scores[q], out_lists[q], values)
                 continue
             size = 0
             for j in range(count):  # in column order: ties to the lower centroid

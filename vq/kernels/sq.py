@@ -50,7 +50,7 @@ from vq.kernels.halves import half_value
 from vq.kernels.heaps import heap_replace_top, heap_reset, heap_sorted
 from vq.kernels.simd import borrow
 from vq.kernels.small import all_finite, probe_few
-from vq.kernels.static import Static, static_value
+from vq.kernels.static import Static, metric, static_value
 from vq.kernels.threads import parallel_for
 
 SQ8, SQ6, SQ4, SQ_FP16, SQ_BF16 = 0, 1, 2, 3, 4
@@ -258,7 +258,7 @@ def sq_flat_scan(queries, codes, offset, scale, kind, allowed, inner_product, ou
             (-1 padding).
     """
     parallel_for(sq_flat_range, queries.shape[0], queries, codes, offset, scale,
-                 sq_kind(kind), allowed, bool(inner_product), out_dist, out_idx)  # fmt: skip
+                 sq_kind(kind), allowed, metric(inner_product), out_dist, out_idx)  # fmt: skip
 
 
 @kernel(nogil=True, fastmath=True)
@@ -295,7 +295,7 @@ def sq_ivf_scan(queries, probes, offsets, codes, centroids, by_residual, offset,
     """
     parallel_for(sq_ivf_range, queries.shape[0], queries, probes, offsets, codes, centroids,
                  bool(by_residual), offset, scale, sq_kind(kind), allowed,
-                 bool(inner_product), out_dist, out_idx)  # fmt: skip
+                 metric(inner_product), out_dist, out_idx)  # fmt: skip
 
 
 @kernel(nogil=True, fastmath=True)

@@ -15,7 +15,10 @@ constants in each compilation, which LLVM folds before it optimises the loops, s
 compiles only the code its value selects, and runs the literal copy's speed.
 
 The metric is one: :data:`L2` and :data:`IP` (:func:`metric`), in the kernels' signatures as
-``metric(l2)`` / ``metric(ip)``.
+``metric(l2)`` / ``metric(ip)``. The Python wrappers of the kernels (``ivf_flat_scan``,
+``smallest_k_rows``, ...) turn a bool into one; a kernel that calls another with a fixed metric
+names :data:`L2` rather than the literal ``False``, which numba would compile as a signature
+of its own beside the one its L2 callers use.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import operator
 from numba import types
 from numba.core import cgutils
 from numba.core.datamodel import models
+from numba.core.imputils import lower_constant
 from numba.extending import NativeValue, overload, register_model, unbox
 
 
@@ -104,6 +108,11 @@ def constant_metric(typ) -> bool | None:
 @unbox(StaticType)
 def _unbox(typ, obj, c):
     return NativeValue(c.context.get_dummy_value(), is_error=cgutils.false_bit)
+
+
+@lower_constant(StaticType)
+def _constant(context, builder, typ, value):  # a kernel may name L2 / IP (a global)
+    return context.get_dummy_value()
 
 
 @overload(bool)
