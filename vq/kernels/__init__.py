@@ -23,6 +23,8 @@ variant) are the ``*_template`` modules, one cached source file per configuratio
 - :mod:`vq.kernels.graph`, :mod:`vq.kernels.graph_build`: HNSW search (on the vectors or on
   int8 codes) and batched parallel construction.
 - :mod:`vq.kernels.threads`: the thread pool the kernels run on.
+- :mod:`vq.kernels.inlining`: numba's ``inline="always"`` copying each callee's scope once
+  per inline instead of once per block (installed when a kernel first compiles).
 """
 
 from vq.kernels.adc import (

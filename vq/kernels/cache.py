@@ -50,6 +50,7 @@ from numba.core.registry import CPUDispatcher
 from numba.core.runtime import rtsys
 
 from vq._version import __version__
+from vq.kernels import inlining
 
 _BEGIN = "# -- specialised constants"
 _END = "# -- end of specialised constants"
@@ -196,6 +197,7 @@ class Kernel(CPUDispatcher):
             entry = _load_cached(self, args)
             if entry is not None:
                 return entry
+        inlining.install()  # before numba's compiler first runs in this process
         return super()._compile_for_args(*args, **kws)
 
 
