@@ -45,6 +45,7 @@ from vq.index.searching import (
 )
 from vq.index.storage import IdRange, check_new_ids
 from vq.index.updates import Updates
+from vq.kernels.cache import compiles
 
 METRICS = ("l2", "ip")
 
@@ -263,13 +264,42 @@ class Index(Updates, nn.Module):
             found = search_small(self, q.detach().to(torch.float32), k, params)
             if found is not None:
                 return like_input(found[0], queries), like_input(found[1], queries)
+        found = self._search_general(q, k, allowed, return_probed, params)
+        return tuple(like_input(t, queries) for t in found)
+
+    def _search_general(self, q: torch.Tensor, k: int, allowed, return_probed: bool, params):
+        """The general path of ``search`` for checked queries ``q``: ``(D, I)`` tensors (and
+        probed with ``return_probed``), in steps of ``search_batch_size`` queries."""
         filtered = filtered_params(self, params, allowed, return_probed, q.shape[0])
         work = self._search_work(min(q.shape[0], self.search_batch_size), k, **params)
         small = serial_if_small(work)
         with self._lock.read(), torch.no_grad(), small:
             dist, ids = search_steps(self, q, k, filtered)
-        out = like_input(dist, queries), like_input(ids, queries)
-        return (*out, like_input(filtered["probed"], queries)) if return_probed else out
+        return (dist, ids, filtered["probed"]) if return_probed else (dist, ids)
+
+    def warm_up(self, k: int | None = None) -> int:
+        """Compile (or load from the kernel cache) the CPU kernels this index's searches use,
+        so that the first query of a later process does not wait for a compiler; returns how
+        many kernels this call compiled (0: all were compiled or cached already).
+
+        Kernels compile once per machine and are kept on disk (:mod:`vq.kernels.cache`), but
+        only those a process ran: a process that trains, adds and saves without searching
+        leaves the search kernels to the first process that searches (10–40 s on a slow
+        CPU). Call this before or after ``save`` where the index is built (``vq build`` does).
+        It searches random queries on each CPU path (one query, a batch an IVF index splits
+        between threads, the path of large batches; see :mod:`vq.index.lean`) with ``k``
+        (default ``self.k``) and the stored search options; on an empty, untrained or
+        non-CPU index it compiles nothing. Filtered and range searches are not warmed.
+        """
+        k = check_positive(self.k if k is None else k, "k")
+        if not self.is_trained or self.ntotal == 0 or self.device.type != "cpu":
+            return 0
+        before = compiles()
+        queries = torch.randn(64, self.dim, generator=torch.Generator().manual_seed(0))
+        for batch in (queries[:1].numpy(), queries.numpy()):
+            self.search(batch, k)  # the lean paths: one query, a batch IVF splits
+        self._search_general(queries, k, None, False, {})  # the path of large batches
+        return compiles() - before
 
     def range_search(self, queries: Any, radius: float, *, allowed: Any = None, **params):
         """Every stored vector within ``radius`` of each query (faiss ``range_search``): ``(lims,

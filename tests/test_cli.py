@@ -255,3 +255,27 @@ def test_search_with_a_radius_runs_a_range_search_on_a_mapped_index(files, capsy
         "--radius", radius, "--gt", files / "gt.ivecs",
     )  # fmt: skip
     assert code != 0 and "does not apply to --radius" in err
+
+
+def test_warmup_of_saved_indexes_and_build_without_warm_up(files, capsys, monkeypatch):
+    warmed = []
+    monkeypatch.setattr(vq.index.Index, "warm_up", lambda self, k=None: warmed.append(self) or 3)
+    code, out, _ = run(
+        capsys, "build", "--data", files / "base.fvecs", "--index", "IVF16,Flat",
+        "-o", files / "warm.vq", "--quiet",
+    )  # fmt: skip
+    assert code == 0 and len(warmed) == 1  # build readies the search kernels
+    assert "search kernels: 3 compiled" in out
+    code, _, _ = run(
+        capsys, "build", "--data", files / "base.fvecs", "--index", "IVF16,Flat",
+        "-o", files / "cold.vq", "--quiet", "--no-warm-up",
+    )  # fmt: skip
+    assert code == 0 and len(warmed) == 1
+    code, out, _ = run(capsys, "warmup", "--saved", files / "warm.vq", "--saved", files / "cold.vq")
+    lines = out.strip().splitlines()
+    assert code == 0 and len(warmed) == 3 and all(type(i).__name__ == "IVFFlat" for i in warmed)
+    assert lines[0].startswith(f"{files / 'warm.vq'} (IVFFlat)")
+    assert "3 kernels compiled" in lines[0]
+    assert lines[-1].startswith("warm-up of 2 saved indexes: ")
+    code, _, err = run(capsys, "warmup", "--saved", files / "nowhere.vq")
+    assert code == 2 and err.startswith("error: ") and "nowhere.vq" in err

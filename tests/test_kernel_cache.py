@@ -59,6 +59,48 @@ def test_a_second_process_sharing_the_cache_compiles_nothing():
     assert report["compiler"] == []
 
 
+def test_warm_up_readies_every_kernel_a_later_search_runs(tmp_path):
+    """A process that builds and saves without searching leaves the search kernels to the
+    first process that searches; ``warm_up`` (which ``vq build`` calls) readies them all, so
+    that no later search of any batch size, k or input type loads or compiles another."""
+    code = textwrap.dedent(
+        """
+        import json
+        import numpy as np, torch, vq
+        from vq.kernels import cache
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((600, 16), dtype=np.float32)
+        ready = lambda: cache.loads() + cache.compiles()
+        report = {}
+        for description in ("Flat", "IVF4,PQ4", "IVF4,PQ8x4fs,RFlat", "HNSW16"):
+            index = vq.index_factory(16, description)
+            index.train(x)
+            index.add(x)
+            before = ready()
+            index.warm_up()
+            warmed = ready()
+            for n in (1, 7, 16, 17, 300, 5000):
+                q = rng.standard_normal((n, 16), dtype=np.float32)
+                for k in (1, 10):
+                    index.search(q, k)
+                index.search(torch.from_numpy(q), 10)
+            report[description] = [warmed - before, ready() - warmed]
+        empty = vq.index_factory(16, "IVF4,Flat")
+        report["untrained"] = [empty.warm_up(), 0]
+        print(json.dumps(report))
+        """
+    )
+    out = _child(code)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    untrained = report.pop("untrained")
+    for description, (warmed, after) in report.items():
+        assert warmed > 0 and after == 0, (description, warmed, after)
+    assert untrained[0] == 0
+    with pytest.raises(ValueError, match="k must be"):
+        vq.index_factory(16, "Flat").warm_up(k=0)
+
+
 def test_the_cache_folder_is_keyed_by_version_and_cpu():
     folder = cache.folder()
     assert folder is not None

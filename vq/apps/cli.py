@@ -8,6 +8,7 @@
     vq validate [options]    quantizer and index checks against faiss on generated vectors
     vq bench [name ...]      the benchmarks (from a source checkout: bench/ is not installed)
     vq warmup [--index DESCRIPTION ...] [--dim D]   compile the kernels ahead of time
+    vq warmup --saved index.vq               compile the kernels of a saved index's searches
 
 Vector files: .fvecs, .bvecs (converted to float32), .ivecs (ground truth), and ann-benchmarks
 .hdf5 (train vectors for build, test vectors and neighbors for search). Every subcommand takes
@@ -72,6 +73,11 @@ def build(argv: list[str]) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of the training sample")
     p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--no-warm-up",
+        action="store_true",
+        help="skip compiling the search kernels (the first process that searches then does)",
+    )
     args = p.parse_args(argv)
     set_threads(args.threads)
     x = read_vectors(args.data, "train")
@@ -100,6 +106,11 @@ def build(argv: list[str]) -> int:
         f"{t_train:.1f} s, added in {t_add:.1f} s; saved {args.output} "
         f"({args.output.stat().st_size / 2**20:.1f} MiB)"
     )
+    if not args.no_warm_up:  # so that the first `vq search` (a service…) compiles nothing
+        with _compile_notice(f"the search kernels of {args.index}"):
+            compiled, seconds = timed(index.warm_up)
+        if compiled:
+            print(f"search kernels: {compiled} compiled in {seconds:.1f} s, kept for later runs")
     return 0
 
 
@@ -186,6 +197,15 @@ def warmup(argv: list[str]) -> int:
         metavar="DESCRIPTION",
         help=f"an index description (repeatable; default: {', '.join(COMMON)})",
     )
+    p.add_argument(
+        "--saved",
+        action="append",
+        default=None,
+        type=Path,
+        metavar="FILE",
+        help="a saved index: compile the kernels of its searches (repeatable; with no --index, "
+        "only these)",
+    )
     p.add_argument("--dim", type=int, default=128, help="vector dimension (default 128)")
     p.add_argument("--metric", choices=["l2", "ip", "both"], default="l2", help="default l2")
     p.add_argument("--no-layer", action="store_true", help="skip the quantizer-layer step")
@@ -207,10 +227,21 @@ def warmup(argv: list[str]) -> int:
         print(f"{item.description:28s} {item.seconds:6.1f} s  ({state})", flush=True)
 
     start = time.perf_counter()
-    done = warm_up(args.index or COMMON, args.dim, metrics, not args.no_layer, report, args.jobs)
+    indexes = [(path, vq.load_index(path)) for path in args.saved or ()]  # all read first
+    done = []
+    for path, index in indexes:
+        compiled, seconds = timed(index.warm_up)
+        done.append(Warmed(f"{path} ({type(index).__name__})", seconds, compiled))
+        report(done[-1])
+    what = [f"{len(done)} saved indexes"] if done else []
+    if args.index or not args.saved:
+        kinds = args.index or COMMON
+        n = len(done)
+        done += warm_up(kinds, args.dim, metrics, not args.no_layer, report, args.jobs)
+        what.append(f"{len(done) - n} kinds at dim {args.dim}")
     compiled = sum(item.compiled for item in done)
     print(
-        f"warm-up of {len(done)} kinds at dim {args.dim}: {time.perf_counter() - start:.1f} s, "
+        f"warm-up of {' and '.join(what)}: {time.perf_counter() - start:.1f} s, "
         f"{compiled} kernels compiled; kept in {cache.folder() or 'memory only'}"
     )
     return 0

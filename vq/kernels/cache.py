@@ -237,7 +237,17 @@ def _load_cached(dispatcher: Kernel, args: tuple):
         dispatcher._cache_hits[argtypes] += 1
         context.insert_user_function(cres.entry_point, cres.fndesc, [cres.library])
         dispatcher.add_overload(cres)
+        _loaded[0] += 1
         return cres.entry_point
+
+
+_loaded = [0]
+
+
+def loads() -> int:
+    """How many compiled kernels this process has loaded from the cache (without numba's
+    compiler); with :func:`compiles`, every kernel a process has made ready so far."""
+    return _loaded[0]
 
 
 # -- specialised modules ----------------------------------------------------------------------
