@@ -40,7 +40,8 @@ def faiss_recall(desc, nprobe, seed, x, q, truth):
     # "np": no polysemous training (a permutation of the codes, irrelevant for recall)
     index = faiss.index_factory(DIM, re.sub(r"(^|,)(PQ\d+)", r"\1\2np", desc))
     if isinstance(index, faiss.IndexPreTransform):  # vq.OPQ's default alternations
-        faiss.downcast_VectorTransform(index.chain.at(0)).niter = 20
+        opq = faiss.downcast_VectorTransform(index.chain.at(0))
+        opq.niter, opq.niter_pq, opq.niter_pq_0 = 20, 4, 20
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is not None:
         ivf.cp.seed = seed
