@@ -274,6 +274,14 @@ def test_merge_topk_orders_by_distance_then_id_and_puts_missing_last():
     assert ids.tolist() == [[4, 7, -1, -1]] and D[0, 2:].tolist() == [inf, inf]
 
 
+def test_warm_up_warms_every_shard_of_this_process(monkeypatch):
+    calls = []
+    monkeypatch.setattr(vq.index.Index, "warm_up", lambda self, k=None: calls.append(k) or 2)
+    sharded = ShardedIndex(vq.FlatIndex(DIM))
+    sharded.shards.append(vq.FlatIndex(DIM))  # as ShardedIndex.load gives one process two
+    assert sharded.warm_up(5) == 4 and calls == [5, 5]
+
+
 def test_one_process_sharded_index_saves_loads_and_refuses_mixed_files(tmp_path):
     x, q = database()[:500], queries()
     sharded = ShardedIndex(vq.FlatIndex(DIM))  # no process group: one shard, this process

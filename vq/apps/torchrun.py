@@ -9,7 +9,9 @@ shard per process.
 ``build``: process r of W reads rows ``[r·n/W, (r+1)·n/W)`` of the data file (memory-mapped:
 only its rows are read), all processes train the index together on the union (checkpointed, so a
 ``torchrun --max-restarts`` restart resumes the training), each adds its rows with their row
-numbers as ids, and the shards plus ``manifest.json`` are written to the output directory.
+numbers as ids, and the shards plus ``manifest.json`` are written to the output directory;
+then one process per machine (local rank 0) compiles its shards' search kernels
+(``--no-warm-up``: not), so that the first search finds them in the kernel cache.
 ``search``: every process loads its shards, searches them for all queries, and rank 0 reports
 the merged global top-k (QPS, recall with ``--gt``, ids with ``--out``). Without torchrun both
 run in one process (``search`` then loads every shard). Bad input ends with a one-line
@@ -19,6 +21,7 @@ run in one process (``search`` then loads every shard). Bad input ends with a on
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -105,6 +108,11 @@ def build(argv: list[str]) -> int:
     )
     p.add_argument("--threads", type=int, default=None, help="CPU threads per process")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--no-warm-up",
+        action="store_true",
+        help="skip compiling the search kernels (the first process that searches then does)",
+    )
     args = p.parse_args(argv)
     world, rank = _start(args.threads)
     x, first = read_rows(args.data, rank, world, "train")
@@ -135,6 +143,11 @@ def build(argv: list[str]) -> int:
             f"{args.index}: {sharded.ntotal} vectors of dim {x.shape[1]} in {world} shard(s), "
             f"trained in {t_train:.1f} s, added in {t_add:.1f} s; saved {args.output}/"
         )
+    # the search kernels, once per machine (its processes share the kernel cache)
+    if not args.no_warm_up and os.environ.get("LOCAL_RANK", str(rank)) == "0":
+        compiled, seconds = timed(sharded.warm_up)
+        if compiled:
+            print(f"search kernels: {compiled} compiled in {seconds:.1f} s, kept for later runs")
     return 0
 
 

@@ -1,11 +1,12 @@
 """Compile the kernels of the common configurations ahead of time (``vq warmup``).
 
 Every kernel compiles once per machine and configuration and is kept in the user's cache
-directory (:mod:`vq.kernels.cache`); this runs the calls that compile them — train, add, a
-batch search and a one-query search, encode and decode — on a small random set for each index
-description, so that no later process (a command, a notebook, a service, a test) waits for a
-compiler. Kernels are specialised by the shape of the codes (sub-vector size, number of
-sub-quantizers), so warm up at the dimension you use.
+directory (:mod:`vq.kernels.cache`); this runs the calls that compile them (train, add, the
+searches of ``Index.warm_up``: one query, a batch, a large batch; filtered and range searches;
+encode and decode) on a small random set for each index description, so that no later process
+(a command, a notebook, a service, a test) waits for a compiler. Kernels are specialised by the
+shape of the codes (sub-vector size, number of sub-quantizers), so warm up at the dimension you
+use. ``vq warmup --saved FILE`` warms the searches of a saved index instead.
 """
 
 from __future__ import annotations
@@ -116,9 +117,7 @@ def _warm_one(description: str, metric: str, dim: int, threads: int | None = Non
     index = index_factory(dim, description, metric=metric)
     index.train(x)
     index.add(x)
-    for batch in (x[:64], x[:1]):  # the batched and the one-query paths
-        index.search(batch, 10)
-        index.search(torch.from_numpy(batch), 10)
+    index.warm_up(10)  # each search path: one query, a batch IVF splits, large batches
     _filtered_and_range(index, x)
     if description == "Flat":  # the lean path's scan split between threads (large indexes)
         heap_d = np.full((2, 1, 10), np.inf, np.float32)
@@ -134,8 +133,7 @@ def _filtered_and_range(index, x: np.ndarray) -> None:
     if type(index) is HNSW:
         int8 = HNSW(index.dim, index.M, index.metric, traversal="int8")
         int8.add(x)
-        for batch in (x[:64], x[:1]):
-            int8.search(batch, 10)
+        int8.warm_up(10)
     for allowed in (IdFilter(np.arange(0, len(x), 3)), np.arange(len(x)) % 2 == 0):
         for batch in (x[:64], x[:1]):
             index.search(batch, 10, allowed=allowed)

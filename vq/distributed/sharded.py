@@ -229,6 +229,12 @@ class ShardedIndex:
         return result
 
     # -- persistence ----------------------------------------------------------------------
+    def warm_up(self, k: int = 10) -> int:
+        """Not collective: compile (or load) the kernels of this process's shards' searches
+        (:meth:`vq.index.Index.warm_up`); returns how many it compiled. One process per machine
+        suffices where they share the kernel cache."""
+        return sum(shard.warm_up(k) for shard in self.shards)
+
     def save(self, directory: str | os.PathLike) -> None:
         """Write every shard to ``directory/shard-<i>.index`` (on the file system of the
         process that holds it) and, from rank 0, ``directory/manifest.json``."""
