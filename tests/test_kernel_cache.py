@@ -101,6 +101,16 @@ def test_warm_up_readies_every_kernel_a_later_search_runs(tmp_path):
         vq.index_factory(16, "Flat").warm_up(k=0)
 
 
+def test_warmup_of_lists_holding_fewer_than_k_vectors():
+    """`vq warmup`'s default IVF64 over 2,048 random 128-d vectors leaves a few queries with
+    fewer than 10 results: its range search takes the radius from the finite distances only
+    (it was +inf: "radius must be a finite number")."""
+    from vq.apps.warmup import warmup
+
+    (done,) = warmup(["IVF64,Flat"], dim=128, layer=False)
+    assert done.description == "IVF64,Flat" and done.seconds > 0
+
+
 def test_the_cache_folder_is_keyed_by_version_and_cpu():
     folder = cache.folder()
     assert folder is not None

@@ -137,7 +137,9 @@ def _filtered_and_range(index, x: np.ndarray) -> None:
     for allowed in (IdFilter(np.arange(0, len(x), 3)), np.arange(len(x)) % 2 == 0):
         for batch in (x[:64], x[:1]):
             index.search(batch, 10, allowed=allowed)
-    radius = float(index.search(x[:64], 10)[0][:, -1].mean())  # about 10 hits per query
+    tenth = index.search(x[:64], 10)[0][:, -1]  # ±inf where a probed list held fewer than 10
+    tenth = tenth[np.isfinite(tenth)]
+    radius = float(tenth.mean()) if tenth.size else 0.0  # about 10 hits per query
     try:
         index.range_search(x[:64], radius)
     except NotImplementedError:  # a kind without range search
