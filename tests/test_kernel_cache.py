@@ -111,6 +111,35 @@ def test_warmup_of_lists_holding_fewer_than_k_vectors():
     assert done.description == "IVF64,Flat" and done.seconds > 0
 
 
+@pytest.mark.parametrize("cls", ["numba", "vq"])
+def test_two_processes_saving_two_signatures_at_once_never_cross_their_code(tmp_path, cls):
+    """Processes A and B both read the kernel's empty index; A writes its index entry, B its
+    whole entry, A its data last (an interleaving of two compiling processes, which vq's lock
+    prevents; forced here): numba's numbered names point B's signature at A's code, vq's
+    hashed names cannot."""
+    from numba.core.caching import IndexDataCacheFile
+
+    kind = IndexDataCacheFile if cls == "numba" else cache.SharedCacheFile
+    a, b, reader = (kind(str(tmp_path), "kernel-12", ("stamp", 1)) for _ in range(3))
+    deferred = []
+    a._save_data = lambda name, data: deferred.append((name, data))  # A's data write waits
+    b._load_index = dict  # B read the index before A wrote it: empty
+    a.save("signature A", "code for A")
+    b.save("signature B", "code for B")
+    IndexDataCacheFile._save_data(a, *deferred.pop())
+    found = {key: reader.load(key) for key in ("signature A", "signature B")}
+    crossed = found["signature B"] == "code for A"
+    assert crossed == (cls == "numba"), found
+    assert found["signature B"] in (None, "code for B") or cls == "numba"
+    assert found["signature A"] in (None, "code for A")
+    # and one process after the other loses no entry
+    c = cache.SharedCacheFile(str(tmp_path / "c"), "kernel-12", ("stamp", 1))
+    (tmp_path / "c").mkdir()
+    c.save("signature A", "code for A")
+    c.save("signature B", "code for B")
+    assert [c.load("signature A"), c.load("signature B")] == ["code for A", "code for B"]
+
+
 def test_the_cache_folder_is_keyed_by_version_and_cpu():
     folder = cache.folder()
     assert folder is not None

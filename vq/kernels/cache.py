@@ -44,7 +44,7 @@ import llvmlite.binding as llvm
 import numba
 from numba.core import config as numba_config
 from numba.core import event, types
-from numba.core.caching import FunctionCache
+from numba.core.caching import FunctionCache, IndexDataCacheFile
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.registry import CPUDispatcher
 from numba.core.runtime import rtsys
@@ -168,6 +168,9 @@ def kernel(**options) -> Callable:
                 numba_config.CACHE_DIR = previous
         if type(dispatcher) is CPUDispatcher:  # (not under NUMBA_DISABLE_JIT)
             dispatcher.__class__ = Kernel  # the same object, one method more
+            cache_file = getattr(dispatcher._cache, "_cache_file", None)
+            if type(cache_file) is IndexDataCacheFile:
+                cache_file.__class__ = SharedCacheFile
         return dispatcher
 
     return decorate
@@ -199,6 +202,48 @@ class Kernel(CPUDispatcher):
                 return entry
         inlining.install()  # before numba's compiler first runs in this process
         return super()._compile_for_args(*args, **kws)
+
+
+class SharedCacheFile(IndexDataCacheFile):
+    """numba's index + data files of a kernel, safe for processes that compile at once.
+
+    numba names a new entry's data file by the first number its index does not use yet: two
+    processes compiling two signatures of one kernel together (pytest workers, ``vq warmup
+    --jobs``, torchrun processes) could both read the index before either wrote it, pick the same
+    name, and leave the index pointing one signature at the other's machine code; a later process
+    then ran code compiled for other argument types (seen as a ZeroDivisionError in a fast-scan
+    scan during ``vq warmup --jobs 2``). Here a data file is named by a hash of its key (the
+    signature, the CPU, the sources' stamp), so no two keys share one, and the index's
+    read-modify-write holds an exclusive lock on a file beside it, so no entry is lost.
+    """
+
+    def save(self, key, data):
+        with _locked(self._index_path + ".lock"):
+            overloads = self._load_index()
+            data_name = overloads.get(key)
+            if data_name is None:
+                digest = hashlib.sha256(repr(key).encode()).hexdigest()[:20]
+                data_name = self._data_name_pattern.replace("{number:d}", digest)
+                overloads[key] = data_name
+                self._save_index(overloads)
+            self._save_data(data_name, data)
+
+
+@contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """An exclusive lock on ``path`` between processes (none where the platform has no flock:
+    the hashed names alone still keep every entry's code its own)."""
+    try:
+        import fcntl
+    except ImportError:  # (Windows)
+        yield
+        return
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _writable(tp: types.Type) -> types.Type:
