@@ -169,8 +169,8 @@ def kernel(**options) -> Callable:
         if type(dispatcher) is CPUDispatcher:  # (not under NUMBA_DISABLE_JIT)
             dispatcher.__class__ = Kernel  # the same object, one method more
             cache_file = getattr(dispatcher._cache, "_cache_file", None)
-            if type(cache_file) is IndexDataCacheFile:
-                cache_file.__class__ = SharedCacheFile
+            if type(cache_file) is IndexDataCacheFile and SharedCacheFile.fits(cache_file):
+                cache_file.__class__ = SharedCacheFile  # (else numba's own, as shipped)
         return dispatcher
 
     return decorate
@@ -211,11 +211,20 @@ class SharedCacheFile(IndexDataCacheFile):
     processes compiling two signatures of one kernel together (pytest workers, ``vq warmup
     --jobs``, torchrun processes) could both read the index before either wrote it, pick the same
     name, and leave the index pointing one signature at the other's machine code; a later process
-    then ran code compiled for other argument types (seen as a ZeroDivisionError in a fast-scan
-    scan during ``vq warmup --jobs 2``). Here a data file is named by a hash of its key (the
-    signature, the CPU, the sources' stamp), so no two keys share one, and the index's
-    read-modify-write holds an exclusive lock on a file beside it, so no entry is lost.
+    then ran code compiled for other argument types (the likely cause, not proven, of a
+    ZeroDivisionError once seen in a fast-scan scan during ``vq warmup --jobs 2``). Here a data
+    file is named by a hash of its key (the signature, the CPU, the sources' stamp), so no two
+    keys share one, and the index's read-modify-write holds an exclusive lock on a file beside
+    it, so no entry is lost. Used only where numba's file has the layout this relies on.
     """
+
+    _NUMBER = "{number:d}"
+
+    @classmethod
+    def fits(cls, cache_file: IndexDataCacheFile) -> bool:
+        """Whether ``cache_file`` names its data files as this class expects."""
+        pattern = getattr(cache_file, "_data_name_pattern", None)
+        return isinstance(pattern, str) and pattern.count(cls._NUMBER) == 1
 
     def save(self, key, data):
         with _locked(self._index_path + ".lock"):
@@ -223,7 +232,7 @@ class SharedCacheFile(IndexDataCacheFile):
             data_name = overloads.get(key)
             if data_name is None:
                 digest = hashlib.sha256(repr(key).encode()).hexdigest()[:20]
-                data_name = self._data_name_pattern.replace("{number:d}", digest)
+                data_name = self._data_name_pattern.replace(self._NUMBER, digest)
                 overloads[key] = data_name
                 self._save_index(overloads)
             self._save_data(data_name, data)
