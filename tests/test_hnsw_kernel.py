@@ -1,7 +1,6 @@
-"""The HNSW search kernel's parts (vq.kernels.graph): the descent that computes each node's
-distance once takes faiss's greedy path, the beam's candidate heap expands the nodes faiss's
-scan of the beam expands, and visit stamps that wrap around (an epoch for the descent and one
-for the beam per query) change nothing."""
+"""The HNSW search kernel's parts (vq.kernels.graph): the descent takes faiss's greedy path,
+the sorted beam expands the nodes faiss's scan of the beam expands (and ends sorted), and
+visit stamps that wrap around (an epoch per query's beam) change nothing."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import numpy as np
 
 import vq
 from vq.kernels import graph
-from vq.kernels.heaps import sort_pair_heap
 
 DIM, N = 16, 600
 
@@ -39,17 +37,18 @@ def plain_greedy(x, data, nbr0, up_off, up_nbr, entry, max_level):
     return v
 
 
-def test_descent_that_skips_visited_nodes_takes_faiss_greedy_path():
+def test_descent_takes_faiss_greedy_path():
     index, queries = small_index()
     assert index.max_level >= 2  # a descent through more than one level
     data, nbr0, up_off, up_nbr = index._arrays()
     entry = int(index.entry_point[0])
-    seen = graph.new_seen(1, index.ntotal)[0]
-    scratch = np.empty(nbr0.shape[1], np.int64)
+    moved = 0
     for x in queries:
-        v, _ = graph.descend(x, data, False, nbr0, up_off, up_nbr, entry, index.max_level, 0,
-                             seen, scratch)  # fmt: skip
+        v, dv = graph.descend(x, data, False, up_off, up_nbr, entry, index.max_level, 0)
         assert v == plain_greedy(x, data, nbr0, up_off, up_nbr, entry, index.max_level)
+        assert np.isclose(dv, ((data[v] - x) ** 2).sum(dtype=np.float32), rtol=1e-5)
+        moved += v != entry
+    assert moved > 30
 
 
 def scan_beam(x, data, nbr0, entry, cap, ef):
@@ -81,37 +80,26 @@ def scan_beam(x, data, nbr0, entry, cap, ef):
     return sorted(beam, key=beam.get)
 
 
-def test_the_candidate_heap_expands_the_nodes_of_faiss_scan_of_the_beam():
+def test_the_sorted_beam_expands_the_nodes_of_faiss_scan_of_the_beam():
     index, queries = small_index(3)
     data, nbr0, up_off, up_nbr = index._arrays()
     seen = graph.new_seen(1, index.ntotal)[0]
     scratch = np.empty(nbr0.shape[1], np.int64)
+    dist = np.empty(nbr0.shape[1], np.float32)
     no_filter = np.zeros(0, np.uint8)
     checked = 0
     for cap, ef in ((10, 10), (10, 4), (24, 24), (64, 64), (40, 12)):
         hd, hi = np.empty(cap, np.float32), np.empty(cap, np.int64)
-        for room in (graph.candidate_room(cap, nbr0.shape[1]), cap):  # cap: dropped often
-            cd, ci = np.empty(room, np.float32), np.empty(room, np.int64)
-            for x in queries[:10]:
-                entry = int(x @ x) % index.ntotal  # any node: the beam alone is compared
-                d0 = np.float32(((data[entry] - x) ** 2).sum(dtype=np.float32))
-                size, _ = graph.beam(x, data, False, nbr0, up_off, up_nbr, 0, entry, d0, cap, ef,
-                                     seen, hd, hi, scratch, no_filter, hd, hi, cd, ci)  # fmt: skip
-                sort_pair_heap(hd, hi, size)
-                want = scan_beam(x, data, nbr0, entry, cap, ef)
-                assert hi[:size].tolist() == want, (cap, ef, room)
-                checked += size == cap
-    assert checked > 50  # full beams, where nodes are pushed out
-
-
-def test_dropping_candidates_keeps_the_nearer_ones_as_a_heap():
-    cd = -np.array([0.1, 0.9, 0.4, 0.7, 0.2, 0.5], np.float32)  # negated: a max-heap of -d
-    ci = np.arange(6, dtype=np.int64)
-    order = np.argsort(cd)[::-1]
-    cd, ci = cd[order].copy(), ci[order].copy()  # -d descending: a valid max-heap
-    kept = graph.drop_farther(cd, ci, 6, np.float32(0.5))
-    assert kept == 3 and sorted(ci[:3].tolist()) == [0, 2, 4]
-    assert all(cd[0] >= cd[j] for j in range(kept)) and ci[0] == 0
+        for x in queries[:10]:
+            entry = int(x @ x) % index.ntotal  # any node: the beam alone is compared
+            d0 = np.float32(((data[entry] - x) ** 2).sum(dtype=np.float32))
+            size, _ = graph.beam(x, data, False, nbr0, up_off, up_nbr, 0, entry, d0, cap, ef,
+                                 seen, hd, hi, scratch, dist, no_filter, hd, hi)  # fmt: skip
+            want = scan_beam(x, data, nbr0, entry, cap, ef)
+            assert hi[:size].tolist() == want, (cap, ef)  # the same nodes, ascending
+            assert np.all(np.diff(hd[:size]) >= 0)
+            checked += size == cap
+    assert checked > 30  # full beams, where nodes are pushed out
 
 
 def test_visit_stamps_that_wrap_around_give_the_results_of_fresh_ones():

@@ -41,12 +41,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from vq.kernels.cache import kernel
-from vq.kernels.graph import (
-    beam,
-    candidate_room,
-    descend,
-    pair_distance,
-)
+from vq.kernels.graph import beam, descend, pair_distance
 from vq.kernels.graph_store import borrow_store, node_distance, prepare_query
 from vq.kernels.heaps import heapify_pair, sort_pair_heap
 from vq.kernels.simd import borrow
@@ -154,8 +149,7 @@ def insert_range(s0, s1, nodes, data, store, rerank, ip, levels, nbr0, up_off, u
     hd = np.empty(ef, dtype=np.float32)
     hi = np.empty(ef, dtype=np.int64)
     scratch = np.empty(nbr0.shape[1], dtype=np.int64)
-    cd = np.empty(candidate_room(ef, nbr0.shape[1]), dtype=np.float32)
-    ci = np.empty(cd.shape[0], dtype=np.int64)
+    dist = np.empty(nbr0.shape[1], dtype=np.float32)
     no_filter = np.zeros(0, dtype=np.uint8)
     nb = nodes.shape[0]
     for s in range(s0, s1):
@@ -166,26 +160,26 @@ def insert_range(s0, s1, nodes, data, store, rerank, ip, levels, nbr0, up_off, u
                 break
             for b in range(b0, min(b0 + CLAIM, nb)):
                 _insert_one(nodes[b], data, store, rerank, ip, levels, nbr0, up_off, up_nbr,
-                            entry, max_level, ef, stamps, hd, hi, scratch, cd, ci,
+                            entry, max_level, ef, stamps, hd, hi, scratch, dist,
                             no_filter)  # fmt: skip
 
 
 @njit(inline="always", fastmath=True)
 def _insert_one(u, data, store, rerank, ip, levels, nbr0, up_off, up_nbr, entry, max_level, ef,
-                stamps, hd, hi, scratch, cd, ci, no_filter):  # fmt: skip
+                stamps, hd, hi, scratch, dist, no_filter):  # fmt: skip
     """Node u's own lists at its levels: a beam of ``ef`` per level on ``store``, the beam
     ranked by the exact distances, then the heuristic on the vectors."""
     x = prepare_query(data[u], store, ip)
     top = min(np.int64(levels[u]), max_level)
-    v, dv = descend(x, store, ip, nbr0, up_off, up_nbr, entry, max_level, top, stamps, scratch)
+    v, dv = descend(x, store, ip, up_off, up_nbr, entry, max_level, top)
     for level in range(top, -1, -1):
         size, _ = beam(x, store, ip, nbr0, up_off, up_nbr, level, v, dv, ef, ef, stamps, hd, hi,
-                       scratch, no_filter, hd, hi, cd, ci)  # fmt: skip
+                       scratch, dist, no_filter, hd, hi)  # fmt: skip
         if rerank:  # the beam on codes: its nodes ranked by their exact distances
             for j in range(size):
                 hd[j] = pair_distance(data, u, hi[j], ip)
             heapify_pair(hd, hi, size)
-        sort_pair_heap(hd, hi, size)
+            sort_pair_heap(hd, hi, size)
         m = up_nbr.shape[1]  # hnswlib: M links of its own at every level
         if level == 0:
             select_neighbours(data, ip, hd, hi, size, nbr0, u, m)
