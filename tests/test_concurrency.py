@@ -379,3 +379,34 @@ def test_a_parallel_step_holds_none_of_its_arguments_once_it_returns():
     finally:
         release.set()
         threads._setting = previous
+
+
+def test_a_parallel_step_returns_after_its_slowest_slice_and_raises_a_slices_error():
+    # the caller waits on a lock that the last slice to finish releases, whichever thread ran it
+    from vq.kernels import threads
+
+    previous = threads._setting
+    threads.set_num_threads(2)
+    try:
+        for _ in range(5):  # the worker's slice last: the lock is released on the worker
+            finished = []
+
+            def body(s, e, log):  # this thread's slice waits for the worker to take the other
+                main = threading.current_thread() is threading.main_thread()
+                time.sleep(0.005 if main else 0.02)
+                log.append(s)
+
+            threads.parallel_for(body, 2, finished)
+            assert sorted(finished) == [0, 1]
+
+        def failing(s, e):
+            if s == 1:
+                raise ValueError("slice 1 failed")
+
+        with pytest.raises(ValueError, match="slice 1 failed"):
+            threads.parallel_for(failing, 2)
+        seen = []
+        threads.parallel_for(lambda s, e: seen.append(s), 2)  # the pool still serves
+        assert sorted(seen) == [0, 1]
+    finally:
+        threads._setting = previous
