@@ -138,8 +138,8 @@ def beam(x, data, ip, nbr0, up_off, up_nbr, level, entry, d_entry, cap, ef, seen
     it expands one), without a heap's unpredictable sift branches: a new node takes its
     place by an insertion sort's step from the far end, which is short (HNSW8 over 33,000
     NSynth vectors, efConstruction 200, one thread, Zen 1, against the two heaps this
-    replaced: 1.3-1.5x the queries per second at efSearch 10, 1.6x at 64, 1.4-1.5x at 256
-    and 512, the same ids; the build 1.2x faster)."""
+    replaced, A/B pairs: 1.3-1.5x the queries per second at efSearch 10, 1.6x at 64,
+    1.4-1.8x at 256, 1.3-1.6x at 512, the same ids; the build 1.2x faster)."""
     epoch = next_epoch(seen)
     deg = degree(nbr0, up_nbr, level)
     filtered = allowed.shape[0] > 0
