@@ -32,15 +32,24 @@ class SeenPool:
         self.free: list[np.ndarray] = []
 
     def take(self, slots: int, n: int) -> np.ndarray:
+        shape = (slots, n + 1)
         with self.lock:
-            for j, s in enumerate(self.free):
-                if s.shape == (slots, n + 1):
-                    return self.free.pop(j)
+            free = self.free
+            for j in range(len(free) - 1, -1, -1):  # the last given back first
+                if free[j].shape == shape:
+                    return free.pop(j)
         return graph.new_seen(slots, n)
 
     def give_back(self, seen: np.ndarray) -> None:
+        """Keep ``seen`` for a later search: at most 8 stamps, all for a graph of the same
+        size (those of an older size are dropped; the list never holds two sizes)."""
         with self.lock:
-            self.free = [s for s in self.free if s.shape[1] == seen.shape[1]][-7:] + [seen]
+            free = self.free
+            if free and free[-1].shape[1] != seen.shape[1]:
+                free.clear()
+            free.append(seen)
+            if len(free) > 8:
+                del free[0]
 
     def __reduce__(self):  # copies get an empty pool
         return (type(self), ())

@@ -297,3 +297,21 @@ def test_searches_from_many_threads_equal_one_at_a_time(data, built):
                               range(0, 200, 20)))  # fmt: skip
     for a, b in zip(expected, found, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_visit_stamps_are_reused_by_shape_and_never_handed_out_for_another_graph_size():
+    from vq.index.hnsw_graph import SeenPool
+
+    pool = SeenPool()
+    one, two = pool.take(1, 100), pool.take(2, 100)
+    assert one.shape == (1, 101) and two.shape == (2, 101)
+    pool.give_back(one)
+    pool.give_back(two)
+    assert pool.take(1, 100) is one and pool.take(2, 100) is two  # each by its own shape
+    pool.give_back(one)
+    pool.give_back(pool.take(1, 150))  # the graph grew: the shorter stamps are dropped
+    assert all(s.shape[1] == 151 for s in pool.free)
+    assert pool.take(1, 100) is not one
+    for _ in range(12):  # more stamps given back than searches ever hold at once: 8 kept
+        pool.give_back(np.zeros((1, 151), np.uint16))
+    assert len(pool.free) == 8
