@@ -307,13 +307,16 @@ class IVFIndex(IVFStorage, Index):
                 probed.copy_(torch.from_numpy(need))
         elif probed is not None:
             probed.fill_(nprobe)
-        kc = min(k * self.copies, int(self.ids.shape[0]))  # spilled: k distinct ids among 2 k
+        # spilled: the k distinct ids among the best 2 k rows, made unique below, unless the
+        # scan keeps each id once itself
+        repeats = self.spill and not self.scans_distinct_ids()
+        kc = min(k * self.copies if repeats else k, int(self.ids.shape[0]))
         dist = _cpu.empty((q.shape[0], kc))
         rows = _cpu.empty((q.shape[0], kc), torch.int64)
         mask = kernel_mask(self, allowed)
-        if not self._scan_from_file(q, coarse, lists, dist, rows, ranked or self.spill, mask):
-            self._scan_numba(q, coarse, lists, dist, rows, ranked or self.spill, mask, self)
-        if not self.spill:
+        if not self._scan_from_file(q, coarse, lists, dist, rows, ranked or repeats, mask):
+            self._scan_numba(q, coarse, lists, dist, rows, ranked or repeats, mask, self)
+        if not repeats:
             return dist, rows
         out_dist, out_rows = _cpu.empty((q.shape[0], k)), _cpu.empty((q.shape[0], k), torch.int64)
         at, stored = self._ids_of(rows.numpy())
@@ -322,6 +325,14 @@ class IVFIndex(IVFStorage, Index):
             out = out_rows.numpy()
             out[...] = np.where(out >= 0, rows.numpy().reshape(-1)[np.maximum(out, 0)], -1)
         return out_dist, out_rows
+
+    def scans_distinct_ids(self) -> bool:
+        """Whether the CPU scan of this index's spilled lists keeps each id once as it goes
+        (the k rows it finds are k distinct vectors, so neither the general path nor the
+        lean one scans for 2 k rows and drops repeats after): the kinds whose two copies of
+        a vector score the same (IVF-Flat) say so where the ids are held in memory (not
+        read from the index file). False for lists that are not spilled."""
+        return False
 
     def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked, allowed, store) -> None:
         """The numba scan: the k nearest rows, ascending (in any order if not ``ranked``),
@@ -334,7 +345,8 @@ class IVFIndex(IVFStorage, Index):
         """The whole search of a few queries as one kernel call on the calling thread (the
         coarse step, the scan of the probed lists, ids: the kind's ``_lean_kernel``); a call
         whose estimated work is not small returns None (the general, parallel path). Spilled
-        lists: the best ``2 k`` rows, each id's first kept (as the general path keeps them)."""
+        lists: the best ``2 k`` rows, each id's first kept (as the general path keeps them),
+        or the k rows of a scan that keeps ids distinct (:meth:`scans_distinct_ids`)."""
         return self._lean_closure(None)
 
     def _lean_search_refined(self, vectors: np.ndarray, ids: np.ndarray, k_factor: Callable):

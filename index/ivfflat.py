@@ -11,9 +11,11 @@ from vq import kernels
 from vq.index.faiss_build import faiss_metric, import_faiss
 from vq.index.filters import kernel_mask
 from vq.index.ivf import IVFIndex, IVFSearch
+from vq.index.mapped import file_range
 from vq.index.ranges import probed_hits
 from vq.index.searching import shape_problem
 from vq.index.static import kept
+from vq.kernels.exact import NO_ROW_IDS
 from vq.kernels.rowdist import MIN_SPLIT, head_dims
 
 #: IVFFlat.prunes: the least share of the centroids' variance in a row's head that pays
@@ -82,9 +84,19 @@ class IVFFlat(IVFIndex):
         :mod:`vq.export` writes out)."""
         return IVFFlatSearch(self, k, nprobe, capacity, copy)
 
+    def scans_distinct_ids(self) -> bool:
+        """Spilled lists held in memory: the scans keep each id once (both copies of a vector
+        hold the same floats, so the first one scanned stands for both)."""
+        return self.spill and file_range(self.ids) is None
+
+    def _row_ids(self, store) -> np.ndarray:
+        """The scans' ``row_ids`` over ``store``: each row's id where they keep ids distinct
+        (:meth:`scans_distinct_ids`, the index's own lists), else none."""
+        return self.ids.numpy() if store is self and self.scans_distinct_ids() else NO_ROW_IDS
+
     def _lean_kernel(self, store) -> tuple:
         x, offsets = store.vectors.contiguous().numpy(), store.offsets.numpy()
-        return kernels.ivf_flat_lean, (x, offsets, self.prunes())
+        return kernels.ivf_flat_lean, (x, offsets, self.prunes(), self._row_ids(store))
 
     def _range_hits(self, q, radius: float, allowed=None, nprobe=None, max_codes=None) -> list:
         """The probed lists' hits, a block of queries (bounded probed rows) at a time."""
@@ -109,6 +121,7 @@ class IVFFlat(IVFIndex):
             out_dist.numpy(),
             out_rows.numpy(),
             self.prunes(),
+            self._row_ids(store),
         )
 
 

@@ -120,9 +120,12 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
     centroids_t = index._derived("centroids_t", (c,), lambda: c.float().T.contiguous().numpy())
     bound = _NO_BOUND if ip else index._coarse_bound()  # (L2: see probe_bounded)
     coarse = (centroids_t, norms, *bound)
-    ids = index.ids.numpy() if index.ids.shape[0] == index.ntotal else NO_IDS
-    copies = index.copies  # spilled lists: the best k distinct ids among the best 2 k rows
-    if copies > 1:
+    # spilled lists: the best k distinct ids among the best 2 k rows (made unique below),
+    # unless the kind's scan keeps each id once itself
+    distinct = not mapped and index.scans_distinct_ids()
+    repeats = index.copies > 1 and not distinct
+    ids = index.ids.numpy() if index.ids.shape[0] == index.ntotal or distinct else NO_IDS
+    if repeats:
         if refine is not None:
             raise ValueError("the lean search of spilled lists takes no re-ranking")
         ids = NO_IDS  # (the kernel's ids: rows, made unique below)
@@ -164,16 +167,16 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
             return None
         split_up = nq > SMALL_BATCH and work >= serial_work  # else on the calling thread
         # spilled lists: the best copies * k rows (k_candidates), made unique below
-        width = k if copies == 1 else min(k * copies, index.n_rows)
+        width = min(k * index.copies, index.n_rows) if repeats else k
         out_dist = np.empty((nq, width), np.float32)
         found = np.empty((nq, width), np.int64)  # ids, or rows where mapped or spilled
-        ranked = ranked or copies > 1
+        ranked = ranked or repeats
         if not mapped:
             run = partial(split_queries, kernel) if split_up else kernel
             if not run(q, coarse, nprobe, *args, ids, ip, ref_x, ref_ids,
-                       kc if copies == 1 else width, out_dist, found, ranked):  # fmt: skip
+                       width if repeats else kc, out_dist, found, ranked):  # fmt: skip
                 return None  # (not finite: the general path says)
-            if copies == 1:
+            if not repeats:
                 return out_dist, found
             at, stored = found, row_ids
         else:
@@ -182,10 +185,10 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
             local_kernel, rest = index._lean_kernel(local)
             run = partial(split_queries, local_kernel) if split_up else local_kernel
             if not run(q, coarse, nprobe, *rest, NO_IDS, ip, ref_x, ref_ids,
-                       kc if copies == 1 else width, out_dist, found, ranked):  # fmt: skip
+                       width if repeats else kc, out_dist, found, ranked):  # fmt: skip
                 return None
             at, stored = index._ids_of(local.stored_rows(found))
-        if copies > 1:  # each id's first row, as the general path keeps them (unique_rows)
+        if repeats:  # each id's first row, as the general path keeps them (unique_rows)
             first_dist, first = np.empty((nq, k), np.float32), np.empty((nq, k), np.int64)
             if split_up:
                 unique_rows(out_dist, at, stored, first_dist, first)

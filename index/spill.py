@@ -14,7 +14,10 @@ Approximate Nearest Neighbor Search", NeurIPS 2023 (ScaNN's spilling).
 
 A search over spilled lists may meet a vector twice: it keeps each id's best score
 (:func:`unique_top`, the static search's; ``vq.kernels.unique_rows``, the numba path's), over
-the best ``2 k`` candidates, which hold the best k distinct ids.
+the best ``2 k`` candidates, which hold the best k distinct ids. IVF-Flat's numba scans keep
+each id once as they go instead (both copies hold the same floats, so the second scores as
+the first: a row whose id the heap holds is not offered), and look for k rows, not 2 k
+(``IVFIndex.scans_distinct_ids``).
 """
 
 from __future__ import annotations

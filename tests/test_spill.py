@@ -8,6 +8,7 @@ import torch
 from export_helpers import assert_same_search, fixture_exported, fixture_ort  # noqa: F401
 
 import vq
+from vq import kernels
 from vq._cpu import torch_only
 from vq.datasets import clustered_vectors
 from vq.export import OnnxRunner
@@ -83,6 +84,41 @@ def test_results_are_an_exact_scan_of_the_probed_lists(pair, data, queries):
         held = np.unique(np.concatenate([ids[offsets[lst] : offsets[lst + 1]] for lst in lists]))
         want = held[((data[held] - q) ** 2).sum(-1).argsort(kind="stable")[:k]]
         assert set(got) == set(want)
+
+
+@pytest.mark.parametrize("inner_product, prune", [(False, False), (False, True), (True, False)])
+@pytest.mark.parametrize("k", [1, 10, 64])
+def test_a_scan_given_row_ids_finds_the_best_k_distinct_ids(inner_product, prune, k):
+    rng = np.random.default_rng(5)
+    n, nlist, dim = 300, 8, DIM
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    x[:, :4] *= 4.0  # most of the variance in the heads (what the pruned scan tests first)
+    first = rng.integers(0, nlist, n)
+    second = (first + rng.integers(1, nlist, n)) % nlist  # another list, as a spill is
+    lists = np.concatenate([first, second])
+    order = np.argsort(lists, kind="stable")
+    row_ids = np.concatenate([np.arange(n), np.arange(n)])[order]  # two copies of each vector
+    vectors = np.ascontiguousarray(x[row_ids])
+    offsets = np.searchsorted(lists[order], np.arange(nlist + 1)).astype(np.int64)
+    q = rng.standard_normal((30, dim)).astype(np.float32)
+    probes = np.stack([rng.choice(nlist, 3, replace=False) for _ in range(30)]).astype(np.int64)
+    probes[0, 1:] = -1  # one list only: fewer ids than k for k = 64
+    dist, rows = np.empty((30, k), np.float32), np.empty((30, k), np.int64)
+    no_filter = np.zeros(0, np.uint8)
+    kernels.ivf_flat_scan(q, vectors, probes, offsets, no_filter, inner_product, dist, rows,
+                          prune=prune, row_ids=row_ids)  # fmt: skip
+    for i in range(30):
+        held = [row_ids[offsets[lst] : offsets[lst + 1]] for lst in probes[i] if lst >= 0]
+        held = np.unique(np.concatenate(held))
+        score = -(x[held] @ q[i]) if inner_product else ((x[held] - q[i]) ** 2).sum(-1)
+        best = np.argsort(score, kind="stable")[:k]
+        found = rows[i][rows[i] >= 0]
+        got = row_ids[found]
+        assert len(set(got)) == len(got) == min(k, len(held))  # each id once, none missing
+        np.testing.assert_allclose(dist[i, : len(got)], score[best], rtol=1e-5, atol=1e-5)
+        assert (dist[i, len(got) :] == np.inf).all() and (rows[i, len(got) :] == -1).all()
+        ties = np.isclose(score[best][-1], score, rtol=1e-6, atol=1e-6)  # the k-th's ties
+        assert set(got) - set(held[best]) <= set(held[ties])
 
 
 def test_soar_assignment():

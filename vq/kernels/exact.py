@@ -21,6 +21,9 @@ from vq.kernels.simd import borrow, prefetch_line
 from vq.kernels.static import L2, constant_metric, metric
 from vq.kernels.threads import parallel_for
 
+#: ``row_ids`` of a scan whose rows are distinct vectors (no spilled copies)
+NO_ROW_IDS = np.zeros(0, dtype=np.int64)
+
 
 def exact_distance(x, vectors, i, inner_product):
     """Squared L2 distance of the float32 vector x [d] to row i of ``vectors`` (float32, or
@@ -73,7 +76,7 @@ def _half_distance(x, vectors, i, inner_product):
 
 
 def ivf_flat_scan(queries, vectors, probes, offsets, allowed, inner_product, out_dist, out_idx,
-                  prune=False):  # fmt: skip
+                  prune=False, row_ids=NO_ROW_IDS):  # fmt: skip
     """Exact distances to the vectors of the probed inverted lists, fused with top-k; threads
     split the queries.
 
@@ -89,18 +92,23 @@ def ivf_flat_scan(queries, vectors, probes, offsets, allowed, inner_product, out
             the head is below the heap's threshold (:mod:`vq.kernels.rowdist`): the same
             results, faster where the first dimensions carry most of the distance (vectors
             rotated into their principal axes), slower elsewhere.
+        row_ids: int64 [n], the id of each row, where a vector is stored in more than one
+            list (spilled lists): a row whose id the heap holds already is not offered, so
+            the k rows found hold k distinct ids (the first row of each scanned, and the k
+            best ids of all the probed rows: the copies of a vector hold the same floats, so
+            they score the same); [0]: rows are offered whatever their id.
     """
     parallel_for(ivf_flat_range, probes.shape[0], queries, vectors, probes, offsets, allowed,
-                 metric(inner_product), out_dist, out_idx, bool(prune))  # fmt: skip
+                 metric(inner_product), out_dist, out_idx, bool(prune), row_ids)  # fmt: skip
 
 
 @kernel(nogil=True, fastmath=True)
 def ivf_flat_range(q0, q1, queries, vectors, probes, offsets, allowed, inner_product, out_dist,
-                   out_idx, prune):  # fmt: skip
+                   out_idx, prune, row_ids):  # fmt: skip
     """:func:`ivf_flat_scan` for queries ``q0..q1`` (int64) on the calling thread."""
     queries, out_dist, out_idx = borrow(queries), borrow(out_dist), borrow(out_idx)
     vectors, probes, offsets = borrow(vectors), borrow(probes), borrow(offsets)
-    allowed = borrow(allowed)
+    allowed, row_ids = borrow(allowed), borrow(row_ids)
     k = out_dist.shape[1]
     heap_d = np.empty(k, dtype=np.float32)
     heap_i = np.empty(k, dtype=np.int64)
@@ -114,33 +122,47 @@ def ivf_flat_range(q0, q1, queries, vectors, probes, offsets, allowed, inner_pro
             start, end = offsets[lst], offsets[lst + 1]
             # the metric and the pruning constants in each copy (see exact_distance)
             if inner_product:
-                _scan_rows(x, vectors, start, end, allowed, True, heap_d, heap_i)
+                _scan_rows(x, vectors, start, end, allowed, True, row_ids, heap_d, heap_i)
             elif prune:
-                _scan_heads(x, vectors, start, end, allowed, heap_d, heap_i)
+                _scan_heads(x, vectors, start, end, allowed, row_ids, heap_d, heap_i)
             else:
-                _scan_rows(x, vectors, start, end, allowed, False, heap_d, heap_i)
+                _scan_rows(x, vectors, start, end, allowed, False, row_ids, heap_d, heap_i)
         heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
 
 
+@njit(inline="always")
+def _held(heap_i, row_ids, row):
+    """Whether the heap holds a row of ``row``'s id (the heap's free slots hold row -1)."""
+    wanted = row_ids[row]
+    for j in range(heap_i.shape[0]):
+        r = heap_i[j]
+        if r >= 0 and row_ids[r] == wanted:
+            return True
+    return False
+
+
 @njit(inline="always", fastmath=True)
-def _scan_rows(x, vectors, start, end, allowed, inner_product, heap_d, heap_i):
-    """Rows ``start..end`` offered to the max-heap, one whole distance at a time."""
+def _scan_rows(x, vectors, start, end, allowed, inner_product, row_ids, heap_d, heap_i):
+    """Rows ``start..end`` offered to the max-heap, one whole distance at a time (with
+    ``row_ids``, a row whose id the heap holds is not)."""
     filtered = allowed.shape[0] > 0
+    spilled = row_ids.shape[0] > 0
     threshold = heap_d[0]
     for i in range(start, end):
         if filtered and allowed[i] == 0:
             continue
         d = exact_distance(x, vectors, i, inner_product)
-        if d < threshold:
+        if d < threshold and not (spilled and _held(heap_i, row_ids, i)):
             heap_replace_top(heap_d, heap_i, d, i)
             threshold = heap_d[0]
 
 
 @njit(inline="always", fastmath=True)
-def _scan_heads(x, vectors, start, end, allowed, heap_d, heap_i):
+def _scan_heads(x, vectors, start, end, allowed, row_ids, heap_d, heap_i):
     """:func:`_scan_rows` (L2) with the heads of four rows first, a row's tail only where its
     head is below the heap's threshold (the last row repeated to fill the last four)."""
     filtered = allowed.shape[0] > 0
+    spilled = row_ids.shape[0] > 0
     threshold = heap_d[0]
     last = end - 1
     for i in range(start, end, 4):
@@ -154,7 +176,7 @@ def _scan_heads(x, vectors, start, end, allowed, heap_d, heap_i):
             if h >= threshold or (filtered and allowed[row] == 0):
                 continue
             d = h + l2_tail(x, vectors, row)
-            if d < threshold:
+            if d < threshold and not (spilled and _held(heap_i, row_ids, row)):
                 heap_replace_top(heap_d, heap_i, d, row)
                 threshold = heap_d[0]
 
