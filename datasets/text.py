@@ -228,9 +228,10 @@ def sentence_embeddings(
 
     The first ``nq`` sentences of :func:`local_sentences` (``n + nq`` of them) are the queries,
     the rest the database. The first call reads the text (about 2 minutes) and embeds it (about
-    20 minutes for 300,000 sentences on 2 cores of an AVX-512 Xeon; far longer on older CPUs:
-    on 2 Zen 1 cores, with other work beside it, the first of its 1,176 batches, which hold the
-    longest sentences, took about 28 s each); the vectors and the sentences are cached in
+    20 minutes for 300,000 sentences on 2 cores of an AVX-512 Xeon, 51 on 2 Zen 3 cores with a
+    test run beside it for a third of that time; far longer on older CPUs: on 2 Zen 1 cores,
+    with other work beside it, the first of its 1,176 batches, which hold the longest
+    sentences, took about 28 s each); the vectors and the sentences are cached in
     ``cache_dir`` (:func:`default_cache_dir` by default) under a key made of the source files'
     names and sizes (within their roots), ``n``, ``nq`` and ``seed``, and later calls read the
     cache.
