@@ -20,7 +20,8 @@ from vq.quantizers import OPQ, PCA
 SUPPORTED = (
     "Flat | PQ<M>[x<nbits>] | PQ<M>x4fs | SQ8|SQ6|SQ4|SQfp16|SQbf16 | "
     "HNSW<M>[,Flat|,SQ8|,SQ6|,SQ4|,SQfp16|,SQbf16] | "
-    "IVF<nlist>,Flat | IVF<nlist>,PQ<M>[x<nbits>|x4fs|x4fsr] | IVF<nlist>,SQ<8|6|4|fp16|bf16>, "
+    "IVF<nlist>,Flat[(sketch)] | IVF<nlist>,PQ<M>[x<nbits>|x4fs|x4fsr] | "
+    "IVF<nlist>,SQ<8|6|4|fp16|bf16>, "
     "IVF<nlist>(soar[=<λ>]) for spilled lists, IVF<nlist>_HNSW<M> for graph-routed lists, "
     "optionally preceded by OPQ<M>[_<dim_out>] or PCA<dim_out>, "
     "and followed by RFlat or Refine(Flat), or Refine(SQfp16) (re-ranking on fp16 vectors) "
@@ -59,6 +60,8 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
             each vector into a second list (SOAR; see :class:`vq.index.IVFIndex`), a vq
             extension faiss does not read. ``PQ<M>x4fs`` is 4-bit fast-scan; after an IVF it
             encodes the vectors themselves, ``x4fsr`` their residuals (as in faiss).
+            ``IVF<nlist>,Flat(sketch)`` keeps sketches that spare the CPU scans most exact
+            distances (``IVFFlat(sketch=True)``), another vq extension.
         metric: "l2" or "ip".
 
     Raises:
@@ -99,8 +102,8 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
         extra = {"coarse_hnsw": int(ivf[2])} if ivf[2] else {}
         if ivf[3]:
             extra.update(spill=True, soar_lambda=float(ivf[4] or 1.0))
-        if parts[1] == "Flat":
-            index = IVFFlat(inner_dim, nlist, metric, **extra)
+        if parts[1] in ("Flat", "Flat(sketch)"):
+            index = IVFFlat(inner_dim, nlist, metric, sketch=parts[1] != "Flat", **extra)
         elif m := _PQ.fullmatch(parts[1]):
             M, nbits, fs = int(m[1]), int(m[2] or 8), bool(m[3])
             residual = m[3] != "fs"  # IndexIVFPQFastScan encodes residuals only with "x4fsr"

@@ -18,11 +18,23 @@ from vq.kernels.halves import stored_value
 from vq.kernels.heaps import heap_replace_top, heap_reset, heap_sorted
 from vq.kernels.rowdist import ip_row, l2_heads4, l2_row, l2_tail
 from vq.kernels.simd import borrow, prefetch_line
+from vq.kernels.sketch import (
+    FACTORS,
+    STEP,
+    centre_distance,
+    sketch_dots4,
+    sketch_lower,
+    sketch_prepare,
+)
 from vq.kernels.static import L2, constant_metric, metric
 from vq.kernels.threads import parallel_for
 
 #: ``row_ids`` of a scan whose rows are distinct vectors (no spilled copies)
 NO_ROW_IDS = np.zeros(0, dtype=np.int64)
+#: ``sketch`` of a scan without sketches
+_NONE = np.zeros(0, np.float32)
+NO_SKETCH = (np.zeros((0, STEP), np.uint8), np.zeros((0, FACTORS), np.float32), _NONE, _NONE,
+             np.zeros((0, 0), np.float32))  # fmt: skip
 
 
 def exact_distance(x, vectors, i, inner_product):
@@ -76,7 +88,7 @@ def _half_distance(x, vectors, i, inner_product):
 
 
 def ivf_flat_scan(queries, vectors, probes, offsets, allowed, inner_product, out_dist, out_idx,
-                  prune=False, row_ids=NO_ROW_IDS):  # fmt: skip
+                  prune=False, row_ids=NO_ROW_IDS, sketch=NO_SKETCH):  # fmt: skip
     """Exact distances to the vectors of the probed inverted lists, fused with top-k; threads
     split the queries.
 
@@ -97,31 +109,53 @@ def ivf_flat_scan(queries, vectors, probes, offsets, allowed, inner_product, out
             the k rows found hold k distinct ids (the first row of each scanned, and the k
             best ids of all the probed rows: the copies of a vector hold the same floats, so
             they score the same); [0]: rows are offered whatever their id.
+        sketch: (codes uint8 [n, width], factors float32 [n, 4], low float32 [d], step
+            float32 [d], centroids float32 [nlist, d]): the rows' sketches
+            (:mod:`vq.kernels.sketch`), whose bounds skip the exact distance of a row that
+            cannot enter the heap (the same results); :data:`NO_SKETCH`: none.
     """
     parallel_for(ivf_flat_range, probes.shape[0], queries, vectors, probes, offsets, allowed,
-                 metric(inner_product), out_dist, out_idx, bool(prune), row_ids)  # fmt: skip
+                 metric(inner_product), out_dist, out_idx, bool(prune), row_ids,
+                 sketch)  # fmt: skip
 
 
 @kernel(nogil=True, fastmath=True)
 def ivf_flat_range(q0, q1, queries, vectors, probes, offsets, allowed, inner_product, out_dist,
-                   out_idx, prune, row_ids):  # fmt: skip
+                   out_idx, prune, row_ids, sketch):  # fmt: skip
     """:func:`ivf_flat_scan` for queries ``q0..q1`` (int64) on the calling thread."""
     queries, out_dist, out_idx = borrow(queries), borrow(out_dist), borrow(out_idx)
     vectors, probes, offsets = borrow(vectors), borrow(probes), borrow(offsets)
     allowed, row_ids = borrow(allowed), borrow(row_ids)
+    codes, factors, low, step, centroids = sketch
+    codes, factors, centroids = borrow(codes), borrow(factors), borrow(centroids)
+    sketched = codes.shape[0] > 0
+    query_codes = np.zeros(codes.shape[1], dtype=np.int8)
+    margin = np.float32((queries.shape[1] + 32) * 2.0**-20)
+    prepared = (np.float32(0.0), np.float32(0.0), np.float32(0.0), np.float32(0.0))
     k = out_dist.shape[1]
     heap_d = np.empty(k, dtype=np.float32)
     heap_i = np.empty(k, dtype=np.int64)
     for q in range(q0, q1):
         heap_reset(heap_d, heap_i)
         x = queries[q]
+        if sketched:
+            prepared = sketch_prepare(x, low, step, query_codes)
         for p in range(probes.shape[1]):
             lst = probes[q, p]
             if lst < 0:
                 continue
             start, end = offsets[lst], offsets[lst + 1]
             # the metric and the pruning constants in each copy (see exact_distance)
-            if inner_product:
+            if sketched:
+                bound = (query_codes, codes, factors, prepared,
+                         centre_distance(x, centroids, lst), margin)  # fmt: skip
+                if inner_product:
+                    _scan_sketched(x, vectors, start, end, allowed, True, row_ids, bound,
+                                   heap_d, heap_i)  # fmt: skip
+                else:
+                    _scan_sketched(x, vectors, start, end, allowed, False, row_ids, bound,
+                                   heap_d, heap_i)  # fmt: skip
+            elif inner_product:
                 _scan_rows(x, vectors, start, end, allowed, True, row_ids, heap_d, heap_i)
             elif prune:
                 _scan_heads(x, vectors, start, end, allowed, row_ids, heap_d, heap_i)
@@ -176,6 +210,34 @@ def _scan_heads(x, vectors, start, end, allowed, row_ids, heap_d, heap_i):
             if h >= threshold or (filtered and allowed[row] == 0):
                 continue
             d = h + l2_tail(x, vectors, row)
+            if d < threshold and not (spilled and _held(heap_i, row_ids, row)):
+                heap_replace_top(heap_d, heap_i, d, row)
+                threshold = heap_d[0]
+
+
+@njit(inline="always", fastmath=True)
+def _scan_sketched(x, vectors, start, end, allowed, inner_product, row_ids, bound, heap_d,
+                   heap_i):  # fmt: skip
+    """:func:`_scan_rows` with each row's sketch bound first (four rows' integer products at
+    a time): a row's exact distance only where its lower bound is below the heap's threshold
+    (``bound`` = (query codes, codes, factors, prepared query, ρ, margin): see
+    :func:`vq.kernels.sketch.sketch_lower`)."""
+    query_codes, codes, factors, prepared, rho, margin = bound
+    filtered = allowed.shape[0] > 0
+    spilled = row_ids.shape[0] > 0
+    threshold = heap_d[0]
+    last = end - 1
+    for i in range(start, end, 4):
+        p0, p1, p2, p3 = sketch_dots4(query_codes, codes, i, min(i + 1, last), min(i + 2, last),
+                                      min(i + 3, last))  # fmt: skip
+        for r in range(min(4, end - i)):
+            dot = p0 if r == 0 else p1 if r == 1 else p2 if r == 2 else p3
+            row = i + r
+            if filtered and allowed[row] == 0:
+                continue
+            if sketch_lower(dot, factors, row, prepared, rho, margin, inner_product) >= threshold:
+                continue  # (its exact distance is at least its bound)
+            d = exact_distance(x, vectors, row, inner_product)
             if d < threshold and not (spilled and _held(heap_i, row_ids, row)):
                 heap_replace_top(heap_d, heap_i, d, row)
                 threshold = heap_d[0]

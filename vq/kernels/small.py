@@ -385,14 +385,15 @@ def _sort_values(v):
 
 
 @kernel(nogil=True)
-def ivf_flat_lean(queries, coarse, nprobe, vectors, offsets, prune, row_ids, ids,
+def ivf_flat_lean(queries, coarse, nprobe, vectors, offsets, prune, row_ids, sketch, ids,
                   inner_product, ref_vectors, ref_ids, k_candidates, out_dist, out_ids,
                   ranked):  # fmt: skip
     """A search of a few queries in an IVF-Flat index on the calling thread in one call, from
     the coarse step to ids (the lean path): :func:`probe_few` (``coarse`` as it takes it),
     :func:`vq.kernels.ivf_flat_range` over the ``nprobe`` lists of ``vectors`` [n, d] (CSR
     ``offsets``; ``prune``: heads first; ``row_ids``: each id once, for spilled lists, or
-    [0]) for the ``k_candidates`` nearest, then :func:`vq.kernels.exact.finish_lean` (ids, or
+    [0]; ``sketch``: the rows' sketches, or :data:`vq.kernels.exact.NO_SKETCH`) for the
+    ``k_candidates`` nearest, then :func:`vq.kernels.exact.finish_lean` (ids, or
     the re-ranking of a wrapping ``Refine`` with ``ref_vectors``/``ref_ids``): ``out_dist``
     float32 [nq, k] ascending (negated back to inner products with ``inner_product``; +inf /
     -inf padding), ``out_ids`` int64 [nq, k] (-1 padding). Returns False (and does nothing)
@@ -404,6 +405,6 @@ def ivf_flat_lean(queries, coarse, nprobe, vectors, offsets, prune, row_ids, ids
     dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
     ivf_flat_range(np.int64(0), np.int64(nq), queries, vectors, probes, offsets,
                    np.zeros(0, dtype=np.uint8), inner_product, dist, rows, prune,
-                   row_ids)  # fmt: skip
+                   row_ids, sketch)  # fmt: skip
     finish_lean(queries, dist, rows, ids, inner_product, ref_vectors, ref_ids, out_dist, out_ids)
     return True
