@@ -20,6 +20,7 @@ from bench import (  # noqa: E402
     latency,
     memory,
     pq_search,
+    sketch,
     spill,
 )
 
@@ -69,6 +70,14 @@ def test_pq_search(results):
     pq_search.main(["--n", "2000", "--dim", "16", "--M", "4", "--nq", "20", "--rounds", "1"])
     rows = read_csv(results / "pq_search.csv", ["vq QPS", "faiss QPS", "identical top-k rows"])
     assert float(rows[0]["identical top-k rows"]) > 0.5  # same codebooks and codes
+
+
+def test_sketch(results):
+    argv = "--data synthetic --n 3000 --dim 40 --nlist 16 --nq 50 --nprobe 1 4 --rounds 1"
+    rows = sketch.main([*argv.split(), "--min-seconds", "0.01"])
+    read_csv(results / "sketch.csv", ["QPS sketch", "QPS plain", "QPS faiss", "sketch / faiss"])
+    # the same lists and exact distances: the same ids as the plain scan and as faiss
+    assert all(r["same ids as plain"] == 1.0 and r["same ids as faiss"] > 0.99 for r in rows)
 
 
 def test_spill(results):

@@ -12,6 +12,7 @@ from vq.datasets import clustered_vectors
 from vq.index.sketches import sketch_ranges, sketch_rows
 from vq.kernels.sketch import (
     centre_distance,
+    dots_intrinsic,
     sketch_dot,
     sketch_dots4,
     sketch_lower,
@@ -22,27 +23,35 @@ from vq.kernels.sketch import (
 DIM = 40  # not a multiple of 32: codes padded to 64 bytes
 
 
-@njit
-def _dots(q, codes):
-    n = codes.shape[0]
-    one, four = np.empty(n, np.int64), np.empty(n, np.int64)
-    for i in range(n):
-        one[i] = sketch_dot(q, codes, i)
-    for i in range(0, n - 3, 4):
-        a, b, c, d = sketch_dots4(q, codes, i, i + 1, i + 2, i + 3)
-        four[i], four[i + 1], four[i + 2], four[i + 3] = a, b, c, d
-    return one, four
+def _products(dot, dots4):
+    @njit
+    def products(q, codes):
+        n = codes.shape[0]
+        one, four = np.empty(n, np.int64), np.empty(n, np.int64)
+        for i in range(n):
+            one[i] = dot(q, codes, i)
+        for i in range(0, n - 3, 4):
+            a, b, c, d = dots4(q, codes, i, i + 1, i + 2, i + 3)
+            four[i], four[i + 1], four[i + 2], four[i + 3] = a, b, c, d
+        return one, four
+
+    return products
 
 
+_DOTS = _products(sketch_dot, sketch_dots4)  # (as this CPU allows: AVX2 where it has it)
+_GENERIC = _products(dots_intrinsic(1, False), dots_intrinsic(4, False))
+
+
+@pytest.mark.parametrize("generic", [False, True])
 @pytest.mark.parametrize("width", [32, 64, 160])
-def test_sketch_products_equal_the_integer_dot_products(width):
+def test_sketch_products_equal_the_integer_dot_products(width, generic):
     rng = np.random.default_rng(width)
     codes = rng.integers(0, 128, size=(12, width)).astype(np.uint8)
     codes[0] = 127  # the largest products: no int16 pair saturates
     q = rng.integers(-127, 128, size=width).astype(np.int8)
     q[: width // 2] = -127
     want = codes.astype(np.int64) @ q.astype(np.int64)
-    one, four = _dots(q, codes)
+    one, four = (_GENERIC if generic else _DOTS)(q, codes)
     np.testing.assert_array_equal(one, want)
     np.testing.assert_array_equal(four, want)
 
@@ -147,3 +156,17 @@ def test_sketches_follow_adds_removals_and_a_save(data, tmp_path):
     plain.save(tmp_path / "p.vq")
     extra = loaded.nbytes() - vq.load_index(tmp_path / "p.vq").nbytes()
     assert extra >= sketched.n_rows * (sketch_width(DIM) + 16)
+
+
+def test_sketches_are_tested_only_where_the_heads_do_not_prune():
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=(3000, 64)).astype(np.float32)
+    spread = vq.index_factory(64, "IVF16,Flat(sketch)")
+    headed = vq.index_factory(64, "IVF16,Flat(sketch)")
+    for index, data in ((spread, x), (headed, x * np.r_[np.full(16, 10.0), np.ones(48)])):
+        index.coarse_niter = 3
+        index.train(data.astype(np.float32))
+        index.add(data.astype(np.float32))
+    assert not spread.prunes() and spread.scans_sketches()
+    assert headed.prunes() and not headed.scans_sketches()  # (its heads prune already)
+    assert not vq.index_factory(64, "IVF16,Flat").scans_sketches()

@@ -151,20 +151,33 @@ def _check(q, codes) -> None:
         )
 
 
-@intrinsic
-def sketch_dot(typingctx, q, codes, i):
-    """``⟨q, codes[i]⟩`` as int32: ``q`` int8 [width], ``codes`` uint8 [n, width] (width a
-    multiple of :data:`STEP`, codes at most :data:`LEVELS`), both C-contiguous."""
-    _check(q, codes)
-    return types.int32(q, codes, i), _dots_codegen(1, has_avx2())
+def dots_intrinsic(rows: int, avx2: bool | None = None):
+    """The intrinsic of :func:`sketch_dot` (``rows`` 1) or :func:`sketch_dots4` (4), with the
+    AVX2 instructions or the generic vector code (``avx2`` None: as the CPU allows)."""
+
+    def typer(typingctx, q, codes, *at):
+        _check(q, codes)
+        result = types.int32 if rows == 1 else types.UniTuple(types.int32, rows)
+        return result(q, codes, *at), _dots_codegen(rows, has_avx2() if avx2 is None else avx2)
+
+    if rows == 1:
+
+        def one(typingctx, q, codes, i):
+            return typer(typingctx, q, codes, i)
+
+        return intrinsic(one)
+
+    def four(typingctx, q, codes, i0, i1, i2, i3):
+        return typer(typingctx, q, codes, i0, i1, i2, i3)
+
+    return intrinsic(four)
 
 
-@intrinsic
-def sketch_dots4(typingctx, q, codes, i0, i1, i2, i3):
-    """:func:`sketch_dot` of four rows (they may repeat) in one pass over the query."""
-    _check(q, codes)
-    sig = types.UniTuple(types.int32, 4)(q, codes, i0, i1, i2, i3)
-    return sig, _dots_codegen(4, has_avx2())
+#: ``sketch_dot(q, codes, i)``: ``⟨q, codes[i]⟩`` as int32, ``q`` int8 [width], ``codes`` uint8
+#: [n, width] (width a multiple of :data:`STEP`, codes at most :data:`LEVELS`), C-contiguous;
+#: ``sketch_dots4(q, codes, i0, i1, i2, i3)``: four rows (they may repeat) in one pass
+sketch_dot = dots_intrinsic(1)
+sketch_dots4 = dots_intrinsic(4)
 
 
 @njit(inline="always", fastmath=True)
