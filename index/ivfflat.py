@@ -142,7 +142,7 @@ class IVFFlat(IVFIndex):
     def scans_sketches(self) -> bool:
         """Whether the CPU scans test the rows' sketches: kept (``sketch=True``) and the rows'
         heads do not prune already (:meth:`prunes`: where they do, as on raw NSynth
-        embeddings, testing heads cost 0.81-0.94x of what testing sketches cost; on 300k
+        embeddings, testing sketches ran at 0.81-0.94x the QPS of testing heads; on 300k
         sentence embeddings and 1M synthetic vectors, whose heads do not prune, the sketches
         took searches to 2.1-3.7x the QPS)."""
         return self.sketch and not self.prunes()
