@@ -63,6 +63,10 @@ _TRAVERSALS = ("float", "int8")
 #: the least beam of a range search (see ``HNSW._range_hits``)
 RANGE_EF = 256
 
+#: a split lean search's threads claim its queries this many at a time (a few µs each: the
+#: claims cost nothing beside them, and the threads finish within a chunk of each other)
+CLAIM_CHUNK = 8
+
 
 class HNSW(Index):
     """HNSW graph over float32 vectors (faiss ``IndexHNSWFlat``; factory ``"HNSW32"``).
@@ -367,23 +371,24 @@ class HNSW(Index):
                 np.empty((q.shape[0], k), np.float32),
                 np.empty((q.shape[0], k), np.int64),
             )
-            if q.shape[0] > SMALL_BATCH:  # split by query, each thread its own visit stamps
-                refused = []
+            if q.shape[0] > SMALL_BATCH:  # each thread its own visit stamps, claiming chunks
+                refused, claim = [], np.zeros(1, np.int64)  # of queries from one counter
 
-                def body(q0: int, q1: int) -> None:
+                def body(t0: int, t1: int) -> None:
                     seen = pool.take(1, n)
                     try:
-                        if not graph.hnsw_search_lean(q[q0:q1], *graph_args, int(ef), seen, ids,
-                                                      out_dist[q0:q1], out_ids[q0:q1]):  # fmt: skip
-                            refused.append(q0)
+                        if not graph.hnsw_search_lean(q, *graph_args, int(ef), seen, ids, claim,
+                                                      CLAIM_CHUNK, out_dist, out_ids):  # fmt: skip
+                            refused.append(t0)
                     finally:
                         pool.give_back(seen)
 
-                parallel_for(body, q.shape[0], grain=SMALL_BATCH)
+                parallel_for(body, -(-q.shape[0] // CLAIM_CHUNK))
                 return None if refused else (out_dist, out_ids)
             seen = pool.take(1, n)
             try:
-                done = graph.hnsw_search_lean(q, *graph_args, int(ef), seen, ids, out_dist, out_ids)
+                done = graph.hnsw_search_lean(q, *graph_args, int(ef), seen, ids, graph.NO_CLAIM,
+                                              CLAIM_CHUNK, out_dist, out_ids)  # fmt: skip
             finally:
                 pool.give_back(seen)
             return (out_dist, out_ids) if done else None  # (not finite: the general path says)

@@ -8,6 +8,7 @@ import numpy as np
 
 import vq
 from vq.kernels import graph
+from vq.kernels.static import metric
 
 DIM, N = 16, 600
 
@@ -120,3 +121,25 @@ def test_visit_stamps_that_wrap_around_give_the_results_of_fresh_ones():
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_array_equal(got[0], want[0])
     assert 0 < worn[0, -1] < 65530  # it did wrap
+
+
+def test_lean_searches_sharing_a_claim_counter_answer_each_query_once():
+    index, queries = small_index(2)
+    data, nbr0, up_off, up_nbr = index._arrays()
+    store, rerank = graph.traversal_store(data, None)
+    args = (store, data, rerank, metric(False), nbr0, up_off, up_nbr,
+            int(index.entry_point[0]), index.max_level, 16, graph.new_seen(1, N),
+            np.zeros(0, np.int64))  # fmt: skip
+    nq = queries.shape[0]
+    want = np.empty((nq, 5), np.float32), np.empty((nq, 5), np.int64)
+    assert graph.hnsw_search_lean(queries, *args, graph.NO_CLAIM, 8, *want)
+    for chunk in (1, 3, 8, 64):
+        claim = np.zeros(1, np.int64)
+        got = np.full((nq, 5), np.nan, np.float32), np.full((nq, 5), -2, np.int64)
+        assert graph.hnsw_search_lean(queries, *args, claim, chunk, *got)
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_array_equal(got[0], want[0])
+        assert claim[0] >= nq  # every chunk claimed: a second caller finds none left
+        untouched = np.full((nq, 5), -2, np.int64)
+        assert graph.hnsw_search_lean(queries, *args, claim, chunk, got[0], untouched)
+        assert (untouched == -2).all()

@@ -46,7 +46,7 @@ from vq.kernels.graph_store import (
     prepare_query,
 )
 from vq.kernels.heaps import heapify_pair, push_pair, sift_down_pair, sort_pair_heap
-from vq.kernels.simd import borrow, prefetch_line
+from vq.kernels.simd import borrow, fetch_add, prefetch_line
 from vq.kernels.small import all_finite
 from vq.kernels.sq import sq_kind
 from vq.kernels.static import metric
@@ -240,21 +240,26 @@ def hnsw_search_range(s0, s1, slices, queries, store, data, rerank, ip, nbr0, up
     up_off, up_nbr, seen = borrow(up_off), borrow(up_nbr), borrow(seen)
     store = borrow_store(store)
     out_dist, out_idx = borrow(out_dist), borrow(out_idx)
-    nq, k = out_dist.shape
-    cap = max(ef, k)
-    hd = np.empty(cap, dtype=np.float32)
-    hi = np.empty(cap, dtype=np.int64)
-    scratch = np.empty(nbr0.shape[1], dtype=np.int64)
-    dist = np.empty(nbr0.shape[1], dtype=np.float32)
     allowed = borrow(allowed)
-    filtered = allowed.shape[0] > 0
-    rd = np.empty(cap if filtered else 0, dtype=np.float32)
-    ri = np.empty(cap if filtered else 0, dtype=np.int64)
+    nq = out_dist.shape[0]
+    hd, hi, scratch, dist, rd, ri = _walk_scratch(ef, out_dist.shape[1], nbr0, allowed)
     for s in range(s0, s1):
         q0, q1 = nq * s // slices, nq * (s + 1) // slices
         _search_queries(q0, q1, queries, store, data, rerank, ip, nbr0, up_off, up_nbr, entry,
                         max_level, ef, seen[s], allowed, hd, hi, scratch, dist, rd, ri,
                         out_dist, out_idx)  # fmt: skip
+
+
+@njit(inline="always")
+def _walk_scratch(ef, k, nbr0, allowed):
+    """One thread's arrays for :func:`_search_queries`: the beam (max(ef, k)), a node's
+    neighbours and their distances, the allowed nodes' heap (filtered searches)."""
+    cap = max(ef, k)
+    filtered = allowed.shape[0] > 0
+    return (np.empty(cap, dtype=np.float32), np.empty(cap, dtype=np.int64),
+            np.empty(nbr0.shape[1], dtype=np.int64), np.empty(nbr0.shape[1], dtype=np.float32),
+            np.empty(cap if filtered else 0, dtype=np.float32),
+            np.empty(cap if filtered else 0, dtype=np.int64))  # fmt: skip
 
 
 @njit(inline="always", fastmath=True)
@@ -361,29 +366,51 @@ def hnsw_search(queries, data, inner_product, nbr0, up_off, up_nbr, entry, max_l
                  seen, allowed, out_dist, out_idx)  # fmt: skip
 
 
+#: ``claim`` of a lean search that takes all its queries itself
+NO_CLAIM = np.zeros(0, dtype=np.int64)
+
+
 @kernel(nogil=True)
 def hnsw_search_lean(queries, store, data, rerank, ip, nbr0, up_off, up_nbr, entry, max_level,
-                     ef, seen, ids, out_dist, out_ids):  # fmt: skip
+                     ef, seen, ids, claim, chunk, out_dist, out_ids):  # fmt: skip
     """A few queries on the calling thread, from the search to ids, in one call (the lean
     path of an HNSW index: one dispatch where a single query's kernel takes a few µs):
     :func:`hnsw_search_range` with ``store``/``rerank`` from :func:`traversal_store`, ``ip``
     a :class:`vq.kernels.static.Static` and ``seen`` [1, n + 1], then
     :func:`vq.kernels.exact.rows_to_ids` (``ids`` int64 [n] or [0], distances negated back
-    with ``ip``): ``out_dist`` float32 [nq, k], ``out_ids`` int64
-    [nq, k]. Returns False (and does nothing) if a query holds a NaN or an infinity."""
-    if not all_finite(queries):
-        return False
+    with ``ip``): ``out_dist`` float32 [nq, k], ``out_ids`` int64 [nq, k].
+
+    ``claim``: int64 [1], a counter that threads calling this on the same queries share:
+    each takes the next ``chunk`` queries not yet taken (:func:`vq.kernels.simd.fetch_add`)
+    until none is left, so that a thread that starts late or walks slower takes fewer (a
+    static split left one of two threads waiting a tenth of a 330-query search); or
+    :data:`NO_CLAIM`: all of them. Returns False if a query it took holds a NaN or an
+    infinity (that chunk left undone)."""
+    queries, data, nbr0 = borrow(queries), borrow(data), borrow(nbr0)
+    up_off, up_nbr, seen = borrow(up_off), borrow(up_nbr), borrow(seen)
+    store = borrow_store(store)
     nq, k = out_dist.shape
     kk = min(k, nbr0.shape[0])
     dist, rows = np.empty((nq, kk), dtype=np.float32), np.empty((nq, kk), dtype=np.int64)
-    one = np.int64(1)
-    no_filter = np.zeros(0, dtype=np.uint8)  # (a global is typed read-only: this call would
-    # compile the range kernel a second time, beside the general path's)
-    hnsw_search_range(np.int64(0), one, one, queries, store, data, rerank, ip, nbr0, up_off,
-                      up_nbr, entry, max_level, ef, seen, no_filter, dist, rows)  # fmt: skip
+    no_filter = np.zeros(0, dtype=np.uint8)
+    hd, hi, scratch, node_dist, rd, ri = _walk_scratch(ef, kk, nbr0, no_filter)
     fill = np.float32(-np.inf) if ip else np.float32(np.inf)
-    rows_to_ids(dist, rows, ids, ip, fill, out_dist, out_ids)
-    return True
+    claimed = claim.shape[0] > 0
+    first = np.int64(0)
+    while True:
+        if claimed:
+            first = fetch_add(claim, chunk)
+        if first >= nq:
+            return True
+        last = min(nq, first + chunk) if claimed else nq
+        if not all_finite(queries[first:last]):
+            return False
+        _search_queries(first, last, queries, store, data, rerank, ip, nbr0, up_off, up_nbr,
+                        entry, max_level, ef, seen[0], no_filter, hd, hi, scratch, node_dist, rd,
+                        ri, dist, rows)  # fmt: skip
+        rows_to_ids(dist[first:last], rows[first:last], ids, ip, fill, out_dist[first:last],
+                    out_ids[first:last])  # fmt: skip
+        first = nq  # (unclaimed: all of them done)
 
 
 def traversal_store(data, codes) -> tuple:

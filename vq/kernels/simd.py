@@ -296,6 +296,23 @@ def prefetch_line(typingctx, array, row, byte):
 
 
 @intrinsic
+def fetch_add(typingctx, counter, value):
+    """Add ``value`` to ``counter[0]`` (a C-contiguous int64 array) atomically and return the
+    value before: threads that share the counter each get distinct values (work claimed in
+    chunks, :func:`vq.kernels.graph.hnsw_search_lean`)."""
+    if not (isinstance(counter, types.Array) and counter.dtype == types.int64):
+        raise numba.core.errors.TypingError(f"fetch_add: expected an int64 array, got {counter}")
+    sig = types.int64(counter, types.int64)
+
+    def codegen(context, builder, signature, args):
+        a = context.make_array(signature.args[0])(context, builder, args[0])
+        value = context.cast(builder, args[1], signature.args[1], types.int64)
+        return builder.atomic_rmw("add", a.data, value, "monotonic")
+
+    return sig, codegen
+
+
+@intrinsic
 def borrow(typingctx, array):
     """``array`` without its reference count: the same data, shape and strides, no owner.
 
