@@ -56,6 +56,7 @@ from vq.index.lean import SMALL_BATCH
 from vq.index.searching import NO_IDS, shape_problem
 from vq.index.static import search_in_chunks
 from vq.kernels import graph, graph_build, graph_store
+from vq.kernels.simd import NO_CLAIM
 from vq.kernels.static import metric
 from vq.kernels.threads import parallel_for
 
@@ -387,7 +388,7 @@ class HNSW(Index):
                 return None if refused else (out_dist, out_ids)
             seen = pool.take(1, n)
             try:
-                done = graph.hnsw_search_lean(q, *graph_args, int(ef), seen, ids, graph.NO_CLAIM,
+                done = graph.hnsw_search_lean(q, *graph_args, int(ef), seen, ids, NO_CLAIM,
                                               CLAIM_CHUNK, out_dist, out_ids)  # fmt: skip
             finally:
                 pool.give_back(seen)

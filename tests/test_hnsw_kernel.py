@@ -8,6 +8,7 @@ import numpy as np
 
 import vq
 from vq.kernels import graph
+from vq.kernels.simd import NO_CLAIM
 from vq.kernels.static import metric
 
 DIM, N = 16, 600
@@ -132,7 +133,7 @@ def test_lean_searches_sharing_a_claim_counter_answer_each_query_once():
             np.zeros(0, np.int64))  # fmt: skip
     nq = queries.shape[0]
     want = np.empty((nq, 5), np.float32), np.empty((nq, 5), np.int64)
-    assert graph.hnsw_search_lean(queries, *args, graph.NO_CLAIM, 8, *want)
+    assert graph.hnsw_search_lean(queries, *args, NO_CLAIM, 8, *want)
     for chunk in (1, 3, 8, 64):
         claim = np.zeros(1, np.int64)
         got = np.full((nq, 5), np.nan, np.float32), np.full((nq, 5), -2, np.int64)

@@ -19,8 +19,6 @@ from vq.kernels.heaps import heap_replace_top, heap_reset, heap_sorted
 from vq.kernels.rowdist import ip_row, l2_heads4, l2_row, l2_tail
 from vq.kernels.simd import borrow, prefetch_line
 from vq.kernels.sketch import (
-    FACTORS,
-    STEP,
     centre_distance,
     sketch_dots4,
     sketch_lower,
@@ -32,9 +30,7 @@ from vq.kernels.threads import parallel_for
 #: ``row_ids`` of a scan whose rows are distinct vectors (no spilled copies)
 NO_ROW_IDS = np.zeros(0, dtype=np.int64)
 #: ``sketch`` of a scan without sketches
-_NONE = np.zeros(0, np.float32)
-NO_SKETCH = (np.zeros((0, STEP), np.uint8), np.zeros((0, FACTORS), np.float32), _NONE, _NONE,
-             np.zeros((0, 0), np.float32))  # fmt: skip
+NO_SKETCH = None
 
 
 def exact_distance(x, vectors, i, inner_product):
@@ -112,7 +108,7 @@ def ivf_flat_scan(queries, vectors, probes, offsets, allowed, inner_product, out
         sketch: (codes uint8 [n, width], factors float32 [n, 4], low float32 [d], step
             float32 [d], centroids float32 [nlist, d]): the rows' sketches
             (:mod:`vq.kernels.sketch`), whose bounds skip the exact distance of a row that
-            cannot enter the heap (the same results); :data:`NO_SKETCH`: none.
+            cannot enter the heap (the same results); None (:data:`NO_SKETCH`): none.
     """
     parallel_for(ivf_flat_range, probes.shape[0], queries, vectors, probes, offsets, allowed,
                  metric(inner_product), out_dist, out_idx, bool(prune), row_ids,
@@ -122,45 +118,62 @@ def ivf_flat_scan(queries, vectors, probes, offsets, allowed, inner_product, out
 @kernel(nogil=True, fastmath=True)
 def ivf_flat_range(q0, q1, queries, vectors, probes, offsets, allowed, inner_product, out_dist,
                    out_idx, prune, row_ids, sketch):  # fmt: skip
-    """:func:`ivf_flat_scan` for queries ``q0..q1`` (int64) on the calling thread."""
+    """:func:`ivf_flat_scan` for queries ``q0..q1`` (int64) on the calling thread. (``sketch``
+    None: numba drops the sketched loop while it compiles, so an index without sketches never
+    compiles it, as :func:`finish_lean` does with its re-ranking.)"""
     queries, out_dist, out_idx = borrow(queries), borrow(out_dist), borrow(out_idx)
     vectors, probes, offsets = borrow(vectors), borrow(probes), borrow(offsets)
     allowed, row_ids = borrow(allowed), borrow(row_ids)
-    codes, factors, low, step, centroids = sketch
-    codes, factors, centroids = borrow(codes), borrow(factors), borrow(centroids)
-    sketched = codes.shape[0] > 0
-    query_codes = np.zeros(codes.shape[1], dtype=np.int8)
-    margin = np.float32((queries.shape[1] + 32) * 2.0**-20)
-    prepared = (np.float32(0.0), np.float32(0.0), np.float32(0.0), np.float32(0.0))
     k = out_dist.shape[1]
     heap_d = np.empty(k, dtype=np.float32)
     heap_i = np.empty(k, dtype=np.int64)
+    if sketch is None:
+        for q in range(q0, q1):
+            heap_reset(heap_d, heap_i)
+            x = queries[q]
+            for p in range(probes.shape[1]):
+                lst = probes[q, p]
+                if lst < 0:
+                    continue
+                start, end = offsets[lst], offsets[lst + 1]
+                # the metric and the pruning constants in each copy (see exact_distance)
+                if inner_product:
+                    _scan_rows(x, vectors, start, end, allowed, True, row_ids, heap_d, heap_i)
+                elif prune:
+                    _scan_heads(x, vectors, start, end, allowed, row_ids, heap_d, heap_i)
+                else:
+                    _scan_rows(x, vectors, start, end, allowed, False, row_ids, heap_d, heap_i)
+            heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
+    else:
+        _sketched_queries(q0, q1, queries, vectors, probes, offsets, allowed, inner_product,
+                          row_ids, sketch, heap_d, heap_i, out_dist, out_idx)  # fmt: skip
+
+
+@njit(inline="always", fastmath=True)
+def _sketched_queries(q0, q1, queries, vectors, probes, offsets, allowed, inner_product, row_ids,
+                      sketch, heap_d, heap_i, out_dist, out_idx):  # fmt: skip
+    """:func:`ivf_flat_range`'s loop with sketches (:func:`_scan_sketched`)."""
+    codes, factors, low, step, centroids = sketch
+    codes, factors, centroids = borrow(codes), borrow(factors), borrow(centroids)
+    query_codes = np.zeros(codes.shape[1], dtype=np.int8)
+    margin = np.float32((queries.shape[1] + 32) * 2.0**-20)
     for q in range(q0, q1):
         heap_reset(heap_d, heap_i)
         x = queries[q]
-        if sketched:
-            prepared = sketch_prepare(x, low, step, query_codes)
+        prepared = sketch_prepare(x, low, step, query_codes)
         for p in range(probes.shape[1]):
             lst = probes[q, p]
             if lst < 0:
                 continue
             start, end = offsets[lst], offsets[lst + 1]
-            # the metric and the pruning constants in each copy (see exact_distance)
-            if sketched:
-                bound = (query_codes, codes, factors, prepared,
-                         centre_distance(x, centroids, lst), margin)  # fmt: skip
-                if inner_product:
-                    _scan_sketched(x, vectors, start, end, allowed, True, row_ids, bound,
-                                   heap_d, heap_i)  # fmt: skip
-                else:
-                    _scan_sketched(x, vectors, start, end, allowed, False, row_ids, bound,
-                                   heap_d, heap_i)  # fmt: skip
-            elif inner_product:
-                _scan_rows(x, vectors, start, end, allowed, True, row_ids, heap_d, heap_i)
-            elif prune:
-                _scan_heads(x, vectors, start, end, allowed, row_ids, heap_d, heap_i)
+            bound = (query_codes, codes, factors, prepared, centre_distance(x, centroids, lst),
+                     margin)  # fmt: skip
+            if inner_product:
+                _scan_sketched(x, vectors, start, end, allowed, True, row_ids, bound, heap_d,
+                               heap_i)  # fmt: skip
             else:
-                _scan_rows(x, vectors, start, end, allowed, False, row_ids, heap_d, heap_i)
+                _scan_sketched(x, vectors, start, end, allowed, False, row_ids, bound, heap_d,
+                               heap_i)  # fmt: skip
         heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
 
 

@@ -366,10 +366,6 @@ def hnsw_search(queries, data, inner_product, nbr0, up_off, up_nbr, entry, max_l
                  seen, allowed, out_dist, out_idx)  # fmt: skip
 
 
-#: ``claim`` of a lean search that takes all its queries itself
-NO_CLAIM = np.zeros(0, dtype=np.int64)
-
-
 @kernel(nogil=True)
 def hnsw_search_lean(queries, store, data, rerank, ip, nbr0, up_off, up_nbr, entry, max_level,
                      ef, seen, ids, claim, chunk, out_dist, out_ids):  # fmt: skip
@@ -384,8 +380,8 @@ def hnsw_search_lean(queries, store, data, rerank, ip, nbr0, up_off, up_nbr, ent
     each takes the next ``chunk`` queries not yet taken (:func:`vq.kernels.simd.fetch_add`)
     until none is left, so that a thread that starts late or walks slower takes fewer (a
     static split left one of two threads waiting a tenth of a 330-query search); or
-    :data:`NO_CLAIM`: all of them. Returns False if a query it took holds a NaN or an
-    infinity (that chunk left undone)."""
+    :data:`vq.kernels.simd.NO_CLAIM`: all of them. Returns False if a query it took holds a
+    NaN or an infinity (that chunk left undone)."""
     queries, data, nbr0 = borrow(queries), borrow(data), borrow(nbr0)
     up_off, up_nbr, seen = borrow(up_off), borrow(up_nbr), borrow(seen)
     store = borrow_store(store)

@@ -295,6 +295,10 @@ def prefetch_line(typingctx, array, row, byte):
     return sig, codegen
 
 
+#: the ``claim`` of a kernel call that takes all its work itself (no counter shared)
+NO_CLAIM = np.zeros(0, dtype=np.int64)
+
+
 @intrinsic
 def fetch_add(typingctx, counter, value):
     """Add ``value`` to ``counter[0]`` (a C-contiguous int64 array) atomically and return the
