@@ -11,12 +11,15 @@ variant) are the ``*_template`` modules, one cached source file per configuratio
   code array or CSR inverted lists, and the tables they read.
 - :mod:`vq.kernels.exact`: exact-distance scans fused with top-k (IVF-Flat lists, re-ranking
   candidates, Flat blocks) and rows to ids.
+- :mod:`vq.kernels.sketch`: 7-bit row sketches whose bounds let an IVF-Flat scan skip the
+  exact distance of rows that cannot enter its top k (integer products by ``vpmaddubsw``).
 - :mod:`vq.kernels.select`: the k nearest columns of rows of inner products (coarse steps).
 - :mod:`vq.kernels.fastscan`, :mod:`vq.kernels.fastscan_ivf`: 4-bit fast-scan (byte-shuffle
   look-ups of uint8 tables), flat and over inverted lists; :mod:`vq.kernels.fastscan_pack`
   packs inverted lists into its blocks (only the lists that changed).
 - :mod:`vq.kernels.rows`: stored rows moved in place (add, remove_ids, merge_from).
-- :mod:`vq.kernels.simd`: 16-float vector helpers (LLVM intrinsics) the kernels share.
+- :mod:`vq.kernels.simd`: 16-float vector helpers (LLVM intrinsics) the kernels share, and
+  ``fetch_add``, the atomic counter from which a split search's threads claim queries.
 - :mod:`vq.kernels.small`: the lean path of a few queries (flat rows, the coarse probe), on
   the calling thread.
 - :mod:`vq.kernels.heaps`: float and int64-key heaps, and the keys that order ties by row.
