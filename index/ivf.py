@@ -221,6 +221,11 @@ class IVFIndex(IVFStorage, Index):
         c = self.quantizer.codebook
         return self._derived("centroid_norms", (c,), lambda: (c.float() ** 2).sum(1).numpy())
 
+    def _centroid_array(self) -> np.ndarray:
+        """float32 [nlist, dim], C-contiguous: the coarse centroids as the kernels read them."""
+        c = self.quantizer.codebook
+        return self._derived("centroids", (c,), lambda: c.float().contiguous().numpy())
+
     def _coarse_bound(self) -> tuple:
         """The lean coarse step's bound (:func:`coarse_bound` of the centroids, L2), kept
         until the centroids change."""

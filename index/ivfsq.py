@@ -122,10 +122,6 @@ class IVFSQ(IVFIndex):
         :mod:`vq.export` writes out)."""
         return IVFSQSearch(self, k, nprobe, capacity, copy)
 
-    def _centroid_array(self):
-        c = self.quantizer.codebook
-        return self._derived("centroids", (c,), lambda: c.float().contiguous().numpy())
-
     def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked, allowed, store) -> None:
         sq_kernels.sq_ivf_scan(
             q.contiguous().numpy(),
