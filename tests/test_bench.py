@@ -97,8 +97,8 @@ def test_ivf_search(results):
 
 def test_ann(results):
     argv = (
-        "--n 2000 --nq 20 --dim 16 --nlist 8 --M 2 --ntrain 1000 --nprobe 1 4 16 --k-factor 1 4 "
-        "--rounds 1 --min-seconds 0.01 --index Flat IVF8,PQ2 IVF8,PQ2,RFlat"
+        "--n 2000 --nq 20 --dim 16 --nlist 8 --M 8 --ntrain 1000 --nprobe 1 4 16 --k-factor 1 4 "
+        "--rounds 1 --min-seconds 0.01 --index Flat IVF8,PQ8 IVF8,PQ8,RFlat"
     )
     rows = ann.main(argv.split())
     columns = ["data", "index", "system", "param", "recall@1", "recall@10", "recall@100", "QPS"]

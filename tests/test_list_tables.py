@@ -19,7 +19,7 @@ K = 5
 @pytest.fixture(scope="module")
 def index(blobs):
     x = np.ascontiguousarray(blobs[:3000])
-    out = IVFPQ(x.shape[1], nlist=64, M=4, nprobe=3, niter=4)
+    out = IVFPQ(x.shape[1], nlist=64, M=8, nprobe=3, niter=4)  # (the kernels of other tests)
     out.train(x)
     out.add(x)
     return out

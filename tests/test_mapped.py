@@ -133,8 +133,8 @@ def _drop_cached(path) -> bool:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
 def test_a_mapped_index_from_a_cold_cache_loads_and_searches_mapping_almost_nothing(data, tmp_path):
     x, q = data
-    big = np.concatenate([x + 0.01 * j for j in range(6)])  # 60k vectors, a 1.5 MB file
-    index = IVFPQ(x.shape[1], nlist=64, M=16, nprobe=1, niter=4)
+    big = np.concatenate([x + 0.01 * j for j in range(6)])  # 60k vectors, a 1 MB file
+    index = IVFPQ(x.shape[1], nlist=64, M=8, nprobe=1, niter=4)  # the kernels of the others
     index.train(x)
     index.add(big)
     path = tmp_path / "big.vq"
