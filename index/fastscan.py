@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from vq import _cpu
+from vq._checks import check_flag
 from vq.kernels import fastscan
 from vq.kernels.fastscan_pack import repack_lists
 from vq.kernels.threads import parallel_for
@@ -27,8 +28,7 @@ PARALLEL_ROWS = 1 << 16
 
 
 def check_fast_scan(fast_scan: bool, M: int, nbits: int) -> bool:
-    if not isinstance(fast_scan, bool):
-        raise TypeError(f"fast_scan must be True or False, got {fast_scan!r}")
+    fast_scan = check_flag(fast_scan, "fast_scan")
     if fast_scan and (nbits != 4 or M % 2):
         raise ValueError(
             f"fast_scan needs 4-bit codes and an even M (sub-quantizers are packed in pairs), "

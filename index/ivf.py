@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from vq import _cpu, kernels
-from vq._checks import check_int, check_positive, check_training_size
+from vq._checks import check_flag, check_int, check_positive, check_training_size
 from vq.clustering import kmeans
 from vq.index.base import Index
 from vq.index.faiss_build import ivf_to_faiss
@@ -95,7 +95,7 @@ class IVFIndex(IVFStorage, Index):
         if self.coarse_hnsw:
             self.coarse_graph = HNSW(dim, self.coarse_hnsw, metric)
         self.nlist = check_int(nlist, "nlist", 1)
-        self.spill, self.soar_lambda = bool(spill), float(soar_lambda)
+        self.spill, self.soar_lambda = check_flag(spill, "spill"), float(soar_lambda)
         if self.spill and self.nlist < 2:
             raise ValueError("spill=True needs nlist >= 2 (a second list to spill to)")
         if not 0.0 <= self.soar_lambda < INF:

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from vq import kernels
+from vq._checks import check_flag
 from vq.index.faiss_build import faiss_metric, import_faiss
 from vq.index.filters import kernel_mask
 from vq.index.ivf import IVFIndex, IVFSearch
@@ -68,7 +69,7 @@ class IVFFlat(IVFIndex):
     ):
         super().__init__(dim, nlist, metric, k, nprobe, **options)
         self.register_buffer("vectors", torch.zeros(0, dim))
-        self.sketch = bool(sketch)
+        self.sketch = check_flag(sketch, "sketch")
         if self.sketch:
             self._row_buffers = ("vectors", "sketches", "sketch_factors")
             self.register_buffer("sketch_low", torch.zeros(dim))

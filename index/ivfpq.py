@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from vq import kernels
+from vq._checks import check_flag
 from vq.index.faiss_build import code_bytes, copy_codebooks, faiss_metric, import_faiss, keep_alive
 from vq.index.fastscan import PackedCodes, check_fast_scan
 from vq.index.filters import block_bits, kernel_mask, row_bits
@@ -87,7 +88,7 @@ class IVFPQ(IVFIndex):
         )  # fmt: skip
         self.fast_scan = check_fast_scan(fast_scan, M, nbits)
         self._packed = PackedCodes()
-        self.by_residual = bool(by_residual)
+        self.by_residual = check_flag(by_residual, "by_residual")
         self.pq = ProductQuantizer(dim, M, nbits, seed=seed, **pq_options)
         self.register_buffer("codes", torch.zeros(0, M, dtype=self.pq.code_dtype))
         self.register_buffer("precomputed_table", torch.zeros(0, M, self.pq.ksub), persistent=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from vq._checks import check_flag
 from vq.index.faiss_build import faiss_metric, import_faiss
 from vq.index.filters import kernel_mask
 from vq.index.ivf import IVFIndex, IVFSearch
@@ -66,7 +67,7 @@ class IVFSQ(IVFIndex):
             dim, nlist, metric, k, nprobe, coarse_niter=coarse_niter, seed=seed, verbose=verbose,
             spill=spill, soar_lambda=soar_lambda, coarse_hnsw=coarse_hnsw,
         )  # fmt: skip
-        self.by_residual = bool(by_residual)
+        self.by_residual = check_flag(by_residual, "by_residual")
         self.sq = ScalarQuantizer(dim, bits, margin=margin)
         self.register_buffer("codes", torch.zeros(0, self.sq.code_size, dtype=torch.uint8))
 

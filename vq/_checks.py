@@ -193,6 +193,15 @@ def is_integer(value: Any) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
+def check_flag(value: Any, name: str) -> bool:
+    """``value`` as a Python bool if it is one (or a numpy bool): for the on/off options of a
+    constructor (``spill``, ``sketch``, ``by_residual``, ``fast_scan``), where a string such
+    as ``"no"`` would otherwise switch the option on; anything else is a TypeError."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
 def check_int(value: Any, name: str, minimum: int | None = None) -> int:
     """``value`` as a Python int: integers (Python or numpy, not bool) at least ``minimum``
     (constructor arguments: a wrong type is a TypeError, a wrong value a ValueError)."""
