@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -138,6 +139,54 @@ def test_two_processes_saving_two_signatures_at_once_never_cross_their_code(tmp_
     c.save("signature A", "code for A")
     c.save("signature B", "code for B")
     assert [c.load("signature A"), c.load("signature B")] == ["code for A", "code for B"]
+
+
+def test_processes_needing_one_kernel_at_once_compile_it_once(tmp_path):
+    """Two processes that call the same kernel together on a cold cache: one compiles it, the
+    other waits for that compile and loads the kernel (``cache._compiling``)."""
+    go = tmp_path / "go"
+    code = textwrap.dedent(
+        f"""
+        import json, os, sys, time
+        import numpy as np
+        from vq.kernels import cache, rows
+        open(sys.argv[1], "w").close()  # imported: ready
+        while not os.path.exists({str(go)!r}):
+            time.sleep(0.001)
+        left = rows.remove_rows(np.arange(40, dtype=np.uint64), 4, np.array([1, 3]), 10)
+        print(json.dumps({{"left": int(left), "compiles": cache.compiles()}}))
+        """
+    )
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    ready = [tmp_path / f"ready{i}" for i in range(2)]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(r)],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for r in ready
+    ]
+    try:
+        deadline = time.monotonic() + 120
+        while not all(r.exists() for r in ready):
+            assert all(c.poll() is None for c in children), children[0].communicate()
+            assert time.monotonic() < deadline, "the children did not start"
+            time.sleep(0.01)
+        go.touch()  # both call the kernel now
+        reports = []
+        for child in children:
+            out, err = child.communicate(timeout=300)
+            assert child.returncode == 0, err
+            reports.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for child in children:
+            child.kill()
+    assert [r["left"] for r in reports] == [8, 8]
+    assert sorted(r["compiles"] > 0 for r in reports) == [False, True], reports
+    assert list((tmp_path / "cache").glob("vq/*/compiling/*.lock")) == []  # none left behind
 
 
 def test_the_cache_folder_is_keyed_by_version_and_cpu():

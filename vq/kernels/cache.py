@@ -35,7 +35,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from types import ModuleType
 
@@ -196,12 +196,18 @@ class Kernel(CPUDispatcher):
         return _writable(super().typeof_pyval(val))
 
     def _compile_for_args(self, *args, **kws):
-        if not kws:
+        if kws:
+            inlining.install()  # before numba's compiler first runs in this process
+            return super()._compile_for_args(*args, **kws)
+        entry = _load_cached(self, args)
+        if entry is not None:
+            return entry
+        with _compiling(self, args):  # another process may have compiled it while we waited
             entry = _load_cached(self, args)
             if entry is not None:
                 return entry
-        inlining.install()  # before numba's compiler first runs in this process
-        return super()._compile_for_args(*args, **kws)
+            inlining.install()
+            return super()._compile_for_args(*args, **kws)
 
 
 class SharedCacheFile(IndexDataCacheFile):
@@ -253,6 +259,45 @@ def _locked(path: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def _compiling(dispatcher: Kernel, args: tuple) -> Iterator[None]:
+    """Held while this process compiles ``dispatcher`` for ``args``: an exclusive lock, shared
+    by every process using the cache folder, on a file named by the kernel and its argument
+    types. Processes that start together on a cold cache (torchrun's, pytest's workers, ``vq
+    warmup --jobs``) would each compile the same kernel at once, every one paying seconds of
+    CPU for the same machine code; with the lock one compiles and saves it, and the others,
+    waiting, then load it (``_compile_for_args`` looks again once it holds the lock). Other
+    kernels and other argument types compile side by side. No lock where there is no disk
+    cache (or no flock); the file goes when its compile is done (a process that opened it
+    before then still waits for the compile, one that opens it after finds the kernel)."""
+    cache = dispatcher._cache
+    if _folder is None or not isinstance(cache, FunctionCache):
+        yield
+        return
+    try:
+        argtypes = tuple(dispatcher.typeof_pyval(a) for a in args)
+    except Exception:  # numba's own path reports what cannot be typed
+        yield
+        return
+    func = dispatcher.py_func
+    key = f"{func.__module__}.{func.__qualname__}{argtypes}"
+    path = _folder / "compiling" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.lock"
+    held = ExitStack()
+    try:
+        path.parent.mkdir(exist_ok=True)
+        held.enter_context(_locked(str(path)))
+    except OSError:  # (the folder went read-only: compile unlocked, as without a cache)
+        held.close()
+        yield
+        return
+    with held:
+        try:
+            yield
+        finally:
+            with suppress(OSError):
+                path.unlink()
 
 
 def _writable(tp: types.Type) -> types.Type:
