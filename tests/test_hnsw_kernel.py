@@ -144,3 +144,19 @@ def test_lean_searches_sharing_a_claim_counter_answer_each_query_once():
         untouched = np.full((nq, 5), -2, np.int64)
         assert graph.hnsw_search_lean(queries, *args, claim, chunk, got[0], untouched)
         assert (untouched == -2).all()
+
+
+def test_a_reranked_beam_is_sorted_by_distance_then_node():
+    rng = np.random.default_rng(3)
+    for size in (0, 1, 2, 10, 64):
+        estimate = np.sort(rng.integers(0, 6, size)).astype(np.float32)  # ties, as a beam
+        exact = estimate + rng.integers(-1, 2, size).astype(np.float32)  # nearly its order
+        nodes = rng.permutation(1000)[:size].astype(np.int64)
+        hd, hi = exact.copy(), nodes.copy()
+        graph.sort_nearly_sorted(hd, hi, size)
+        order = np.lexsort((nodes, exact))
+        np.testing.assert_array_equal(hi, nodes[order])
+        np.testing.assert_array_equal(hd, exact[order])
+    hd, hi = np.array([3, 1, 2, 0], np.float32), np.arange(4)
+    graph.sort_nearly_sorted(hd, hi, 2)  # only the first size pairs
+    assert hd.tolist() == [1, 3, 2, 0] and hi.tolist() == [1, 0, 2, 3]

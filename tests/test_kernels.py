@@ -1,8 +1,10 @@
+import numba
 import numpy as np
 import pytest
 
 import vq
 from vq import kernels
+from vq.kernels.small import all_finite
 
 NONE = np.zeros(0, np.uint8)  # no filter
 
@@ -155,3 +157,23 @@ def test_ivf_flat_scan_matches_brute_force_over_the_probed_lists(inner_product, 
             assert set(rows[i, :m]) <= set(seen.tolist())  # rows it was allowed to scan
             if not ties:
                 np.testing.assert_array_equal(rows[i, :m], seen[np.argsort(full)[:m]])
+
+
+def test_all_finite_finds_every_nan_and_infinity_wherever_it_sits():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((7, 37)).astype(np.float32)
+    x[2, 5], x[3, 6] = np.finfo(np.float32).max, np.finfo(np.float32).smallest_subnormal
+    assert all_finite(x) and all_finite(x[:0]) and all_finite(np.zeros((3, 0), np.float32))
+    for bad in (np.nan, np.inf, -np.inf):
+        for i, j in ((0, 0), (6, 36), (3, 17), (5, 32)):
+            y = x.copy()
+            y[i, j] = bad
+            # first compiled inside a fastmath kernel (Fortran order: a signature of its own)
+            assert not _finite_in_a_fastmath_kernel(np.asfortranarray(y)), (bad, i, j)
+            assert not all_finite(y), (bad, i, j)
+            assert all_finite(y[i + 1 :]) and not all_finite(y[i : i + 1])  # row slices
+
+
+@numba.njit(fastmath=True)
+def _finite_in_a_fastmath_kernel(x):  # (as the lean searches call it: numba hands a callee
+    return all_finite(x)  # the caller's fastmath unless it sets its own)

@@ -283,10 +283,27 @@ def _search_queries(q0, q1, queries, store, data, rerank, ip, nbr0, up_off, up_n
                 prefetch_node(data, hi[j])
             for j in range(size):
                 hd[j] = exact_distance(queries[q], data, hi[j], ip)
-        if filtered or rerank:
+        if filtered:  # ascending by distance (a heap's order)
             heapify_pair(hd, hi, size)
-            sort_pair_heap(hd, hi, size)  # ascending by distance (the beam is already)
+            sort_pair_heap(hd, hi, size)
+        elif rerank:  # the beam's order by estimates: nearly that of the exact distances
+            sort_nearly_sorted(hd, hi, size)
         write_row(hd, hi, size, out_dist, out_idx, q)
+
+
+@njit(inline="always")
+def sort_nearly_sorted(hd, hi, size):
+    """Sort the first ``size`` pairs ascending by distance (ties by node), in place, by
+    insertion: few moves where the order is nearly right already (a re-ranked beam: the
+    heap sort this replaced cost 0.08 µs more a query, 3% of an HNSW5 int8 search of the
+    3,300 NSynth notes at efSearch 10, Zen 3)."""
+    for j in range(1, size):
+        d, w = hd[j], hi[j]
+        at = j
+        while at > 0 and (hd[at - 1] > d or (hd[at - 1] == d and hi[at - 1] > w)):
+            hd[at], hi[at] = hd[at - 1], hi[at - 1]
+            at -= 1
+        hd[at], hi[at] = d, w
 
 
 @njit(inline="always")
@@ -366,7 +383,7 @@ def hnsw_search(queries, data, inner_product, nbr0, up_off, up_nbr, entry, max_l
                  seen, allowed, out_dist, out_idx)  # fmt: skip
 
 
-@kernel(nogil=True)
+@kernel(nogil=True, fastmath=True)
 def hnsw_search_lean(queries, store, data, rerank, ip, nbr0, up_off, up_nbr, entry, max_level,
                      ef, seen, ids, claim, chunk, out_dist, out_ids):  # fmt: skip
     """A few queries on the calling thread, from the search to ids, in one call (the lean
@@ -381,7 +398,12 @@ def hnsw_search_lean(queries, store, data, rerank, ip, nbr0, up_off, up_nbr, ent
     until none is left, so that a thread that starts late or walks slower takes fewer (a
     static split left one of two threads waiting a tenth of a 330-query search); or
     :data:`vq.kernels.simd.NO_CLAIM`: all of them. Returns False if a query it took holds a
-    NaN or an infinity (that chunk left undone)."""
+    NaN or an infinity (that chunk left undone).
+
+    Compiled with ``fastmath`` as :func:`hnsw_search_range` is: the traversal's code is
+    inlined here and takes this kernel's flags (without them the int8 walk's products stayed
+    scalar: 2.35 against 2.27 µs a query, HNSW5 int8 over the 3,300 NSynth notes at efSearch
+    10, one thread, Zen 3)."""
     queries, data, nbr0 = borrow(queries), borrow(data), borrow(nbr0)
     up_off, up_nbr, seen = borrow(up_off), borrow(up_nbr), borrow(seen)
     store = borrow_store(store)

@@ -245,14 +245,23 @@ def nearest_lean(x, centroids_t, c_norms, out_codes):
     return True
 
 
-@kernel(nogil=True)
+@kernel(nogil=True, fastmath=False)
 def all_finite(x):
     """Whether every value of the float32 array ``x`` [n, d] is finite (one pass, no
-    temporary: ``np.isfinite(x).all()`` costs a few µs more on a small array)."""
+    temporary: ``np.isfinite(x).all()`` costs a few µs more on a small array). A row at a
+    time without a branch per value (``v - v`` is 0 but for NaN and ±inf), so that the
+    loop is vector code: 3.8 µs for 330 × 128 queries where a test and exit per value took
+    18.6 (Zen 3), a 20th of an HNSW search of them on one thread. ``fastmath=False`` said
+    outright: numba compiles a function called from a kernel with the caller's fastmath
+    unless the function sets its own, and fastmath assumes there is no NaN or infinity
+    (this test would always pass)."""
     for i in range(x.shape[0]):
+        bad = False
         for j in range(x.shape[1]):
-            if not np.isfinite(x[i, j]):
-                return False
+            v = x[i, j]
+            bad |= (v - v) != np.float32(0.0)
+        if bad:
+            return False
     return True
 
 
