@@ -1,5 +1,6 @@
 # ruff: noqa: I001 -- vq first: it sets how OpenMP threads wait before torch loads libgomp
 import vq  # noqa: F401
+import os
 import numpy as np
 import pytest
 import torch
@@ -22,9 +23,15 @@ def aniso() -> np.ndarray:
     return x
 
 
+#: torch threads per test: one under pytest-xdist, whose workers (one per core) already fill
+#: the cores (two each oversubscribed them: the warm suite took 328 s against 306 s), two in a
+#: single process
+TORCH_THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
+
+
 @pytest.fixture(autouse=True)
 def _threads():
-    torch.set_num_threads(2)
+    torch.set_num_threads(TORCH_THREADS)
     yield
 
 

@@ -88,7 +88,7 @@ def test_spill(results):
 
 
 def test_ivf_search(results):
-    argv = "--n 2000 --dim 16 --nlist 8 --M 4 --nq 20 --ntrain 2000 --nprobe 1 4 --rounds 1"
+    argv = "--n 2000 --dim 16 --nlist 8 --M 8 --nq 20 --ntrain 2000 --nprobe 1 4 --rounds 1"
     ivf_search.main(argv.split())
     rows = read_csv(results / "ivf_search.csv", ["nprobe", "vq QPS", "faiss QPS", "recall@10"])
     assert [int(r["nprobe"]) for r in rows] == [1, 4]
@@ -122,9 +122,9 @@ def test_ann(results):
 
 def test_frontier(results):
     argv = (
-        "--data synthetic --n 3000 --nq 30 --dim 16 --nlist 16 --ntrain 2000 --nprobe 4 16 "
+        "--data synthetic --n 3000 --nq 30 --dim 32 --nlist 16 --ntrain 2000 --nprobe 4 16 "
         "--k-factor 2 8 --ef 16 64 --rounds 1 --min-seconds 0.01 --systems vq faiss "
-        "--vq HNSW16 HNSW16:int8:efc64 IVF16,PQ8x4fs,Refine(SQfp16)"
+        "--vq HNSW16 HNSW16:int8:efc64 IVF16,PQ16x4fs,Refine(SQfp16)"
     )
     rows = frontier.main(argv.split())
     columns = ["system", "index", "param", "recall@10", "QPS", "B/vector"]
@@ -133,12 +133,16 @@ def test_frontier(results):
     indexes = {(r["system"], r["index"]) for r in points}
     assert {("vq", "HNSW16"), ("vq", "HNSW16:int8:efc64"), ("faiss", "HNSW32")} <= indexes
     size = {(r["system"], r["index"]): float(r["B/vector"]) for r in points}
-    # float32 vectors (64 B) re-rank IVF16,PQ8x4fs,RFlat; fp16 ones (32 B) the lean variant
-    lean, full = size["vq", "IVF16,PQ8x4fs,Refine(SQfp16)"], size["vq", "IVF16,PQ8x4fs,RFlat"]
-    assert 32 + 8 + 8 + 4 <= lean <= full - 32 + 1  # + ids, codes, packed codes (and small)
-    assert 64 <= size["faiss", "IVF16,Flat"] <= 64 + 8 + 4
-    fp16 = {r["param"] for r in points if r["system"] == "vq" and "Refine(" in r["index"]}
-    assert fp16 == {"nprobe=4,k_factor=8", "nprobe=16,k_factor=8"}  # swept as RFlat is
+    # float32 vectors (128 B) re-rank IVF16,PQ16x4fs,RFlat; fp16 ones (64 B) the lean variant
+    lean, full = size["vq", "IVF16,PQ16x4fs,Refine(SQfp16)"], size["vq", "IVF16,PQ16x4fs,RFlat"]
+    assert 64 + 8 + 16 + 8 <= lean <= full - 64 + 1  # + ids, codes, packed codes (and small)
+    assert 128 <= size["faiss", "IVF16,Flat"] <= 128 + 8 + 4
+
+    def params(index):
+        return {r["param"] for r in points if r["system"] == "vq" and r["index"] == index}
+
+    fp16 = params("IVF16,PQ16x4fs,Refine(SQfp16)")
+    assert "nprobe=16,k_factor=8" in fp16 and fp16 == params("IVF16,PQ16x4fs,RFlat")  # swept alike
     table = read_csv(results / "frontier-frontier.csv", ["recall@10 >=", "vq", "faiss"])
     assert [r["recall@10 >="] for r in table] == ["0.8", "0.9", "0.95", "0.99"]
     # the best vq point at 0.8 is at least as fast as every vq point reaching 0.8
@@ -247,8 +251,10 @@ def test_coldstart_times_a_fresh_process_per_kind(results):
 
 
 def test_latency_reports_percentiles_of_both_libraries(results):
-    rows = latency.main(["--n", "2000", "--queries", "30", "--kinds", "Flat", "IVF64,PQ16"])
-    assert [r["index"] for r in rows] == ["Flat", "IVF64,PQ16"]
+    # 32 dimensions, PQ8: the IVF-PQ kernel configuration most tests use (compiled once)
+    argv = "--n 2000 --dim 32 --queries 30 --kinds Flat IVF64,PQ8"
+    rows = latency.main(argv.split())
+    assert [r["index"] for r in rows] == ["Flat", "IVF64,PQ8"]
     for row in rows:
         assert 0 < row["vq p50 us"] <= row["vq p99 us"]
         assert 0 < row["faiss p50 us"] <= row["faiss p99 us"]
@@ -275,7 +281,7 @@ def test_coldstart_reports_cold_cache_bars_and_the_cli(results, capsys):
 
 
 def test_latency_reports_means_recalls_and_nprobe_of_both(results):
-    rows = latency.main("--n 2000 --queries 30 --nprobe 4 --kinds IVF64,PQ16".split())
+    rows = latency.main("--n 2000 --dim 32 --queries 30 --nprobe 4 --kinds IVF64,PQ8".split())
     (row,) = rows
     assert row["nprobe"] == 4
     assert 0 < row["vq mean us"] and 0 < row["faiss mean us"]

@@ -15,7 +15,7 @@ from vq.index import IVFPQ, IVFSQ, IVFFlat, fileformat
 from vq.index import ivfstorage as ivf_module
 from vq.index.mapped import file_range
 
-DIM, N, K = 16, 10_000, 10
+DIM, N, K = 32, 10_000, 10
 
 
 @pytest.fixture(autouse=True)

@@ -193,15 +193,18 @@ def test_codes_are_always_in_range(quantizers, x, torch_path):
 
 
 # -- persistence -----------------------------------------------------------------------------------
+#: 32 dimensions and PQ8: kernel configurations other tests compile too (each new one costs
+#: seconds of compile on a cold cache)
+DIM = 32
 KINDS = [
     "Flat",
-    "PQ4x4",
+    "PQ8x4",
     "IVF4,Flat",
-    "IVF4,PQ4x4",
-    "IVF4,PQ4x4fs",
-    "OPQ4,IVF4,PQ4x4",
-    "OPQ4_4,PQ4x4",
-    "IVF4,PQ4x4,RFlat",
+    "IVF4,PQ8x4",
+    "IVF4,PQ8x4fs",
+    "OPQ8,IVF4,PQ8x4",
+    "OPQ8_16,PQ8x4",
+    "IVF4,PQ8x4,RFlat",
     "Flat,Refine(Flat)",
 ]
 
@@ -209,12 +212,12 @@ KINDS = [
 @pytest.fixture(scope="module")
 def trained():
     """Trains each (kind, metric) the first time an example asks for it."""
-    x = blobs(1, 600, 8, clusters=6, scale=0.5)
+    x = blobs(1, 600, DIM, clusters=6, scale=0.5)
     cache = {}
 
     def get(desc: str, metric: str):
         if (desc, metric) not in cache:
-            index = vq.index_factory(8, desc, metric=metric)
+            index = vq.index_factory(DIM, desc, metric=metric)
             for m in index.modules():
                 if isinstance(m, OPQ):
                     m.niter, m.niter_pq, m.niter_pq_0 = 1, 1, 1
@@ -242,7 +245,7 @@ def test_save_load_round_trip(tmp_path_factory, trained, desc, metric, seed, n, 
 
     rng = np.random.default_rng(seed)
     index = copy.deepcopy(trained(desc, metric))
-    x = blobs(seed, n, 8, clusters=6, scale=0.5)
+    x = blobs(seed, n, DIM, clusters=6, scale=0.5)
     if own_ids:
         index.add_with_ids(x, rng.choice(2**40, n, replace=False))
     else:
@@ -259,6 +262,6 @@ def test_save_load_round_trip(tmp_path_factory, trained, desc, metric, seed, n, 
     assert sorted(a) == sorted(b)
     assert all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
     np.testing.assert_array_equal(loaded.stored_ids().numpy(), index.stored_ids().numpy())
-    queries = blobs(seed + 1, 7, 8, clusters=6, scale=0.5)
+    queries = blobs(seed + 1, 7, DIM, clusters=6, scale=0.5)
     for got, want in zip(loaded.search(queries, 5), index.search(queries, 5), strict=True):
         np.testing.assert_array_equal(got, want)

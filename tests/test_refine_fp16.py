@@ -12,7 +12,7 @@ import vq
 from vq._cpu import torch_only
 from vq.index import Refine
 
-DIM, K = 24, 10
+DIM, K = 32, 10
 
 
 @pytest.fixture(scope="module", name="faiss")
@@ -34,7 +34,7 @@ def _built(desc, x, metric="l2"):
     return index
 
 
-@pytest.mark.parametrize("desc", ["IVF16,PQ8", "PQ6", "HNSW16,SQ8", "IVF16,PQ12x4fs"])
+@pytest.mark.parametrize("desc", ["IVF16,PQ8", "PQ8", "HNSW16,SQ8", "IVF16,PQ16x4fs"])
 @pytest.mark.parametrize("metric", ["l2", "ip"])
 def test_fp16_reranking_equals_faiss_index_refine_around_sqfp16(faiss, data, desc, metric):
     x, q = data
@@ -85,4 +85,4 @@ def test_fp16_reranking_by_torch_after_a_load_and_a_merge_gives_the_same_results
 
 def test_a_refine_storage_it_does_not_know_is_refused_with_the_choices():
     with pytest.raises(ValueError, match=r"storage must be one of \('float32', 'fp16'\)"):
-        Refine(vq.index_factory(DIM, "PQ6"), storage="bf16")
+        Refine(vq.index_factory(DIM, "PQ8"), storage="bf16")
