@@ -52,8 +52,8 @@ def _accumulate(builder, codes_base, luts_base, width, first_pair, pairs_per_loa
 
     ``multiply`` (32-byte loads only): the odd bytes are taken by ``vpmaddubsw`` with weights
     (0, 1), not by a shift. Zen 3 issues shifts on the two pipes that also shuffle and
-    multiplies on the others: 2.5-4% less per block for 4-5 queries a pass (one nibble half
-    each), 15% more for 1-3 (both halves, where the extra weight register is short)."""
+    multiplies on the others: 2-4% less per block for 4-5 queries a pass (one nibble half
+    each), 3-18% more for 1-3 (both halves, where the extra weight register is short)."""
     vb, vw = ir.VectorType(_I8, width), ir.VectorType(_I16, width // 2)
     name = "llvm.x86.avx2.pshuf.b" if width == 32 else "llvm.x86.avx512.pshuf.b.512"
     pshufb = builder.module.declare_intrinsic(name, fnty=ir.FunctionType(vb, [vb, vb]))
