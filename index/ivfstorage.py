@@ -32,7 +32,7 @@ import torch
 
 from vq.index.idlists import IdLists
 from vq.index.mapped import file_range, read_lists, read_rows
-from vq.index.spill import SPILL_COPIES, soar_assign
+from vq.index.spill import SPILL_COPIES, spill_lists
 from vq.index.storage import IdRange, move_lists, remove_list_rows, remove_rows, reserve, set_rows
 from vq.kernels import rows as row_kernels
 from vq.kernels.threads import parallel_for
@@ -81,7 +81,7 @@ class IVFStorage:
             for s in range(0, n, step):
                 first = lists[s : s + step]
                 rows[s : s + step, 0] = first
-                rows[s : s + step, 1] = soar_assign(chunk(s, s + step), c, first, self.soar_lambda)
+                rows[s : s + step, 1] = spill_lists(chunk(s, s + step), c, first, self.soar_lambda)
             copies = (ids[0:n] if isinstance(ids, IdRange) else ids).repeat_interleave(SPILL_COPIES)
 
             def encode(s: int, e: int):  # row chunks start at even rows (add_batch_size is even)

@@ -12,7 +12,7 @@ from vq import kernels
 from vq._cpu import torch_only
 from vq.datasets import clustered_vectors
 from vq.export import OnnxRunner
-from vq.index.spill import soar_assign
+from vq.index.spill import soar_assign, spill_lists
 
 DIM = 16
 
@@ -135,6 +135,22 @@ def test_soar_assignment():
     loss = d2[0] + 4.0 * ((r[0] * (xt[0] - c)).sum(1) ** 2) / (r[0] @ r[0])
     loss[primary[0]] = float("inf")
     assert int(spilled[0]) == int(loss.argmin())
+
+
+def test_the_kernel_gives_the_lists_of_the_torch_loss():
+    # 4,096 lists: 256 rows a chunk, so 700 rows cross chunks; a centroid far from the data
+    # and λ = 1.5 so that the parallel term decides some lists
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(700, DIM, generator=g) * 2 + 0.5
+    c = torch.randn(4096, DIM, generator=g) * 2
+    c[7] += 50.0
+    primary = torch.cdist(x, c).argmin(1)
+    expected = soar_assign(x, c, primary, 1.5)  # the whole batch, torch operations
+    assert torch.equal(spill_lists(x, c, primary, 1.5), expected)  # BLAS + numba, by chunks
+    with torch_only():
+        assert torch.equal(spill_lists(x, c, primary, 1.5), expected)
+    nearest_other = torch.cdist(x, c).scatter(1, primary[:, None], float("inf")).argmin(1)
+    assert (expected != nearest_other).any() and not (expected == primary).any()
 
 
 def test_ids_removal_and_persistence(tmp_path, data, queries):

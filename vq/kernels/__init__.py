@@ -52,6 +52,7 @@ from vq.kernels.coding import (
     pq_decoder,
     pq_encoder,
     pq_encoder_lean,
+    spill_argmin_rows,
 )
 from vq.kernels.exact import (
     heap_push_block,
@@ -114,6 +115,7 @@ __all__ = [
     "refine_scan",
     "rows_to_ids",
     "smallest_k_rows",
+    "spill_argmin_rows",
     "unique_rows",
     "words_layout",
 ]
