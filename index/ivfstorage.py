@@ -30,9 +30,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from vq import _cpu
 from vq.index.idlists import IdLists
 from vq.index.mapped import file_range, read_lists, read_rows
-from vq.index.spill import SPILL_COPIES, spill_lists
+from vq.index.spill import SPILL_COPIES, nearest_and_spill, spill_lists
 from vq.index.storage import IdRange, move_lists, remove_list_rows, remove_rows, reserve, set_rows
 from vq.kernels import rows as row_kernels
 from vq.kernels.threads import parallel_for
@@ -57,31 +58,38 @@ class IVFStorage:
     def _encode_rows(self, x: torch.Tensor, lists: torch.Tensor) -> dict[str, torch.Tensor]:
         raise NotImplementedError  # x [b, dim] in lists [b] → the kind's _row_buffers, b rows
 
+    def _assign_spilled(self, x: torch.Tensor) -> torch.Tensor:
+        """int64 [n, 2]: each vector's list (``_assign``'s) and its SOAR spill list; for L2
+        lists routed by a linear scan, on the CPU, both from one product per chunk of rows."""
+        c = self.quantizer.codebook.float()
+        if (self.metric == "l2" and not self.coarse_hnsw and x.dtype == torch.float32
+                and _cpu.fast_path(x)):  # fmt: skip
+            return torch.stack(nearest_and_spill(x, c, self.soar_lambda), dim=1)
+        first = self._assign(x)
+        return torch.stack([first, spill_lists(x, c, first, self.soar_lambda)], dim=1)
+
     def _add(self, x: torch.Tensor, ids, prepare: Callable | None = None) -> None:
         """Route every vector (int64 [n] lists, the only array of the whole call), make room
         at the ends of the lists, then encode a chunk at a time into its rows (``prepare``:
         a wrapper's transform, applied a chunk at a time, twice)."""
         self._require_trained("add")
         n, step = x.shape[0], self.add_batch_size
-        lists = torch.empty(n, dtype=torch.int64, device=self.device)
 
         def chunk(s: int, e: int) -> torch.Tensor:
             part = x[s:e].to(self.device)
             return part if prepare is None else prepare(part)
 
         with torch.no_grad():
-            for s in range(0, n, step):
-                lists[s : s + step] = self._assign(chunk(s, s + step))
             if not self.spill:
+                lists = torch.empty(n, dtype=torch.int64, device=self.device)
+                for s in range(0, n, step):
+                    lists[s : s + step] = self._assign(chunk(s, s + step))
                 self._insert(lists, lambda s, e: self._encode_rows(chunk(s, e), lists[s:e]), ids)
                 return
             # spilled: rows 2i and 2i + 1 hold vector i in its list and in its SOAR list
             rows = torch.empty((n, SPILL_COPIES), dtype=torch.int64, device=self.device)
-            c = self.quantizer.codebook.float()
             for s in range(0, n, step):
-                first = lists[s : s + step]
-                rows[s : s + step, 0] = first
-                rows[s : s + step, 1] = spill_lists(chunk(s, s + step), c, first, self.soar_lambda)
+                rows[s : s + step] = self._assign_spilled(chunk(s, s + step))
             copies = (ids[0:n] if isinstance(ids, IdRange) else ids).repeat_interleave(SPILL_COPIES)
 
             def encode(s: int, e: int):  # row chunks start at even rows (add_batch_size is even)

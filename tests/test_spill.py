@@ -11,8 +11,9 @@ import vq
 from vq import kernels
 from vq._cpu import torch_only
 from vq.datasets import clustered_vectors
+from vq.distances import nearest
 from vq.export import OnnxRunner
-from vq.index.spill import soar_assign, spill_lists
+from vq.index.spill import nearest_and_spill, soar_assign, spill_lists
 
 DIM = 16
 
@@ -149,6 +150,10 @@ def test_the_kernel_gives_the_lists_of_the_torch_loss():
     assert torch.equal(spill_lists(x, c, primary, 1.5), expected)  # BLAS + numba, by chunks
     with torch_only():
         assert torch.equal(spill_lists(x, c, primary, 1.5), expected)
+    # both lists from one product: the nearest centroid as an unspilled add routes it
+    first, second = nearest_and_spill(x, c, 1.5)
+    assert torch.equal(first, nearest(x, c).indices) and torch.equal(first, primary)
+    assert torch.equal(second, expected)
     nearest_other = torch.cdist(x, c).scatter(1, primary[:, None], float("inf")).argmin(1)
     assert (expected != nearest_other).any() and not (expected == primary).any()
 

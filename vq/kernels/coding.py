@@ -65,43 +65,41 @@ def argmin_range(i0, i1, dots, bias, out_index, out_value, out_second):
             out_second[i] = dots[i, _argmin_row(dots, bits, i) & INDEX_MASK]
 
 
-def spill_argmin_rows(dots, rdots, x_norms, r_dot_x, r_norms, c_norms, primary, lam, out):
-    """The SOAR spill list of each row after the two matrix products (the loss of
+def spill_argmin_rows(scores, rdots, x_norms, r_dot_x, r_norms, primary, lam, out):
+    """The SOAR spill list of each row after the matrix products (the loss of
     :func:`vq.index.spill.soar_assign`, term for term and in its order, so that the list is
     the same), in place.
 
     Args:
-        dots: float32 [n, k], ``⟨x_i, c_j⟩`` (overwritten with the loss).
+        scores: float32 [n, k], ``|c_j|² - 2⟨x_i, c_j⟩`` (what :func:`argmin_rows` leaves of
+            the nearest-centroid products; overwritten with the loss).
         rdots: float32 [n, k], ``⟨r_i, c_j⟩`` for the residual ``r_i = x_i - c_{primary_i}``.
         x_norms, r_dot_x, r_norms: float32 [n]: ``|x_i|²``, ``⟨r_i, x_i⟩`` and ``|r_i|²``
             (clamped above 0).
-        c_norms: float32 [k], the centroids' squared norms.
         primary: int64 [n], each row's own list (never its spill list).
         lam: float32, the weight λ of the parallel term.
         out: int64 [n] receives the list of the smallest loss (ties: the lowest index).
 
     Threads split the rows.
     """
-    parallel_for(spill_argmin_range, dots.shape[0], dots, rdots, x_norms, r_dot_x, r_norms,
-                 c_norms, primary, lam, out)  # fmt: skip
+    parallel_for(spill_argmin_range, scores.shape[0], scores, rdots, x_norms, r_dot_x, r_norms,
+                 primary, lam, out)  # fmt: skip
 
 
 @kernel(nogil=True)
-def spill_argmin_range(i0, i1, dots, rdots, x_norms, r_dot_x, r_norms, c_norms, primary, lam,
-                       out):  # fmt: skip
+def spill_argmin_range(i0, i1, scores, rdots, x_norms, r_dot_x, r_norms, primary, lam, out):
     """:func:`spill_argmin_rows` for rows ``i0..i1`` on the calling thread (no fastmath: each
     operation rounds as torch's does)."""
-    dots, rdots = borrow(dots), borrow(rdots)
-    k = dots.shape[1]
-    two = np.float32(2.0)
-    bits = dots.view(np.int32)
+    scores, rdots = borrow(scores), borrow(rdots)
+    k = scores.shape[1]
+    bits = scores.view(np.int32)
     for i in range(i0, i1):
         xn, s, rn = x_norms[i], r_dot_x[i], r_norms[i]
         for j in range(k):
             parallel = s - rdots[i, j]
-            dots[i, j] = ((xn - two * dots[i, j]) + c_norms[j]) + lam * parallel * parallel / rn
-        dots[i, primary[i]] = np.inf
-        out[i] = _argmin_row(dots, bits, i) & INDEX_MASK
+            scores[i, j] = (xn + scores[i, j]) + lam * parallel * parallel / rn
+        scores[i, primary[i]] = np.inf
+        out[i] = _argmin_row(scores, bits, i) & INDEX_MASK
 
 
 #: rows per block of :func:`assign_accumulate` (each block its own partial sums)
