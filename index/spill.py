@@ -60,11 +60,11 @@ def spill_lists(
     x: torch.Tensor, centroids: torch.Tensor, primary: torch.Tensor, soar_lambda: float
 ) -> torch.Tensor:
     """:func:`soar_assign` as an ``add`` runs it: :func:`vq.distances.chunk_rows` rows at a
-    time, so that its [rows, nlist] products stay a few MiB whatever nlist is (the whole
-    batch at once held several [batch, nlist] temporaries: 4 GiB each at nlist 65,536). On
-    the CPU the products are BLAS calls into reused buffers and one numba pass
-    (:func:`vq.kernels.spill_argmin_rows`) computes the loss and its arg-min, term for term
-    as :func:`soar_assign` does (the same lists).
+    time, so that its [rows, nlist] products stay small (4 MiB each up to 4,096 lists, 64 MiB
+    at 65,536; the whole batch at once held several [batch, nlist] temporaries: 4 GiB each at
+    nlist 65,536). On the CPU the products are BLAS calls into reused buffers and one numba
+    pass (:func:`vq.kernels.spill_argmin_rows`) computes the loss and its arg-min, term for
+    term as :func:`soar_assign` does (the same lists).
 
     Args and returns: as :func:`soar_assign`.
     """
