@@ -284,3 +284,255 @@ def test_recall_at_counts_true_neighbours_among_the_first_r():
         recall_at(found, truth, 5)
     with pytest.raises(ValueError, match="same nq"):
         recall_at(found[:1], truth, 1)
+
+
+# -- big-ann-benchmarks .fbin / .u8bin / .i8bin / .ibin ------------------------------------------
+
+BINS = {
+    "fbin": ("<f4", lambda n, d: rng.standard_normal((n, d), np.float32)),
+    "u8bin": ("u1", lambda n, d: rng.integers(0, 256, (n, d), np.uint8)),
+    "i8bin": ("i1", lambda n, d: rng.integers(-128, 128, (n, d), np.int8)),
+    "ibin": ("<i4", lambda n, d: rng.integers(-(2**31), 2**31, (n, d), np.int32)),
+}
+
+
+def _bin_bytes(x: np.ndarray, dtype: str) -> bytes:
+    """The big-ann-benchmarks layout, written by hand: int32 n, int32 dim, the values."""
+    return struct.pack("<ii", *x.shape) + x.astype(dtype).tobytes()
+
+
+@pytest.mark.parametrize("fmt", BINS)
+def test_bin_files_read_the_big_ann_layout_and_write_it_back(tmp_path, fmt):
+    from vq.datasets import bigann, bin_shape
+
+    dtype, make = BINS[fmt]
+    x = make(23, 5)
+    path = tmp_path / f"hand.{fmt}"
+    path.write_bytes(_bin_bytes(x, dtype))
+    read = getattr(bigann, f"read_{fmt}")
+    y = read(path)
+    assert y.dtype == np.dtype(dtype).newbyteorder("=") and y.flags.writeable
+    assert not isinstance(y, np.memmap)
+    np.testing.assert_array_equal(y, x)
+    np.testing.assert_array_equal(read(path, rows=slice(4, 9)), x[4:9])
+    np.testing.assert_array_equal(read(path, rows=3), x[:3])
+    assert bin_shape(path) == (23, 5)
+    getattr(bigann, f"write_{fmt}")(tmp_path / f"out.{fmt}", x)
+    assert (tmp_path / f"out.{fmt}").read_bytes() == path.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\x01\x00", "2 bytes is too short for a .fbin file"),
+        (struct.pack("<ii", 3, 2) + bytes(20), r"28 bytes, but the header says 3 x 2 values, 32 "
+         r"bytes in all: the file is truncated"),
+        (struct.pack("<ii", 1, 2) + bytes(12), "the file is 4 bytes too long"),
+        (struct.pack("<ii", -1, 2), "the header says n=-1, dim=2"),
+        (struct.pack("<ii", 2, 0), "the header says n=2, dim=0"),
+    ],
+)  # fmt: skip
+def test_bad_bin_files(tmp_path, content, message):
+    from vq.datasets import read_fbin
+
+    path = tmp_path / "bad.fbin"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=message):
+        read_fbin(path)
+
+
+def test_an_ibin_ground_truth_file_with_distances_reads_as_its_ids(tmp_path):
+    from vq.datasets import read_ibin, read_neighbors
+
+    ids = rng.integers(0, 1000, (4, 3), np.int32)
+    path = tmp_path / "gt.ibin"  # big-ann-benchmarks' ground truth: ids, then distances
+    path.write_bytes(_bin_bytes(ids, "<i4") + np.ones((4, 3), "<f4").tobytes())
+    np.testing.assert_array_equal(read_ibin(path), ids)
+    truth = read_neighbors(path)
+    assert truth.dtype == np.int64
+    np.testing.assert_array_equal(truth, ids)
+
+
+def test_bin_writers_check_dtypes_and_ranges(tmp_path):
+    from vq.datasets import write_fbin, write_ibin, write_u8bin
+
+    with pytest.raises(TypeError, match="write_fbin: expected floating-point values, got int64"):
+        write_fbin(tmp_path / "x.fbin", np.zeros((2, 2), np.int64))
+    with pytest.raises(ValueError, match=r"write_u8bin: values must lie in \[0, 255\]"):
+        write_u8bin(tmp_path / "x.u8bin", np.array([[256]]))
+    with pytest.raises(ValueError, match=r"expected a 2-D array \[n, dim\]"):
+        write_ibin(tmp_path / "x.ibin", np.zeros(3, np.int32))
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- one reader for every format -----------------------------------------------------------------
+
+
+def _every_format(tmp_path, x: np.ndarray) -> dict[str, object]:
+    """``x`` (small non-negative integers, exact in every dtype) in each vector format."""
+    h5py = pytest.importorskip("h5py")
+    from vq.datasets import write_fbin, write_i8bin, write_u8bin
+
+    paths = {}
+    for suffix, write in (
+        ("fvecs", write_fvecs),
+        ("bvecs", lambda p, a: write_bvecs(p, a.astype(np.uint8))),
+        ("fbin", write_fbin),
+        ("u8bin", lambda p, a: write_u8bin(p, a.astype(np.uint8))),
+        ("i8bin", lambda p, a: write_i8bin(p, a.astype(np.int8))),
+    ):
+        paths[suffix] = tmp_path / f"x.{suffix}"
+        write(paths[suffix], x)
+    for dtype in ("float64", "float16", "int16", "uint8"):
+        paths[f"npy {dtype}"] = tmp_path / f"x-{dtype}.npy"
+        np.save(paths[f"npy {dtype}"], x.astype(dtype))
+    paths["npy fortran"] = tmp_path / "x-f.npy"
+    np.save(paths["npy fortran"], np.asfortranarray(x))
+    paths["hdf5"] = tmp_path / "x.hdf5"
+    with h5py.File(paths["hdf5"], "w") as f:
+        f.attrs["distance"] = "euclidean"
+        for key in ("train", "test"):
+            f.create_dataset(key, data=x)
+        f.create_dataset("neighbors", data=np.zeros((len(x), 2), np.int32))
+        f.create_dataset("distances", data=np.zeros((len(x), 2), np.float32))
+    return paths
+
+
+def test_open_vectors_reads_every_format_as_float32_rows(tmp_path, monkeypatch):
+    from vq.datasets import open_vectors, read_vectors, vector_files
+
+    x = rng.integers(0, 100, (50, 6)).astype(np.float32)
+    monkeypatch.setattr(vector_files, "_CHUNK_BYTES", 7 * 6 * 4)  # 7 rows a block: 8 blocks
+    for name, path in _every_format(tmp_path, x).items():
+        source = open_vectors(path)
+        assert source.shape == (50, 6), name
+        assert source.metric == ("l2" if name == "hdf5" else None), name
+        y = source.read()
+        assert y.dtype == np.float32 and y.flags.c_contiguous and y.flags.writeable, name
+        np.testing.assert_array_equal(y, x, err_msg=name)
+        np.testing.assert_array_equal(source.read(slice(9, 30)), x[9:30], err_msg=name)
+        np.testing.assert_array_equal(read_vectors(path, rows=4), x[:4], err_msg=name)
+    assert open_vectors(tmp_path / "x.hdf5", "test").dataset == "test"
+
+
+def test_a_bad_header_in_a_later_block_of_an_fvecs_file_is_found(tmp_path, monkeypatch):
+    from vq.datasets import open_vectors, vector_files
+
+    rows = [_record("fvecs", [float(i), 1.0]) for i in range(10)]
+    rows[6] = struct.pack("<iff", 3, 0.0, 0.0)  # same record size, wrong dimension header
+    path = tmp_path / "x.fvecs"
+    path.write_bytes(b"".join(rows))
+    monkeypatch.setattr(vector_files, "_CHUNK_BYTES", 2 * 2 * 4)  # blocks of 2 rows
+    source = open_vectors(path)
+    np.testing.assert_array_equal(source.read(slice(0, 6))[:, 0], np.arange(6))
+    with pytest.raises(ValueError, match="row 6 has dimension header 3, row 0 has 2"):
+        source.read()
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("x.txt", b"1 2 3", r"unknown vector file type '.txt'; use .fvecs, .bvecs, .npy, .fbin"),
+        ("x.npy", None, "holds bool values; expected real numbers"),
+        ("x.npy", np.zeros((2, 3), np.complex64), "holds complex64 values"),
+        ("x.npy", np.zeros(5, np.float32), r"expected a 2-D array \[n, dim\], got shape \(5,\)"),
+        ("x.npy", np.zeros((2, 3, 4), np.float32), r"got shape \(2, 3, 4\)"),
+        ("x.npy", np.array([[None]], dtype=object), "not a readable .npy array"),
+        ("x.npy", b"not an array", "not a readable .npy array"),
+        ("x.hdf5", b"not hdf5 at all", "not a readable HDF5 file"),
+    ],
+)
+def test_open_vectors_refuses_what_it_cannot_read(tmp_path, name, content, message):
+    from vq.datasets import open_vectors
+
+    path = tmp_path / name
+    if content is None:
+        np.save(path, np.zeros((2, 3), bool))
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        np.save(path, content, allow_pickle=True)
+    if name.endswith(".hdf5"):
+        pytest.importorskip("h5py")
+    with pytest.raises(ValueError, match=message):
+        open_vectors(path)
+
+
+def test_open_vectors_names_a_missing_file_and_a_directory(tmp_path):
+    from vq.datasets import open_neighbors, open_vectors
+
+    with pytest.raises(FileNotFoundError, match="nope.fbin: no such file"):
+        open_vectors(tmp_path / "nope.fbin")
+    (tmp_path / "d.fvecs").mkdir()
+    with pytest.raises(ValueError, match="d.fvecs is a directory; give a vector file"):
+        open_vectors(tmp_path / "d.fvecs")
+    with pytest.raises(ValueError, match="is a directory; give a ground-truth file"):
+        open_neighbors(tmp_path)
+    np.save(tmp_path / "f.npy", np.zeros((2, 2), np.float32))
+    with pytest.raises(ValueError, match="holds float32 values; expected integer ids"):
+        open_neighbors(tmp_path / "f.npy")
+    with pytest.raises(ValueError, match="unknown ground-truth file type '.fvecs'"):
+        open_neighbors(tmp_path / "x.fvecs")
+
+
+def test_read_neighbors_reads_every_ground_truth_format_as_int64(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    from vq.datasets import read_neighbors, write_ibin
+
+    ids = rng.integers(0, 10_000, (7, 4)).astype(np.int32)
+    write_ivecs(tmp_path / "gt.ivecs", ids)
+    write_ibin(tmp_path / "gt.ibin", ids)
+    np.save(tmp_path / "gt.npy", ids.astype(np.int64))
+    with h5py.File(tmp_path / "gt.hdf5", "w") as f:
+        for key, data in (("train", np.zeros((3, 2))), ("test", np.zeros((7, 2)))):
+            f.create_dataset(key, data=data)
+        f.create_dataset("neighbors", data=ids)
+        f.create_dataset("distances", data=np.zeros((7, 4)))
+    for name in ("gt.ivecs", "gt.ibin", "gt.npy", "gt.hdf5"):
+        truth = read_neighbors(tmp_path / name)
+        assert truth.dtype == np.int64, name
+        np.testing.assert_array_equal(truth, ids, err_msg=name)
+        np.testing.assert_array_equal(read_neighbors(tmp_path / name, slice(2, 5)), ids[2:5])
+
+
+# -- ann-benchmarks distances -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("distance", "metric"),
+    [("euclidean", "l2"), ("angular", "cosine"), ("dot", "ip"), ("ip", "ip"), (None, None)],
+)
+def test_the_distance_attribute_becomes_the_metric(tmp_path, distance, metric):
+    h5py = pytest.importorskip("h5py")
+    from vq.datasets import ann_metric, open_vectors
+
+    path = tmp_path / "x.hdf5"
+    with h5py.File(path, "w") as f:
+        if distance is not None:
+            f.attrs["distance"] = np.bytes_(distance)  # ann-benchmarks writes bytes or str
+        for key in ("train", "test", "neighbors", "distances"):
+            f.create_dataset(key, data=np.zeros((4, 2), np.float32))
+    assert ann_metric(distance) == metric
+    assert read_ann_hdf5(path).metric == metric
+    assert open_vectors(path, "test").metric == metric
+
+
+@pytest.mark.parametrize("distance", ["jaccard", "hamming", "manhattan"])
+def test_distances_without_a_vq_metric_are_refused(tmp_path, distance):
+    h5py = pytest.importorskip("h5py")
+    from vq.datasets import open_vectors
+
+    path = tmp_path / f"x-{distance}.hdf5"
+    with h5py.File(path, "w") as f:
+        f.attrs["distance"] = distance
+        for key in ("train", "test", "neighbors", "distances"):
+            f.create_dataset(key, data=np.zeros((4, 2), np.float32))
+    message = (
+        "unknown distance attribute 'manhattan'"
+        if distance == "manhattan"
+        else f"distance='{distance}': its vectors are .*, which no vq index searches"
+    )
+    with pytest.raises(ValueError, match=message):
+        read_ann_hdf5(path)
+    with pytest.raises(ValueError, match=message):
+        open_vectors(path)
