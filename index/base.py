@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from vq._checks import as_ids, as_vectors, check_int, check_positive, check_vectors, like_input
-from vq._cpu import serial_if_small
+from vq._cpu import serial_if_small, torch_only
 from vq._tree_cache import cached, drop
 from vq.index.fileformat import save_target, write_index_file
 from vq.index.lean import search_small
@@ -45,6 +45,8 @@ from vq.index.searching import (
 )
 from vq.index.storage import IdRange, check_new_ids
 from vq.index.updates import Updates
+from vq.kernels import background
+from vq.kernels.background import KernelNotReady
 from vq.kernels.cache import compiles
 
 METRICS = ("l2", "ip")
@@ -250,7 +252,23 @@ class Index(Updates, nn.Module):
             descending) and int64 [nq, k] ids; missing results are id -1 with distance +inf
             (-inf for "ip"). numpy for numpy queries, tensors on the queries' device otherwise.
             With ``return_probed``, ``(D, I, probed)``, probed int64 [nq].
+
+        A search whose CPU kernels are not compiled yet (a machine that has compiled nothing)
+        does not wait for them: it answers on the torch path while they compile in the
+        background (:mod:`vq.kernels.background`), with the same results, ties aside.
         """
+        previous = background.stop_waiting()
+        try:
+            return self._search_once(queries, k, allowed, return_probed, params)
+        except KernelNotReady:
+            pass
+        finally:
+            background.local.waiting = previous
+        with torch_only():
+            return self._search_once(queries, k, allowed, return_probed, params)
+
+    def _search_once(self, queries: Any, k, allowed, return_probed: bool, params: dict):
+        """``search``, on the paths its kernels (or ``torch_only``) allow."""
         plain = allowed is None and not return_probed
         found = search_small(self, queries, k, params) if plain else None  # see vq.index.lean
         if found is not None:
@@ -296,9 +314,10 @@ class Index(Updates, nn.Module):
             return 0
         before = compiles()
         queries = torch.randn(64, self.dim, generator=torch.Generator().manual_seed(0))
-        for batch in (queries[:1].numpy(), queries.numpy()):
-            self.search(batch, k)  # the lean paths: one query, a batch IVF splits
-        self._search_general(queries, k, None, False, {})  # the path of large batches
+        with background.waiting():
+            for batch in (queries[:1].numpy(), queries.numpy()):
+                self.search(batch, k)  # the lean paths: one query, a batch IVF splits
+            self._search_general(queries, k, None, False, {})  # the path of large batches
         return compiles() - before
 
     def range_search(self, queries: Any, radius: float, *, allowed: Any = None, **params):

@@ -1,6 +1,12 @@
 # ruff: noqa: I001 -- vq first: it sets how OpenMP threads wait before torch loads libgomp
 import vq  # noqa: F401
 import os
+
+# kernels compile where they are called, as the tests expect (a search on a cold cache would
+# otherwise answer on its torch path while its kernels compile in the background, and a test
+# comparing the two paths would compare the torch path with itself); children inherit it.
+# tests/test_background_compile.py runs that mode in processes of its own.
+os.environ["VQ_BACKGROUND_COMPILE"] = "0"
 import numpy as np
 import pytest
 import torch

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -20,18 +21,22 @@ _NUMPY_DTYPES = {
 }
 
 
-_disabled = False
+class _Local(threading.local):
+    disabled = False  # inside torch_only() on this thread
+
+
+_local = _Local()
 
 
 def fast_path(x: torch.Tensor) -> bool:
     """Whether the numba kernels may serve ``x``: eager mode, CPU, no autograd, not disabled."""
-    return x.device.type == "cpu" and is_eager() and not x.requires_grad and not _disabled
+    return x.device.type == "cpu" and is_eager() and not x.requires_grad and not _local.disabled
 
 
 def numpy_path() -> bool:
     """Whether the numba kernels may serve numpy arrays (the lean path of small searches):
     not inside :func:`torch_only`."""
-    return not _disabled
+    return not _local.disabled
 
 
 #: below this much work (estimated single-threaded nanoseconds) the kernels run on the
@@ -54,14 +59,15 @@ def serial_if_small(work: float) -> Iterator[None]:
 
 @contextmanager
 def torch_only() -> Iterator[None]:
-    """Run everything inside on the device-agnostic torch path (the one CUDA tensors and
-    exported graphs take), bypassing the numba kernels: for tests and comparisons."""
-    global _disabled
-    previous, _disabled = _disabled, True
+    """Run everything inside, on the calling thread, on the device-agnostic torch path (the
+    one CUDA tensors and exported graphs take), bypassing the numba kernels: for tests and
+    comparisons, and for the searches whose kernels are still compiling
+    (:mod:`vq.kernels.background`)."""
+    previous, _local.disabled = _local.disabled, True
     try:
         yield
     finally:
-        _disabled = previous
+        _local.disabled = previous
 
 
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:

@@ -50,7 +50,7 @@ from numba.core.registry import CPUDispatcher
 from numba.core.runtime import rtsys
 
 from vq._version import __version__
-from vq.kernels import inlining
+from vq.kernels import background, inlining
 
 _BEGIN = "# -- specialised constants"
 _END = "# -- end of specialised constants"
@@ -68,12 +68,16 @@ def cpu_key() -> str:
     return f"{name}-{hashlib.sha256(features.encode()).hexdigest()[:8]}"
 
 
+#: the modules of this package that hold no kernel (left out of the sources' hash)
+_COMPILES_NOTHING = frozenset({"cache.py", "background.py"})
+
+
 def _sources_hash() -> str:
-    """A hash of every kernel source (this package, but for this module, which compiles
+    """A hash of every kernel source (this package, but for the modules that compile
     nothing), numba's and llvmlite's versions."""
     h = hashlib.sha256(f"{numba.__version__} {llvmlite.__version__}".encode())
     for path in sorted(Path(__file__).parent.glob("*.py")):
-        if path.name == Path(__file__).name:
+        if path.name in _COMPILES_NOTHING:
             continue
         h.update(path.name.encode())
         h.update(path.read_bytes())
@@ -202,6 +206,11 @@ class Kernel(CPUDispatcher):
         entry = _load_cached(self, args)
         if entry is not None:
             return entry
+        if not background.local.waiting:  # inside background.not_waiting(): hand it over
+            argtypes = _argtypes(self, args)
+            if argtypes is not None and background.hand_over(self, argtypes, _origin(self)):
+                name = self.py_func.__qualname__
+                raise background.KernelNotReady(f"{name} is compiling in the background")
         with _compiling(self, args):  # another process may have compiled it while we waited
             entry = _load_cached(self, args)
             if entry is not None:
@@ -272,13 +281,14 @@ def _compiling(dispatcher: Kernel, args: tuple) -> Iterator[None]:
     kernels and other argument types compile side by side. No lock where there is no disk
     cache (or no flock); the file goes when its compile is done (a process that opened it
     before then still waits for the compile, one that opens it after finds the kernel)."""
-    cache = dispatcher._cache
-    if _folder is None or not isinstance(cache, FunctionCache):
+    with _compiling_key(dispatcher, _argtypes(dispatcher, args)):
         yield
-        return
-    try:
-        argtypes = tuple(dispatcher.typeof_pyval(a) for a in args)
-    except Exception:  # numba's own path reports what cannot be typed
+
+
+@contextmanager
+def _compiling_key(dispatcher: Kernel, argtypes: tuple | None) -> Iterator[None]:
+    """:func:`_compiling`'s lock, for numba types (none for None)."""
+    if _folder is None or not isinstance(dispatcher._cache, FunctionCache) or argtypes is None:
         yield
         return
     func = dispatcher.py_func
@@ -311,15 +321,38 @@ def _writable(tp: types.Type) -> types.Type:
     return tp
 
 
+def _argtypes(dispatcher: Kernel, args: tuple) -> tuple | None:
+    """The numba types of ``args`` as ``dispatcher`` types them; None where one cannot be
+    typed (numba's own path then reports it)."""
+    try:
+        return tuple(dispatcher.typeof_pyval(a) for a in args)
+    except Exception:
+        return None
+
+
+def _origin(dispatcher: Kernel):
+    """``(template, constants)`` of the specialised module ``dispatcher`` is defined in, or
+    None (a kernel of one of vq's own modules)."""
+    module = sys.modules.get(dispatcher.py_func.__module__)
+    return getattr(module, "__vq_specialisation__", None)
+
+
+def compile_types(dispatcher: Kernel, argtypes: tuple) -> None:
+    """Compile ``dispatcher`` for ``argtypes`` (numba types) into the disk cache, unless it is
+    there already (what the background compile server runs for each job)."""
+    with _compiling_key(dispatcher, argtypes):
+        inlining.install()
+        dispatcher.compile(argtypes)
+
+
 def _load_cached(dispatcher: Kernel, args: tuple):
     """The entry point of ``dispatcher``'s cached compilation for ``args``, now added to its
     overloads; None where there is none (or it cannot be loaded this way)."""
     cache = dispatcher._cache
     if not isinstance(cache, FunctionCache):
         return None
-    try:
-        argtypes = tuple(dispatcher.typeof_pyval(a) for a in args)
-    except Exception:  # numba's own path reports what cannot be typed
+    argtypes = _argtypes(dispatcher, args)
+    if argtypes is None:
         return None
     with global_compiler_lock:
         existing = dispatcher.overloads.get(argtypes)
@@ -409,9 +442,11 @@ def _load(template: str, constants: dict) -> ModuleType:
                 os.replace(tmp, path)
         except OSError:
             path = None
+    origin = (template, tuple(sorted(constants.items())))  # (what a compile server asks for)
     if path is not None:
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
+        module.__vq_specialisation__ = origin
         sys.modules[name] = module
         spec.loader.exec_module(module)
         return module
@@ -419,6 +454,7 @@ def _load(template: str, constants: dict) -> ModuleType:
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     module = ModuleType(name)
     module.__file__ = filename
+    module.__vq_specialisation__ = origin
     sys.modules[name] = module
     exec(compile(source, filename, "exec"), module.__dict__)
     return module

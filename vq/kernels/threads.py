@@ -28,6 +28,8 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from vq.kernels import background
+
 _setting: int | None = None
 
 
@@ -85,10 +87,11 @@ def serial() -> Iterator[None]:
 class _Step:
     """One ``parallel_for`` call: its slices, claimed one at a time by whoever is free."""
 
-    __slots__ = ("body", "args", "bounds", "next", "pending", "error", "lock", "done")
+    __slots__ = ("body", "args", "bounds", "next", "pending", "error", "lock", "done", "waiting")
 
     def __init__(self, body: Callable, args: tuple, bounds: list[int]):
         self.body, self.args, self.bounds = body, args, bounds
+        self.waiting = background.local.waiting  # the caller's compile rule, for every slice
         self.next = 0
         self.pending = len(bounds) - 1
         self.error: BaseException | None = None
@@ -97,7 +100,14 @@ class _Step:
         self.done.acquire()  # ~3 µs to make and as much to wait on: a tenth of a small step)
 
     def run(self) -> None:
-        """Run slices until none is left unclaimed."""
+        """Run slices until none is left unclaimed (under the caller's compile rule)."""
+        previous, background.local.waiting = background.local.waiting, self.waiting
+        try:
+            self._run()
+        finally:
+            background.local.waiting = previous
+
+    def _run(self) -> None:
         while True:
             with self.lock:
                 s = self.next
