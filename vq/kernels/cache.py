@@ -50,7 +50,7 @@ from numba.core.registry import CPUDispatcher
 from numba.core.runtime import rtsys
 
 from vq._version import __version__
-from vq.kernels import background, inlining
+from vq.kernels import background, inlining, trust
 
 _BEGIN = "# -- specialised constants"
 _END = "# -- end of specialised constants"
@@ -69,7 +69,7 @@ def cpu_key() -> str:
 
 
 #: the modules of this package that hold no kernel (left out of the sources' hash)
-_COMPILES_NOTHING = frozenset({"cache.py", "background.py"})
+_COMPILES_NOTHING = frozenset({"cache.py", "background.py", "trust.py"})
 
 
 def _sources_hash() -> str:
@@ -95,10 +95,21 @@ def cache_root() -> Path:
 
 def _usable_folder() -> Path | None:
     """This machine's and version's folder, created; None (after a warning) if unwritable."""
-    path = cache_root() / f"kernels-{__version__}-{cpu_key()}-{_sources_hash()}"
+    root = cache_root()
+    path = root / f"kernels-{__version__}-{cpu_key()}-{_sources_hash()}"
     try:
         created = not path.exists()
-        (path / "specialised").mkdir(parents=True, exist_ok=True)
+        reason = trust.private_folder(root, path)
+        if reason is not None:
+            warnings.warn(
+                f"vq: not using the kernel cache at {path}: {reason}, so other users could "
+                "make it run code; kernels will compile in memory in every process. If only "
+                "you use that folder, make it private (chmod 700); else point XDG_CACHE_HOME "
+                "(or NUMBA_CACHE_DIR) at a folder only you can write.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return None
         probe = path / f".probe-{os.getpid()}-{threading.get_ident()}"
         probe.write_bytes(b"")
         probe.unlink()
@@ -172,6 +183,8 @@ def kernel(**options) -> Callable:
                 numba_config.CACHE_DIR = previous
         if type(dispatcher) is CPUDispatcher:  # (not under NUMBA_DISABLE_JIT)
             dispatcher.__class__ = Kernel  # the same object, one method more
+            if type(dispatcher._cache) is FunctionCache:
+                dispatcher._cache.__class__ = SafeFunctionCache
             cache_file = getattr(dispatcher._cache, "_cache_file", None)
             if type(cache_file) is IndexDataCacheFile and SharedCacheFile.fits(cache_file):
                 cache_file.__class__ = SharedCacheFile  # (else numba's own, as shipped)
@@ -206,7 +219,7 @@ class Kernel(CPUDispatcher):
         entry = _load_cached(self, args)
         if entry is not None:
             return entry
-        if not background.local.waiting:  # inside background.not_waiting(): hand it over
+        if not background.local.waiting and _folder is not None:  # (not_waiting(): hand over)
             argtypes = _argtypes(self, args)
             if argtypes is not None and background.hand_over(self, argtypes, _origin(self)):
                 name = self.py_func.__qualname__
@@ -251,6 +264,51 @@ class SharedCacheFile(IndexDataCacheFile):
                 overloads[key] = data_name
                 self._save_index(overloads)
             self._save_data(data_name, data)
+
+    def _load_index(self):
+        try:
+            return super()._load_index()
+        except Exception as err:  # garbage or a foreign file: a miss, rewritten by a save
+            _unreadable(self._index_path, err)
+            return {}
+
+    def _load_data(self, name):
+        try:
+            return super()._load_data(name)
+        except OSError:
+            raise
+        except Exception as err:
+            _unreadable(self._data_path(name), err)
+            raise OSError(f"unreadable cache entry {name}") from err  # (load: a miss)
+
+
+class SafeFunctionCache(FunctionCache):
+    """numba's cache of one kernel, where an entry that cannot be loaded — whatever numba
+    raises while reading or rebuilding it — is a miss (compiled again and saved over it),
+    after a warning that names the cache, never an error of the call."""
+
+    def load_overload(self, sig, target_context):
+        try:
+            return super().load_overload(sig, target_context)
+        except Exception as err:
+            _unreadable(self._cache_path, err)
+            return None
+
+
+_warned_unreadable = [False]
+
+
+def _unreadable(where: str, err: BaseException) -> None:
+    """Warn, once per process, that an entry of the kernel cache could not be read."""
+    if _warned_unreadable[0]:
+        return
+    _warned_unreadable[0] = True
+    warnings.warn(
+        f"vq: the kernel cache at {_folder} holds an entry that cannot be read ({where}: "
+        f"{type(err).__name__}: {err}); it will be compiled again and replaced",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 @contextmanager
@@ -429,14 +487,23 @@ def _source(template: str, constants: dict) -> str:
     return head + body + text[end:]
 
 
+def _holds(path: Path, source: str) -> bool:
+    """Whether the file ``path`` holds exactly ``source`` (what is imported is what vq
+    generated, whatever was written there since)."""
+    try:
+        return path.read_bytes() == source.encode()
+    except FileNotFoundError:
+        return False
+
+
 def _load(template: str, constants: dict) -> ModuleType:
     source = _source(template, constants)
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     name = f"_vq_specialised_{template.rsplit('.', 1)[-1]}_{digest}"
     path = None if _folder is None else _folder / "specialised" / f"{name}.py"
     if path is not None:
-        try:
-            if not path.exists():  # never rewritten: numba keys its cache on the file's stamp
+        try:  # written once (numba keys its cache on the file's stamp), again if it changed
+            if not _holds(path, source):
                 tmp = path.with_name(f"{name}.{os.getpid()}.{threading.get_ident()}.tmp")
                 tmp.write_text(source)
                 os.replace(tmp, path)
