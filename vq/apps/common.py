@@ -1,17 +1,24 @@
-"""The plumbing every command line shares: one-line errors with exit status 2, vector and
-ground-truth files, thread counts, recall lines.
+"""The plumbing vq's command lines share once their arguments have parsed: input files checked
+before any work, outputs checked before any work, thread counts, recall lines.
 
-    status = run_command(build, argv)           # bad input: "error: …" on stderr, returns 2
-    x = read_vectors(path, "train")             # .fvecs / .bvecs / .hdf5 -> float32 [n, d]
-    truth = read_neighbors(gt_path, len(q))     # .ivecs / .hdf5 -> int64 [nq, k], rows checked
+    source = open_input(args.data, "train")     # any vector file; refuses an empty one
+    metric = metric_for(args.metric, source)    # --metric, else what the file says, else l2
+    check_writable(args.output, "-o")           # before hours of training, not after
+    x = source.read()                           # float32 [n, d]
+    truth = read_truth(gt_path, len(q), index)  # int64 [nq, k], rows and metric checked
+    check_k(args.k, index.ntotal, len(q))       # before allocating the results
     line += "; " + recall_summary(ids, truth, k)   # "recall@1 0.9, recall@10 0.95"
     set_threads(args.threads)                   # torch and vq (and faiss with faiss=True)
     _, seconds = timed(lambda: index.train(x))  # a call and its wall time
+
+Errors are :class:`~vq.apps.errors.InputError` (one line, exit status 2).
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,60 +26,164 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 
-from vq.datasets import read_ann_hdf5, read_bvecs, read_fvecs, read_ivecs, recall_at, write_ivecs
+from vq.apps.errors import INPUT_ERRORS, InputError, report_error, run_command
+from vq.datasets import (
+    VectorFile,
+    open_neighbors,
+    open_vectors,
+    recall_at,
+    write_ibin,
+    write_ivecs,
+)
 from vq.kernels.threads import set_num_threads
+from vq.parallel.atomic import atomic_file
+
+__all__ = [
+    "INPUT_ERRORS",
+    "InputError",
+    "check_k",
+    "check_writable",
+    "faiss_available",
+    "metric_for",
+    "open_input",
+    "read_truth",
+    "read_vectors",
+    "recall_summary",
+    "report_error",
+    "report_search",
+    "run_command",
+    "set_threads",
+    "timed",
+    "write_ids",
+    "writing",
+]
+
+#: bytes of one search result per query and neighbour: an int64 id and a float32 distance
+_RESULT_BYTES = 12
 
 
-class InputError(Exception):
-    """Bad input from the command line: reported in one line, exit status 2."""
-
-
-#: the errors a command reports as bad input (one line, exit status 2) rather than a traceback
-INPUT_ERRORS = (InputError, ValueError, TypeError, FileNotFoundError, RuntimeError)
-
-
-def report_error(err: BaseException) -> int:
-    """Print the first line of ``err`` as ``error: …`` on stderr; returns the exit status, 2."""
-    print(f"error: {err}".splitlines()[0], file=sys.stderr)
-    return 2
-
-
-def run_command(command: Callable[[list[str]], int], argv: list[str]) -> int:
-    """``command(argv)``'s exit status, or 2 after :func:`report_error` when it raises one of
-    :data:`INPUT_ERRORS` (argparse's own exits pass through)."""
-    try:
-        return command(argv)
-    except INPUT_ERRORS as err:
-        return report_error(err)
+def open_input(path: Path, what: str = "train") -> VectorFile:
+    """The vector file at ``path`` checked (``what``: the dataset of an HDF5 file, "train" or
+    "test"), reading only its headers; refuses a file of no vectors."""
+    source = open_vectors(path, what)
+    if source.shape[0] == 0:
+        raise InputError(f"{path} holds no vectors")
+    return source
 
 
 def read_vectors(path: Path, what: str = "train") -> np.ndarray:
-    """float32 [n, d] from .fvecs / .bvecs, or the ``what`` set ("train"/"test") of an
-    ann-benchmarks .hdf5 file."""
-    suffix = path.suffix.lower()
-    if suffix == ".fvecs":
-        return read_fvecs(path)
-    if suffix == ".bvecs":
-        return read_bvecs(path).astype(np.float32)
-    if suffix in (".hdf5", ".h5"):
-        return getattr(read_ann_hdf5(path), what)
-    raise InputError(f"{path}: unknown vector file type {suffix!r}; use .fvecs, .bvecs or .hdf5")
+    """float32 [n, d]: every vector of the file at ``path`` (see :func:`open_input`)."""
+    return open_input(path, what).read()
 
 
-def read_neighbors(path: Path, queries: int | None = None) -> np.ndarray:
-    """int64 [nq, k] exact neighbours from .ivecs or the ``neighbors`` of an .hdf5 file; with
-    ``queries``, refuses a file whose row count is not that number of queries."""
-    suffix = path.suffix.lower()
-    if suffix == ".ivecs":
-        truth = read_ivecs(path).astype(np.int64)
-    elif suffix in (".hdf5", ".h5"):
-        truth = read_ann_hdf5(path).neighbors
-    else:
-        raise InputError(f"{path}: unknown ground-truth file type {suffix!r}; use .ivecs or .hdf5")
-    if queries is not None and truth.shape[0] != queries:
+def metric_for(flag: str | None, source: VectorFile) -> str:
+    """The metric to build with: ``--metric`` if given, else the one the file says its
+    neighbours are by (an ann-benchmarks file's ``distance``), else "l2". Refuses a
+    ``--metric`` that contradicts the file."""
+    if flag is None:
+        return source.metric or "l2"
+    if source.metric is not None and source.metric != flag:
+        raise InputError(
+            f"{source.path}: the file's neighbours are by {source.metric} distance, but "
+            f"--metric {flag} was given; drop --metric to build a {source.metric} index"
+        )
+    return flag
+
+
+def read_truth(path: Path, queries: int, index: Any) -> np.ndarray:
+    """int64 [queries, k]: the exact neighbours in ``path`` (.ivecs, .ibin, .npy, .hdf5),
+    checked to hold one row per query and, where the file says its metric, to be by the
+    ``index``'s."""
+    truth = open_neighbors(path)
+    if truth.shape[0] != queries:
         raise InputError(f"{path}: {truth.shape[0]} rows of neighbours for {queries} queries")
-    return truth
+    metric = getattr(index, "metric", None)
+    if truth.metric is not None and metric is not None and truth.metric != metric:
+        raise InputError(
+            f"{path}: its neighbours are by {truth.metric} distance, but the index searches "
+            f"by {metric}: the recall would not mean anything; build the index with "
+            f"--metric {truth.metric}"
+        )
+    return truth.read(dtype=np.int64)
+
+
+def check_k(k: int, ntotal: int, queries: int) -> None:
+    """Refuse ``-k`` larger than the vectors in the index, or whose results would not fit in
+    this machine's memory, before anything is allocated."""
+    if ntotal == 0:
+        raise InputError("the index holds no vectors: add some (vq build) before searching")
+    if k > ntotal:
+        raise InputError(
+            f"-k {k} is more than the {ntotal} vectors in the index; ask for at most {ntotal}"
+        )
+    need, total = k * queries * _RESULT_BYTES, _memory_bytes()
+    if total is not None and need > total // 2:
+        raise InputError(
+            f"-k {k} for {queries} queries needs {need / 2**30:.1f} GiB of results, more than "
+            f"half of this machine's {total / 2**30:.1f} GiB; search fewer queries at a time "
+            "or ask for fewer neighbours"
+        )
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not POSIX
+        return None
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """Refuse, before any work, an output ``path`` that cannot be written: a directory, a
+    missing directory, or a place where no file can be created (a read-only file system,
+    /proc, no permission). A file is created next to ``path`` and deleted to find out."""
+    if path.is_dir():
+        raise InputError(f"{flag} {path} is a directory; give the path of a file inside it")
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        raise InputError(f"{flag} {path}: no directory {parent}; create it first")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+    except OSError as err:
+        raise InputError(
+            f"{flag} {path}: cannot create a file in {parent} ({err.strerror or err}); "
+            "write it somewhere else"
+        ) from err
+    os.close(fd)
+    os.unlink(probe)
+
+
+def writing(path: Path, write: Callable[[], Any]) -> Any:
+    """``write()``'s result; a failure to write (the system's, or safetensors') becomes an
+    :class:`InputError` naming ``path``."""
+    try:
+        return write()
+    except (OSError, SafetensorError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise InputError(f"cannot write {path}: {reason}") from err
+
+
+def write_ids(path: Path, ids: np.ndarray) -> None:
+    """Write search results' ids [nq, k] as .ivecs, .ibin or .npy (by the suffix)."""
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+
+        def write():
+            with atomic_file(path) as f:
+                np.save(f, np.asarray(ids, dtype=np.int64), allow_pickle=False)
+
+    elif suffix == ".ibin":
+
+        def write():
+            write_ibin(path, ids)
+
+    else:
+
+        def write():
+            write_ivecs(path, ids)
+
+    writing(path, write)
 
 
 def recall_summary(ids: np.ndarray, truth: np.ndarray, k: int) -> str:
@@ -82,14 +193,16 @@ def recall_summary(ids: np.ndarray, truth: np.ndarray, k: int) -> str:
     return ", ".join(f"recall@{r} {recall_at(ids, truth, r):.4f}" for r in ranks)
 
 
-def report_search(line: str, ids: np.ndarray, k: int, gt: Path | None, out: Path | None) -> None:
-    """Print a search's summary ``line``, with the recall against the ground truth ``gt`` if
-    given, and write the ``ids`` found to ``out`` (.ivecs) if given."""
-    if gt is not None:
-        line += "; " + recall_summary(ids, read_neighbors(gt, ids.shape[0]), k)
+def report_search(
+    line: str, ids: np.ndarray, k: int, truth: np.ndarray | None, out: Path | None
+) -> None:
+    """Print a search's summary ``line``, with the recall against ``truth`` (int [nq, >= 1])
+    if given, and write the ``ids`` found to ``out`` (see :func:`write_ids`) if given."""
+    if truth is not None:
+        line += "; " + recall_summary(ids, truth, k)
     print(line)
     if out is not None:
-        write_ivecs(out, ids)
+        write_ids(out, ids)
 
 
 def set_threads(threads: int | None, faiss: bool = False) -> None:

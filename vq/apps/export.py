@@ -1,8 +1,9 @@
-"""``vq export``: a saved index (vq or faiss file) to ONNX, or the audit of ONNX models.
+"""``vq export``: a saved index (vq or faiss file) to ONNX, or the audit of ONNX models
+(the options: :func:`vq.apps.arguments.export`).
 
-vq export my.index -o search.onnx --batch-size 64 -k 10 --nprobe 16   [--check queries.fvecs]
-vq export faiss.index -o search.onnx --batch-size 1                   (a faiss.write_index file)
-vq export --audit search.onnx                                         (exit 1 unless static)
+    vq export my.index -o search.onnx --batch-size 64 -k 10 --nprobe 16  [--check queries.fvecs]
+    vq export faiss.index -o search.onnx --batch-size 1                  (a faiss.write_index file)
+    vq export --audit search.onnx                                        (exit 1 unless static)
 """
 
 from __future__ import annotations
@@ -15,55 +16,32 @@ import numpy as np
 
 import vq
 from vq._cpu import torch_only
-from vq.apps.common import read_vectors
+from vq.apps.arguments import parse
+from vq.apps.common import (
+    InputError,
+    check_k,
+    check_writable,
+    open_input,
+    read_vectors,
+    run_command,
+    writing,
+)
 from vq.export import OnnxRunner, audit, to_onnx
 
 
-def main(argv: list[str], prog: str = "vq export") -> int:
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "index", type=Path, nargs="+", help="a saved index (or ONNX models with --audit)"
-    )
-    p.add_argument("-o", "--output", type=Path, help="the .onnx file to write")
-    p.add_argument("--audit", action="store_true", help="audit ONNX models instead of exporting")
-    p.add_argument("--batch-size", type=int, default=1, help="queries per call (default 1)")
-    p.add_argument("-k", type=int, default=None, help="neighbours per query (default: saved k)")
-    p.add_argument("--nprobe", type=int, default=None, help="IVF lists probed (default: saved)")
-    p.add_argument("--k-factor", type=int, default=None, help="re-ranking factor (default: saved)")
-    p.add_argument(
-        "--capacity", type=int, default=None, help="slots per padded list (default: longest list)"
-    )
-    p.add_argument(
-        "--code-dtype",
-        choices=["uint8", "int16", "int32", "int64"],
-        default=None,
-        help="dtype of the code tables in the graph (int32 for TensorRT; default: as stored)",
-    )
-    p.add_argument("--dynamic-batch", action="store_true", help="symbolic batch axis")
-    p.add_argument(
-        "--filtered",
-        action="store_true",
-        help="a second input 'allowed' (bool [largest id + 1]): the ids a search may return",
-    )
-    p.add_argument("--opset", type=int, default=None, help="ONNX opset (default 20)")
-    p.add_argument(
-        "--check",
-        type=Path,
-        default=None,
-        metavar="QUERIES",
-        help="compare ONNX Runtime with the torch path on these queries (.fvecs/.bvecs/.hdf5)",
-    )
-    args = p.parse_args(argv)
-    if not args.audit and (len(args.index) != 1 or args.output is None):
-        p.error("give one index file and -o OUTPUT.onnx (or --audit MODEL.onnx ...)")
+def main(argv: list[str] | None = None, prog: str = "vq export") -> int:
+    """``vq export`` with the command line ``argv``; returns the exit status."""
+    return run_command(run, parse("export", argv, prog))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Export (or with ``args.audit``, audit), given the parsed arguments."""
+    if not args.audit:
+        check_writable(args.output, "-o")
     try:
         return _audit(args.index) if args.audit else _export(args)
     except ImportError as err:  # an optional package: one line, as other input errors
-        raise RuntimeError(str(err)) from err
+        raise InputError(str(err)) from err
 
 
 def _audit(paths: list[Path]) -> int:
@@ -99,19 +77,31 @@ def load_any_index(path: Path):
 
 def _export(args) -> int:
     index = load_any_index(args.index[0])
+    if args.k is not None:  # before a graph of [batch, k] outputs is built
+        check_k(args.k, index.ntotal, args.batch_size)
+    if args.check is not None:  # its queries checked before the export, read after
+        queries = open_input(args.check, "test")
+        if queries.shape[1] != index.dim:
+            raise InputError(
+                f"--check {args.check}: vectors of dim {queries.shape[1]}, the index's are "
+                f"of dim {index.dim}"
+            )
     start = time.perf_counter()
-    path = to_onnx(
-        index,
+    path = writing(
         args.output,
-        batch_size=args.batch_size,
-        k=args.k,
-        nprobe=args.nprobe,
-        k_factor=args.k_factor,
-        capacity=args.capacity,
-        code_dtype=args.code_dtype,
-        dynamic_batch=args.dynamic_batch,
-        opset=args.opset,
-        filtered=args.filtered,
+        lambda: to_onnx(
+            index,
+            args.output,
+            batch_size=args.batch_size,
+            k=args.k,
+            nprobe=args.nprobe,
+            k_factor=args.k_factor,
+            capacity=args.capacity,
+            code_dtype=args.code_dtype,
+            dynamic_batch=args.dynamic_batch,
+            opset=args.opset,
+            filtered=args.filtered,
+        ),
     )
     seconds = time.perf_counter() - start
     report = audit(path)

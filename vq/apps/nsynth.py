@@ -1,7 +1,9 @@
 """The main job: vq against faiss on NSynth audio embeddings.
 
-    python -m vq.apps.nsynth                      # synthetic NSynth-format notes (built once)
-    python -m vq.apps.nsynth --nsynth-root PATH   # a real NSynth download (train/ and test/)
+    vq nsynth                      # synthetic NSynth-format notes (built once)
+    vq nsynth --nsynth-root PATH   # a real NSynth download (train/ and test/)
+
+(or ``python -m vq.apps.nsynth``; the options: :func:`vq.apps.arguments.nsynth`).
 
 Steps: build (or reuse) an NSynth-format data set, embed every note with torchaudio (log-mel
 statistics), then build vq's and faiss's indexes with the same parameters — Flat, PQ, IVFPQ,
@@ -29,7 +31,8 @@ import numpy as np
 
 import vq
 from vq.apps import validate
-from vq.apps.common import faiss_available, report_error, set_threads
+from vq.apps.arguments import parse
+from vq.apps.common import faiss_available, run_command, set_threads
 from vq.datasets import NSynth, embed_nsynth, ground_truth, recall_at, synthesize_nsynth
 
 #: how far below faiss's recall@10 vq may fall (one training seed; the tests average three)
@@ -193,36 +196,6 @@ class IndexParameters:
         return ["Flat", self.pq, ivf, f"OPQ{self.M},{ivf}"]
 
 
-def parser(prog: str | None = None) -> argparse.ArgumentParser:
-    """The job's command line."""
-    p = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument(
-        "--nsynth-root", type=Path, help="a real NSynth download (with train/ and test/)"
-    )
-    p.add_argument(
-        "--data-dir",
-        type=Path,
-        default=None,
-        help="where the synthetic set and the embedding cache live (default ~/.cache/vq)",
-    )
-    p.add_argument(
-        "--instruments",
-        type=int,
-        default=330,
-        help="synthetic instruments in the train split (test gets a tenth)",
-    )
-    p.add_argument("--max-notes", type=int, default=None, help="use at most this many train notes")
-    p.add_argument("--method", choices=["logmel", "mfcc"], default="logmel", help="embedding")
-    p.add_argument("--nprobe", type=int, default=8, help="IVF lists probed")
-    p.add_argument("--threads", type=int, default=2, help="threads for vq and faiss alike")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic set")
-    p.add_argument("--skip-validation", action="store_true", help="only the index table")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    return p
-
-
 def load_splits(args: argparse.Namespace, data_dir: Path) -> tuple[NSynth, NSynth, str]:
     """The train and test splits (a real download with ``--nsynth-root``, else the synthetic
     set) and a phrase naming them."""
@@ -237,12 +210,11 @@ def load_splits(args: argparse.Namespace, data_dir: Path) -> tuple[NSynth, NSynt
     return train, test, source
 
 
-def sample_notes(train, max_notes: int | None, seed: int, p: argparse.ArgumentParser):
-    """At most ``max_notes`` of the train notes, drawn before embedding (only these are read)."""
+def sample_notes(train, max_notes: int | None, seed: int):
+    """At most ``max_notes`` (>= 1) of the train notes, drawn before embedding (only these are
+    read)."""
     if max_notes is None or max_notes >= len(train):
         return train
-    if max_notes < 1:
-        p.error(f"--max-notes must be positive, got {max_notes}")
     pick = np.random.default_rng(seed).choice(len(train), max_notes, replace=False)
     return Notes(train, np.sort(pick))
 
@@ -255,20 +227,20 @@ def embed_splits(train, test, method: str, data_dir: Path, verbose: bool):
     return xb, xq
 
 
-def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    p = parser(prog)
-    args = p.parse_args(argv)
-    if args.instruments < 11:
-        p.error(f"--instruments must be at least 11 (one per family), got {args.instruments}")
+def main(argv: list[str] | None = None, prog: str = "vq nsynth") -> int:
+    """The job with the command line ``argv`` (see :func:`vq.apps.arguments.nsynth`); returns
+    the exit status: 0, 1 if a check fails, 2 for bad input."""
+    return run_command(run, parse("nsynth", argv, prog))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The job, given its parsed arguments."""
     if not faiss_available():
         return 2
     set_threads(args.threads, faiss=True)
     data_dir = args.data_dir or default_data_dir()
-    try:
-        train, test, source = load_splits(args, data_dir)
-    except (FileNotFoundError, ValueError) as err:
-        return report_error(err)
-    train = sample_notes(train, args.max_notes, args.seed, p)
+    train, test, source = load_splits(args, data_dir)
+    train = sample_notes(train, args.max_notes, args.seed)
     xb, xq = embed_splits(train, test, args.method, data_dir, not args.quiet)
     params = IndexParameters.for_size(len(xb), xb.shape[1])
     _, truth = ground_truth(xb, xq, 100)

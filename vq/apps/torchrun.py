@@ -31,15 +31,21 @@ import torch
 import torch.distributed as dist
 
 import vq
+from vq.apps import arguments
 from vq.apps.common import (
     INPUT_ERRORS,
     InputError,
+    check_k,
+    check_writable,
+    metric_for,
+    open_input,
+    read_truth,
     report_error,
     report_search,
     set_threads,
     timed,
+    writing,
 )
-from vq.datasets import read_bvecs, read_fvecs, vecs_shape
 from vq.distributed.launch import init_process_group
 from vq.distributed.sharded import ShardedIndex
 from vq.parallel import Shards, checkpoints
@@ -49,85 +55,35 @@ COMMANDS = ("build", "search")
 
 def read_rows(path: Path, rank: int, world: int, what: str = "train") -> tuple[np.ndarray, int]:
     """This process's share of the rows of a vector file (all rows when world is 1) and the
-    global row number of its first row. .fvecs/.bvecs/.npy are memory-mapped; .hdf5 (the
-    ``what`` dataset of an ann-benchmarks file) is sliced by h5py."""
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
-    suffix = path.suffix.lower()
-    if suffix in (".fvecs", ".bvecs"):
-        n = vecs_shape(path)[0]
-    elif suffix == ".npy":
-        table = np.load(path, mmap_mode="r")
-        n = table.shape[0]
-    elif suffix in (".hdf5", ".h5"):
-        import h5py
+    global row number of its first row: rows ``[rank·n/world, (rank+1)·n/world)``, read with
+    :func:`vq.datasets.open_vectors` (only those rows; ``what``: an HDF5 file's dataset)."""
+    x, first, _ = _read_share(open_input(path, what), rank, world)
+    return x, first
 
-        with h5py.File(path, "r") as f:
-            if what not in f:
-                raise InputError(f"{path}: no dataset {what!r}")
-            n = f[what].shape[0]
-    else:
-        raise InputError(
-            f"{path}: unknown vector file type {suffix!r}; use .fvecs, .bvecs, .npy or .hdf5"
-        )
+
+def _read_share(source, rank: int, world: int) -> tuple[np.ndarray, int, int]:
+    n = source.shape[0]
     lo, hi = rank * n // world, (rank + 1) * n // world
-    if suffix == ".fvecs":
-        x = read_fvecs(path, rows=slice(lo, hi))
-    elif suffix == ".bvecs":
-        x = read_bvecs(path, rows=slice(lo, hi)).astype(np.float32)
-    elif suffix == ".npy":
-        x = np.asarray(table[lo:hi], dtype=np.float32)
-    else:
-        with h5py.File(path, "r") as f:
-            x = np.asarray(f[what][lo:hi], dtype=np.float32)
-    if x.ndim != 2:
-        raise InputError(f"{path}: expected a 2-D array of vectors, got shape {x.shape}")
-    return np.ascontiguousarray(x), lo
+    return source.read(slice(lo, hi)), lo, n
 
 
-def build(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m vq.distributed build",
-        description="Train an index on the union of the processes' rows, add them, save shards.",
-    )
-    p.add_argument("--data", type=Path, required=True, help=".fvecs, .bvecs, .npy or .hdf5")
-    p.add_argument("--index", required=True, help='faiss-style description, e.g. "IVF4096,PQ32"')
-    p.add_argument("-o", "--output", type=Path, required=True, help="directory for the shards")
-    p.add_argument("--metric", choices=["l2", "ip"], default="l2", help="distance (default l2)")
-    p.add_argument(
-        "--train-size", type=int, default=None, help="train on a random sample of this many vectors"
-    )
-    p.add_argument("--nprobe", type=int, default=None, help="IVF lists searched (stored)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the training sample")
-    p.add_argument(
-        "--checkpoint-every", type=int, default=1, help="k-means iterations between checkpoints"
-    )
-    p.add_argument("--checkpoint-dir", type=Path, default=None, help="default: OUTPUT/checkpoints")
-    p.add_argument(
-        "--keep-checkpoints", action="store_true", help="keep them after a successful build"
-    )
-    p.add_argument("--threads", type=int, default=None, help="CPU threads per process")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument(
-        "--no-warm-up",
-        action="store_true",
-        help="skip compiling the search kernels (the first process that searches then does)",
-    )
-    args = p.parse_args(argv)
-    world, rank = _start(args.threads)
-    x, first = read_rows(args.data, rank, world, "train")
-    index = vq.index_factory(x.shape[1], args.index, metric=args.metric)
+def build(args: argparse.Namespace) -> int:
+    """``build``: train on the union of the processes' rows, add them, save the shards."""
+    source = open_input(args.data, "train")
+    index = vq.index_factory(source.shape[1], args.index, metric=metric_for(args.metric, source))
     if args.nprobe is not None:
-        if not hasattr(index, "nprobe") or args.nprobe <= 0:
-            raise InputError(f"--nprobe must be positive and apply to the index ({args.index})")
+        if not hasattr(index, "nprobe"):
+            raise InputError(f"--nprobe does not apply to {type(index).__name__}")
         index.nprobe = args.nprobe
+    args.output.mkdir(parents=True, exist_ok=True)
+    check_writable(args.output / "manifest.json", "-o")
+    world, rank = _start(args.threads)
+    x, first, _ = _read_share(source, rank, world)
     for inner in index.modules():
         if isinstance(inner, vq.index.Index):
             inner.verbose = not args.quiet and rank == 0
     train = torch.from_numpy(x)
     if args.train_size is not None:
-        if args.train_size <= 0:
-            raise InputError(f"--train-size must be positive, got {args.train_size}")
         gen = torch.Generator().manual_seed(args.seed)
         train = Shards.of(train).subsample(args.train_size, gen).local
     sharded = ShardedIndex(index)
@@ -135,7 +91,7 @@ def build(argv: list[str]) -> int:
     with checkpoints(ckpt, every=args.checkpoint_every):
         _, t_train = timed(lambda: sharded.train(train))
     _, t_add = timed(lambda: sharded.add(x))
-    sharded.save(args.output)
+    writing(args.output, lambda: sharded.save(args.output))
     if rank == 0:
         if not args.keep_checkpoints:
             shutil.rmtree(ckpt, ignore_errors=True)
@@ -151,24 +107,21 @@ def build(argv: list[str]) -> int:
     return 0
 
 
-def search(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m vq.distributed search",
-        description="Search a sharded index (global top-k); rank 0 prints QPS and recall.",
-    )
-    p.add_argument("index", type=Path, help="directory written by build / ShardedIndex.save")
-    p.add_argument("--queries", type=Path, required=True, help=".fvecs, .bvecs, .npy or .hdf5")
-    p.add_argument("-k", type=int, default=10, help="neighbours per query (default 10)")
-    p.add_argument("--nprobe", type=int, default=None, help="IVF lists searched")
-    p.add_argument("--gt", type=Path, default=None, help="exact neighbours (.ivecs) for recall")
-    p.add_argument("--out", type=Path, default=None, help="write the ids found as .ivecs")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads per process")
-    args = p.parse_args(argv)
-    if args.k <= 0:
-        raise InputError(f"-k must be positive, got {args.k}")
+def search(args: argparse.Namespace) -> int:
+    """``search``: every process searches its shards; rank 0 reports the global top-k."""
+    if args.out is not None:
+        check_writable(args.out, "--out")
     _, rank = _start(args.threads)
     sharded = ShardedIndex.load(args.index)
-    q, _ = read_rows(args.queries, 0, 1, "test")
+    queries = open_input(args.queries, "test")
+    if queries.shape[1] != sharded.dim:
+        raise InputError(
+            f"queries: expected vectors of dim {sharded.dim}, got "
+            f"{queries.shape[1]} in {args.queries}"
+        )
+    truth = None if args.gt is None else read_truth(args.gt, queries.shape[0], sharded)
+    check_k(args.k, sharded.ntotal, queries.shape[0])
+    q = queries.read()
     params = {} if args.nprobe is None else {"nprobe": args.nprobe}
     (_, ids), seconds = timed(lambda: sharded.search(q, args.k, **params))
     if rank != 0:
@@ -177,7 +130,7 @@ def search(argv: list[str]) -> int:
         f"{len(q)} queries, k={args.k}, {sharded.num_shards} shard(s) on {sharded.world_size} "
         f"process(es): {seconds:.3f} s, {len(q) / seconds:.0f} QPS"
     )
-    report_search(line, ids, args.k, args.gt, args.out)
+    report_search(line, ids, args.k, truth, args.out)
     return 0
 
 
@@ -190,12 +143,13 @@ def _start(threads: int | None) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m vq.distributed build|search ARGS``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print(__doc__, file=sys.stdout if argv and argv[0] in ("-h", "--help") else sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    # build or search; --help: the program's help, exit 0; anything else: usage error, exit 2
+    command = arguments.distributed().parse_args(argv[:1]).command
     try:
-        status = build(argv[1:]) if argv[0] == "build" else search(argv[1:])
+        args = arguments.parse(f"distributed {command}", argv[1:])
+        status = build(args) if command == "build" else search(args)
     except INPUT_ERRORS as err:
         return report_error(err)  # (torchrun stops the other processes)
     if dist.is_initialized():

@@ -1,8 +1,8 @@
 """The main job: validate vq against faiss on generated vectors.
 
-    python -m vq.apps.validate [--n 50000] [--dim 64] [--threads 2]
+    vq validate [--n 50000] [--dim 64] [--threads 2]      (or python -m vq.apps.validate)
 
-What "validated against faiss" means here (see the project's MISSION):
+What "validated against faiss" means here (the options: :func:`vq.apps.arguments.validate`):
 1. same codebooks ⇒ same codes: faiss-trained codebooks copied into vq (and vq's into faiss)
    give identical codes, ties aside, and equal reconstructions;
 2. trained independently ⇒ same quality: k-means objective and PQ/OPQ reconstruction error
@@ -11,8 +11,8 @@ What "validated against faiss" means here (see the project's MISSION):
 3. speed side by side, same data and thread count, reported as a ratio (indicative here; the
    careful alternating measurements live in ``bench/``).
 
-Prints one table and exits non-zero if any check fails. The NSynth pipeline replaces the
-generated vectors when the NSynth loader lands.
+Prints one table and exits non-zero if any check fails. :mod:`vq.apps.nsynth` runs the same
+checks on NSynth embeddings (:func:`checks_on`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import torch
 
 import vq
 from vq import faiss_interop as fi
-from vq.apps.common import faiss_available, set_threads
+from vq.apps.arguments import parse
+from vq.apps.common import faiss_available, run_command, set_threads
 from vq.datasets import anisotropic_vectors, clustered_vectors, recall_at
 
 
@@ -66,7 +67,7 @@ def _errors(x, x_hat):
     return ((np.asarray(x, np.float64) - np.asarray(x_hat, np.float64)) ** 2).sum(1)
 
 
-def run(n: int, dim: int, threads: int, seed: int = 0) -> list[Check]:
+def run_checks(n: int, dim: int, threads: int, seed: int = 0) -> list[Check]:
     """Every check on generated data: blobs, and anisotropic vectors (for OPQ and IVFPQ)."""
     x = clustered_vectors(n, dim, n_clusters=512, seed=seed)
     xa = anisotropic_vectors(n, dim, seed=seed + 1)
@@ -304,23 +305,21 @@ def faiss_inertia(km, x) -> float:
     return float(d.astype(np.float64).sum())
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--n", type=int, default=50_000, help="vectors per data set")
-    p.add_argument("--dim", type=int, default=64, help="dimension (a multiple of 8)")
-    p.add_argument("--threads", type=int, default=2, help="threads for vq and faiss alike")
-    args = p.parse_args(argv)
-    if args.dim % 8 or args.dim <= 0:
-        p.error(f"--dim must be a positive multiple of 8, got {args.dim}")
-    if args.n < 20_000:
-        p.error(f"--n must be at least 20000 (PQ and RVQ training sizes), got {args.n}")
+def main(argv: list[str] | None = None, prog: str = "vq validate") -> int:
+    """The checks with the command line ``argv`` (see :func:`vq.apps.arguments.validate`);
+    returns the exit status: 0, 1 if a check fails, 2 for bad input."""
+    return run_command(run, parse("validate", argv, prog))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The checks, given their parsed arguments."""
     if not faiss_available():
         return 2
     print(
         f"# vq validated against faiss: {args.n} x {args.dim} blobs and anisotropic vectors, "
         f"{args.threads} threads\n"
     )
-    checks = run(args.n, args.dim, args.threads)
+    checks = run_checks(args.n, args.dim, args.threads)
     return 1 if print_checks(checks) else 0
 
 

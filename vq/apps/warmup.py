@@ -7,10 +7,14 @@ encode and decode) on a small random set for each index description, so that no 
 (a command, a notebook, a service, a test) waits for a compiler. Kernels are specialised by the
 shape of the codes (sub-vector size, number of sub-quantizers), so warm up at the dimension you
 use. ``vq warmup --saved FILE`` warms the searches of a saved index instead.
+
+:func:`warmup` is the library function; :func:`run` is ``vq warmup`` (its arguments parsed by
+:mod:`vq.apps.arguments`, where :data:`COMMON`, the kinds it compiles by default, is defined).
 """
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
 import time
 from collections.abc import Callable, Iterable
@@ -22,26 +26,12 @@ import torch
 
 from vq import kernels
 from vq._checks import check_int
-from vq.index import HNSW, IdFilter, index_factory
+from vq.apps.arguments import COMMON
+from vq.apps.common import timed
+from vq.index import HNSW, IdFilter, index_factory, load_index
 from vq.kernels import cache
 from vq.kernels.threads import set_num_threads
 from vq.quantizers import VectorQuantizer
-
-#: the index kinds `vq warmup` compiles by default (at the dimension given)
-COMMON = (
-    "Flat",
-    "PQ16",
-    "IVF64,Flat",
-    "IVF64,PQ16",
-    "OPQ16,IVF64,PQ16",
-    "PQ32x4fs",
-    "IVF64,PQ32x4fs",
-    "IVF64,PQ32x4fsr,RFlat",
-    "SQ8",
-    "IVF64,SQ8",
-    "HNSW32",
-    "HNSW32,SQ8",
-)
 
 
 @dataclass(frozen=True)
@@ -152,3 +142,33 @@ def _layer_step(x: torch.Tensor) -> None:
     z = x.clone().requires_grad_(True)
     out = layer(z)
     (out.quantized.square().mean() + out.loss).backward()
+
+
+def run(args: argparse.Namespace) -> int:
+    """``vq warmup``: the saved indexes (``--saved``) and the kinds (``--index``, default
+    :data:`COMMON`) warmed up, a line for each and a summary."""
+    metrics = ("l2", "ip") if args.metric == "both" else (args.metric,)
+
+    def report(item: Warmed) -> None:
+        state = f"{item.compiled} kernels compiled" if item.compiled else "all cached"
+        print(f"{item.description:28s} {item.seconds:6.1f} s  ({state})", flush=True)
+
+    start = time.perf_counter()
+    indexes = [(path, load_index(path)) for path in args.saved or ()]  # all read first
+    done = []
+    for path, index in indexes:
+        compiled, seconds = timed(index.warm_up)
+        done.append(Warmed(f"{path} ({type(index).__name__})", seconds, compiled))
+        report(done[-1])
+    what = [f"{len(done)} saved indexes"] if done else []
+    if args.index or not args.saved:
+        kinds = args.index or COMMON
+        n = len(done)
+        done += warmup(kinds, args.dim, metrics, not args.no_layer, report, args.jobs)
+        what.append(f"{len(done) - n} kinds at dim {args.dim}")
+    compiled = sum(item.compiled for item in done)
+    print(
+        f"warm-up of {' and '.join(what)}: {time.perf_counter() - start:.1f} s, "
+        f"{compiled} kernels compiled; kept in {cache.folder() or 'memory only'}"
+    )
+    return 0
