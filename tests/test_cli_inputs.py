@@ -85,8 +85,8 @@ def test_build_and_search_read_every_vector_format(files, data, capsys, vectors,
         x, q = x - 60, q - 60
     d = files / vectors.replace(".", "-")
     d.mkdir()
-    base, queries = d / ("base" + vectors[vectors.index(".") :]), d / ("q" + vectors[-6:])
-    queries = queries.with_suffix(base.suffix)
+    suffix = vectors[vectors.index(".") :]
+    base, queries = d / f"base{suffix}", d / f"queries{suffix}"
     _write(base, x.astype(np.float64) if vectors.endswith(".npy") else x)
     _write(queries, q)
     dist, ids = brute_force(x, q, K)
