@@ -3,8 +3,9 @@
 A kernel that is neither loaded nor in the disk cache compiles when first called: seconds to
 tens of seconds of numba's compiler on a machine that has compiled nothing yet. Inside
 :func:`not_waiting` (``Index.search`` enters it), such a call does not wait for the compiler:
-the kernel and its argument types go to a *compile server* — one child process per process,
-started on the first such call — and the call raises :class:`KernelNotReady`, which the
+the kernel and its argument types go to a *compile server*
+(:mod:`vq.kernels.compile_server`: one child process per process, started on the first such
+call), and the call raises :class:`KernelNotReady`, which the
 caller answers by another path (a search: its torch path, the one CUDA tensors and exported
 graphs take). The server compiles what it is sent, one kernel after another, into the disk
 cache (:mod:`vq.kernels.cache`), where a later call of the same kernel finds and loads it.
@@ -23,7 +24,6 @@ from the disk but the kernels' own modules.
 
 from __future__ import annotations
 
-import importlib
 import os
 import pickle
 import struct
@@ -141,7 +141,7 @@ class _Server:
     def __init__(self):
         env = {**os.environ, "VQ_BACKGROUND_COMPILE": "0"}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "vq.kernels.background"],
+            [sys.executable, "-m", "vq.kernels.compile_server"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -191,49 +191,3 @@ def _reset_after_fork() -> None:  # a forked child shares neither the pipe nor t
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
-
-
-# -- the server ----------------------------------------------------------------------------------
-def _jobs_from(stream) -> Iterator[tuple]:
-    while True:
-        head = stream.read(4)
-        if len(head) < 4:
-            return
-        (n,) = struct.unpack("<I", head)
-        yield pickle.loads(stream.read(n))  # (its parent's pipe: nothing read from the disk)
-
-
-def _resolve(module: str, qualname: str, specialisation) -> CPUDispatcher:
-    if specialisation is not None:
-        from vq.kernels.cache import specialise
-
-        template, constants = specialisation
-        owner = specialise(template, **dict(constants))
-    else:
-        owner = importlib.import_module(module)
-    target = owner
-    for part in qualname.split("."):
-        target = getattr(target, part)
-    return target
-
-
-def serve(stdin, stdout) -> None:
-    """Compile each job read from ``stdin`` into the disk cache, answering on ``stdout``."""
-    from vq.kernels import cache
-
-    for number, (module, qualname, specialisation, argtypes) in enumerate(_jobs_from(stdin)):
-        try:
-            cache.compile_types(_resolve(module, qualname, specialisation), argtypes)
-            word = "ok"
-        except Exception:  # the caller compiles it again itself, and sees the error
-            word = "failed"
-        stdout.write(f"{word} {number}\n".encode())
-        stdout.flush()
-
-
-if __name__ == "__main__":
-    try:
-        os.nice(5)  # the parent's calls go on meanwhile: they keep the cores
-    except OSError:
-        pass
-    serve(sys.stdin.buffer, sys.stdout.buffer)

@@ -69,7 +69,7 @@ def cpu_key() -> str:
 
 
 #: the modules of this package that hold no kernel (left out of the sources' hash)
-_COMPILES_NOTHING = frozenset({"cache.py", "background.py", "trust.py"})
+_COMPILES_NOTHING = frozenset({"cache.py", "background.py", "compile_server.py", "trust.py"})
 
 
 def _sources_hash() -> str:
