@@ -21,7 +21,9 @@ from vq.quantizers.codec import Metric
 from vq.quantizers.functional import code_counts, codeword_tables
 from vq.quantizers.layer import Step
 
-_EPS = 1e-3  # keeps the tanh bound strictly inside the outermost rounding interval
+#: widens the tanh bound by 0.1% past the outermost grid values, inside their rounding intervals
+#: (every level count, 2 included, keeps all its values; vector-quantize-pytorch's bound)
+_EPS = 1e-3
 
 
 class FSQ(Quantizer):
@@ -67,10 +69,10 @@ class FSQ(Quantizer):
         pass
 
     def _bound(self, z: torch.Tensor) -> torch.Tensor:
-        """Squash z [n, L] into (-levels/2, levels/2) so that rounding yields ``levels`` values
-        (the even-level grids are shifted by half a step)."""
+        """Squash z [n, L] into the rounding intervals of ``levels`` integers: ``(-(L-1)/2,
+        (L-1)/2)`` widened by ``_EPS`` (the even-level grids are shifted by half a step)."""
         levels = self._levels.to(z.dtype)
-        half = (levels - 1) * (1 - _EPS) / 2
+        half = (levels - 1) * (1 + _EPS) / 2
         offset = torch.where(self._levels % 2 == 0, 0.5, 0.0).to(z.dtype)
         return torch.tanh(z + torch.atanh(offset / half)) * half - offset
 
