@@ -138,6 +138,7 @@ class GroupedResidualVQ(Stages, Quantizer):
             torch.stack([s.codebook_loss for s in steps]).mean(),
             torch.cat([s.counts for s in steps]),
             stages,
+            stage_commitment=torch.stack([s.stage_commitment for s in steps]),
         )
 
     # -- the codec --------------------------------------------------------------------------

@@ -216,6 +216,7 @@ class TrainingLayer:
             usage,
             step.num_stages,
             *entropies,
+            step.stage_commitment,
         )
 
     def _rows(

@@ -34,6 +34,11 @@ class QuantizerOutput(NamedTuple):
             code distribution (scalar; Tensor[Q] per stage for ResidualLFQ); None otherwise.
         codebook_entropy: LFQ layers in training mode: the entropy of the batch's mean code
             distribution, same shape.
+        stage_commitment: residual layers with a commitment term (ResidualVQ, ResidualLFQ):
+            detached float32 Tensor[Q] (GroupedResidualVQ: [G, Q]), stage m's mean squared
+            distance ``||z - P_m||² / d`` over the vectors it kept (what
+            vector-quantize-pytorch reports per stage); ``commitment`` is their mean weighted
+            by those vectors. None otherwise.
     """
 
     quantized: torch.Tensor
@@ -46,6 +51,7 @@ class QuantizerOutput(NamedTuple):
     num_stages: torch.Tensor | None = None
     per_sample_entropy: torch.Tensor | None = None
     codebook_entropy: torch.Tensor | None = None
+    stage_commitment: torch.Tensor | None = None
 
 
 class Step(NamedTuple):
@@ -59,3 +65,4 @@ class Step(NamedTuple):
     num_stages: torch.Tensor | None = None  # int64 [B] (residual layers)
     aux_loss: torch.Tensor | None = None  # scalar added to ``loss`` as it is (LFQ's entropy)
     entropies: tuple[torch.Tensor, torch.Tensor] | None = None  # per sample, codebook (LFQ)
+    stage_commitment: torch.Tensor | None = None  # detached [Q] (residual layers)

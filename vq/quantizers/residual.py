@@ -274,8 +274,9 @@ class ResidualVQ(Stages, Quantizer):
         residual = zd.clone()  # r_m, updated in place
         pull = torch.zeros_like(zd)  # Σ_m w_m r_{m+1}
         kept = None if keep is None else torch.zeros_like(zd)  # the stages each row keeps
-        squares, cb_squares, count = zd.new_zeros(()), zd.new_zeros(()), zd.new_zeros(())
+        cb_squares = zd.new_zeros(())
         codes, counts, rotated = [], [], None  # rotated: Σ_m rotations of r_m onto q_m
+        stage_squares, stage_rows = [], []  # Σ w ||r_{m+1}||² and Σ w of every stage
         for m in range(self.num_quantizers):
             w, own = _stage_weight(weight, keep, m), slice(m, m + 1)
             seen = F.normalize(residual, dim=-1) if self.cosine else residual
@@ -301,15 +302,19 @@ class ResidualVQ(Stages, Quantizer):
             residual.sub_(q)  # r_{m+1}
             if w is None:
                 flat = residual.reshape(-1)
-                squares, count = squares + torch.dot(flat, flat), count + n
+                stage_squares.append(torch.dot(flat, flat))
+                stage_rows.append(zd.new_full((), float(n)))
                 pull.add_(residual)
             else:
-                squares, count = squares + (row_norms(residual) * w).sum(), count + w.sum()
+                stage_squares.append((row_norms(residual) * w).sum())
+                stage_rows.append(w.sum())
                 pull.addcmul_(residual, w[:, None])
             if kept is not None:
                 kept.addcmul_(q, keep[:, m, None])
         if kept is None:
             kept = zd - residual  # every stage: z - r_Q
+        stage_squares, stage_rows = torch.stack(stage_squares), torch.stack(stage_rows)
+        squares, count = stage_squares.sum(), stage_rows.sum()
         denom = (count * d).clamp_min(1.0)
         quantized, commitment = straight_through_loss(z, kept, squares / denom, pull, 2 / denom)
         if self.rotation_trick:
@@ -318,7 +323,16 @@ class ResidualVQ(Stages, Quantizer):
             extra = z * ((self.num_quantizers if keep is None else keep.sum(1, True)) - 1)
             quantized = quantized + (extra - extra.detach())
         codes, counts = torch.stack(codes, dim=1), torch.cat(counts)
-        return Step(quantized, codes, commitment, cb_squares / denom, counts, stages)
+        per_stage = stage_squares / (stage_rows * d).clamp_min(1.0)
+        return Step(
+            quantized,
+            codes,
+            commitment,
+            cb_squares / denom,
+            counts,
+            stages,
+            stage_commitment=per_stage,
+        )
 
     def _stage_words(self, m: int, words: torch.Tensor | None) -> torch.Tensor:
         """Stage m's codewords float32 [K, code_dim]: ``words[m]`` (SimVQ's, computed once per

@@ -155,7 +155,7 @@ class ScalarStages(Stages, Quantizer):
         u = self._bound(z)
         residual = u.detach().clone()
         kept = torch.zeros_like(residual)
-        squares, count, codes, counts, entropies = u.new_zeros(()), u.new_zeros(()), [], [], []
+        squares, rows, codes, counts, entropies = [], [], [], [], []  # squares, rows: per stage
         per_stage = None  # Σ_m of the stages' own estimates (per_stage_gradient)
         for m in range(self.num_quantizers):
             w = weight if keep is None else (keep[:, m] if weight is None else keep[:, m] * weight)
@@ -175,11 +175,15 @@ class ScalarStages(Stages, Quantizer):
             if self.has_commitment:  # ||u - sg(P_m)||² = ||r_{m+1}||² with u's gradient
                 diff = u - (u.detach() - residual)
                 sq = row_norms(diff)
-                squares = squares + (sq.sum() if w is None else (sq * w).sum())
-                count = count + (u.shape[0] if w is None else w.sum())
+                squares.append(sq.sum() if w is None else (sq * w).sum())
+                rows.append(u.new_full((), float(u.shape[0])) if w is None else w.sum())
             codes.append(c)
             counts.append(code_counts(c[None], self.codebook_size, w))
-        commitment = squares / (count * u.shape[1]).clamp_min(1.0)
+        commitment, stage_commitment = u.new_zeros(()), None
+        if squares:
+            squares, rows = torch.stack(squares), torch.stack(rows)
+            commitment = squares.sum() / (rows.sum() * u.shape[1]).clamp_min(1.0)
+            stage_commitment = squares.detach() / (rows * u.shape[1]).clamp_min(1.0)
         aux, breakdown = None, None
         if entropies:
             per_sample = torch.stack([e[0] for e in entropies])
@@ -189,7 +193,9 @@ class ScalarStages(Stages, Quantizer):
         quantized = per_stage if self.per_stage_gradient else self._estimate(u, kept)
         codes, counts = torch.stack(codes, dim=1), torch.cat(counts)
         zero = z.new_zeros(())
-        return Step(quantized, codes, commitment, zero, counts, stages, aux, breakdown)
+        return Step(
+            quantized, codes, commitment, zero, counts, stages, aux, breakdown, stage_commitment
+        )
 
 
 class ResidualFSQ(ScalarStages):
