@@ -23,10 +23,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
-from vq._checks import as_ids, as_vectors, check_int, check_positive, check_vectors, like_input
+from vq._checks import (
+    MAX_NORM,
+    as_ids,
+    as_vectors,
+    check_int,
+    check_vectors,
+    like_input,
+)
 from vq._cpu import serial_if_small, torch_only
 from vq._tree_cache import cached, drop
 from vq.index.fileformat import save_target, write_index_file
@@ -35,6 +43,8 @@ from vq.index.locking import ReadWriteLock
 from vq.index.memory import held_bytes
 from vq.index.ranges import range_search
 from vq.index.searching import (
+    MAX_K,
+    check_k,
     check_options,
     derived,
     drop_derived,
@@ -83,11 +93,13 @@ class Index(Updates, nn.Module):
         store_ids: bool = True,
     ):
         super().__init__()
-        dim, k = check_int(dim, "dim", 1), check_int(k, "k", 1)
+        dim, k = check_int(dim, "dim", 1), check_int(k, "k", 1, MAX_K)
+        if not isinstance(verbose, bool | int | np.integer):
+            raise TypeError(f"verbose must be True or False, got {verbose!r}")
         if metric not in METRICS:
             raise ValueError(f"metric must be 'l2' or 'ip', got {metric!r}")
         self.dim, self.metric, self.k = dim, metric, k
-        self.verbose = verbose
+        self.verbose = bool(verbose)
         self._lock = ReadWriteLock()
         if store_ids:  # wrappers that delegate storage (PreTransform) have none of their own
             # int64 [ntotal]; empty while the ids are the row numbers 0 … ntotal - 1 (what
@@ -191,18 +203,51 @@ class Index(Updates, nn.Module):
     def train(self, x: Any = True) -> Index:  # noqa: D401 - faiss's verb, not nn.Module.train
         """Learn the index's parameters from ``x`` (float [n, dim]); returns self.
 
+        An index that holds vectors is not trained again (a RuntimeError): its stored codes
+        and lists were made with the parameters it has, and would not match new ones.
+        ``reset()`` empties it first; kinds with nothing to learn (Flat, HNSW) take the
+        call as a no-op whatever they hold, as faiss's do.
+
         (Called with a bool — as ``nn.Module.train(mode)`` is — it sets the training mode.)
         """
         if isinstance(x, bool):
             return super().train(x)
-        t = as_vectors(x, self.dim, "x")
+        t = as_vectors(x, self.dim, "x", max_norm=MAX_NORM)
         with self._writing(), torch.no_grad():
+            if self.ntotal and self._learns():
+                name = type(self).__name__
+                raise RuntimeError(
+                    f"{name}.train: the index holds {self.ntotal} vectors encoded with the "
+                    "parameters it has; training again would leave them unreadable. Call "
+                    "reset() to empty it first (then add the vectors again), or train a new "
+                    "index"
+                )
             self._train(t.to(self.device))
         return self
 
+    def _learns(self) -> bool:
+        """Whether ``train`` changes anything (False for the kinds with nothing to learn)."""
+        return type(self)._train is not Index._train
+
+    def reset(self) -> None:
+        """Remove every stored vector, keeping what training learned (faiss ``reset``):
+        ``ntotal`` becomes 0, ``add`` numbers the next vectors from 0 again, and ``train``
+        may be called again."""
+        with self._writing():
+            self._reset()
+
+    def _reset(self) -> None:
+        """``reset`` of this index's own stored data (each kind with more than rows, such as
+        list offsets or a graph's entry point, or a wrapped index, extends it)."""
+        for name in self.growing_buffers():
+            buf = self._buffers[name]
+            self._buffers[name] = buf.new_zeros((0, *buf.shape[1:]))
+
     def add(self, x: Any) -> None:
-        """Add vectors [n, dim] with ids ``ntotal, ntotal + 1, …`` (faiss's sequential ids)."""
-        t = as_vectors(x, self.dim, "x")
+        """Add vectors [n, dim] with ids ``ntotal, ntotal + 1, …`` (faiss's sequential ids).
+        Vectors must be finite, of norm at most :data:`vq._checks.MAX_NORM` (1e18: their
+        squared distances stay within float32's range)."""
+        t = as_vectors(x, self.dim, "x", max_norm=MAX_NORM)
         with self._writing(rows_only=True):
             ids = IdRange(self.ntotal, t.shape[0], self.device)  # made a chunk at a time
             check_new_ids(self, ids, "add: the sequential ids")
@@ -212,7 +257,7 @@ class Index(Updates, nn.Module):
         """Add vectors [n, dim] with caller-chosen ids [n]: integers in [0, 2**63), distinct
         from each other and from the ids already stored (search results and ``remove_ids``
         name vectors by id)."""
-        t = as_vectors(x, self.dim, "x")
+        t = as_vectors(x, self.dim, "x", max_norm=MAX_NORM)
         i = as_ids(ids, t.shape[0], "ids")
         with self._writing(rows_only=True):
             i = i.to(self.device)
@@ -239,7 +284,8 @@ class Index(Updates, nn.Module):
 
         Args:
             queries: float [nq, dim], numpy or torch (any device; float64/float16/bfloat16 are
-                converted to float32, ``search_batch_size`` queries at a time).
+                converted to float32, ``search_batch_size`` queries at a time), finite and of
+                norm at most :data:`vq._checks.MAX_NORM` (1e18).
             k: neighbours per query (default ``self.k``).
             allowed: only these ids (filtered search: an id array, a boolean mask over the id
                 space or a :class:`vq.IdFilter`; see :mod:`vq.index.filters`).
@@ -273,10 +319,10 @@ class Index(Updates, nn.Module):
         found = search_small(self, queries, k, params) if plain else None  # see vq.index.lean
         if found is not None:
             return found
-        k = check_positive(self.k if k is None else k, "k")
+        k = check_k(self.k if k is None else k)
         self._require_trained("search")
         check_options(self, params)
-        q = check_vectors(queries, self.dim, "queries")
+        q = check_vectors(queries, self.dim, "queries", max_norm=MAX_NORM)
         converted = q is not queries and q.device.type == "cpu"
         if plain and converted and q.shape[0] <= self.search_batch_size:  # as float32 ones
             found = search_small(self, q.detach().to(torch.float32), k, params)
@@ -309,7 +355,7 @@ class Index(Updates, nn.Module):
         (default ``self.k``) and the stored search options; on an empty, untrained or
         non-CPU index it compiles nothing. Filtered and range searches are not warmed.
         """
-        k = check_positive(self.k if k is None else k, "k")
+        k = check_k(self.k if k is None else k)
         if not self.is_trained or self.ntotal == 0 or self.device.type != "cpu":
             return 0
         before = compiles()

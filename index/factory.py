@@ -31,17 +31,18 @@ SUPPORTED = (
     "'HNSW32,SQ8,Refine(SQfp16)'"
 )
 
-_OPQ = re.compile(r"OPQ(\d+)(?:_(\d+))?")
+# (re.ASCII: \d is 0-9 alone, not every script's digits, "IVF٤" included)
+_OPQ = re.compile(r"OPQ(\d+)(?:_(\d+))?", re.ASCII)
 # "PCA64": faiss's PCAMatrix to 64 dimensions (eigen power 0, no random rotation)
-_PCA = re.compile(r"PCA(\d+)")
+_PCA = re.compile(r"PCA(\d+)", re.ASCII)
 # "np" (no polysemous training) is a no-op here; "x4fs" is 4-bit fast-scan, which in an IVF
 # encodes the vectors themselves unless "x4fsr" asks for residuals (faiss's defaults)
-_PQ = re.compile(r"PQ(\d+)(?:x(\d+)(fsr?)?)?(?:np)?")
+_PQ = re.compile(r"PQ(\d+)(?:x(\d+)(fsr?)?)?(?:np)?", re.ASCII)
 # "IVF1024(soar)" / "IVF1024(soar=0.5)": spilled lists (SOAR, λ 1 unless given);
 # "IVF65536_HNSW32": the coarse quantizer routed by an HNSW graph over the centroids
-_IVF = re.compile(r"IVF(\d+)(?:_HNSW(\d+))?(?:\((soar)(?:=(\d+(?:\.\d*)?))?\))?")
+_IVF = re.compile(r"IVF(\d+)(?:_HNSW(\d+))?(?:\((soar)(?:=(\d+(?:\.\d*)?))?\))?", re.ASCII)
 _SQ = re.compile(r"SQ(8|6|4|fp16|bf16)")
-_HNSW = re.compile(r"HNSW(\d+)")
+_HNSW = re.compile(r"HNSW(\d+)", re.ASCII)
 
 
 def _sq_bits(match: re.Match) -> int | str:
@@ -65,12 +66,24 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
         metric: "l2" or "ip".
 
     Raises:
-        ValueError: for a part it does not understand, listing what is supported.
+        ValueError: for a part it does not understand, listing what is supported, or a number
+            out of its range (the constructor's words, naming the argument and the range).
+        TypeError: an argument of the wrong type (``dim``, ``metric``).
     """
-    parts = [p.strip() for p in str(description).split(",")]
+    try:
+        return _build(dim, str(description), metric)
+    except (ValueError, TypeError) as err:
+        if str(err).startswith("index_factory:"):
+            raise
+        raise type(err)(f"index_factory: {err} (in {str(description)!r})") from err
+
+
+def _build(dim: int, description: str, metric: str) -> Index:
+    parts = [p.strip() for p in description.split(",")]
 
     def fail(why: str) -> ValueError:
-        return ValueError(f"index_factory: {why} in {description!r}; supported: {SUPPORTED}")
+        where = "" if repr(description) in why else f" in {description!r}"
+        return ValueError(f"index_factory: {why}{where}; supported: {SUPPORTED}")
 
     opq: OPQ | PCA | None = None
     if parts and (m := _OPQ.fullmatch(parts[0])):
@@ -99,6 +112,8 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
         index = PQIndex(inner_dim, int(m[1]), int(m[2] or 8), metric, fast_scan=bool(m[3]))
     elif len(parts) == 2 and (ivf := _IVF.fullmatch(parts[0])):
         nlist = int(ivf[1])
+        if ivf[2] is not None and int(ivf[2]) < 2:
+            raise fail(f"_HNSW{ivf[2]}: the graph's M must be >= 2")
         extra = {"coarse_hnsw": int(ivf[2])} if ivf[2] else {}
         if ivf[3]:
             extra.update(spill=True, soar_lambda=float(ivf[4] or 1.0))
@@ -127,6 +142,12 @@ _REFINES = {"RFlat": "float32", "Refine(Flat)": "float32", "Refine(SQfp16)": "fp
 _CLASSES = {
     cls.__name__: cls for cls in (FlatIndex, PQIndex, IVFFlat, IVFPQ, SQIndex, IVFSQ, HNSW, HNSWSQ)
 }
+
+
+def index_classes() -> dict[str, type]:
+    """The index kinds :func:`from_config` builds, by class name (the wrappers, PreTransform
+    and Refine, aside)."""
+    return dict(_CLASSES)
 
 
 def from_config(config: dict) -> Index:

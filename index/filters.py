@@ -273,8 +273,10 @@ def probe_further(coarse, lists, counts, sizes, k: int, max_codes, rank_all):
 def probes_for_filter(index, q, k, coarse, lists, allowed, max_codes, torch_ranking=False):
     """:func:`probe_further` for queries ``q`` of an IVF ``index`` searched under the filter
     ``allowed``, from its first ``nprobe`` probes (``coarse``, ``lists``): coarse scores and
-    lists (numpy; -1 past a query's last probe), and the lists each query probes. The other
-    lists are ranked by the numba probe, or by the torch searcher's if ``torch_ranking``."""
+    lists (numpy; -1 past a query's last probe), and the lists each query probes, so that k
+    allowed vectors are among the probed rows wherever k are allowed (spilled lists: k
+    distinct ones). The other lists are ranked by the numba probe, or by the torch
+    searcher's if ``torch_ranking``."""
     if max_codes is not None:
         max_codes = check_positive(max_codes, "max_codes")
     mask, offsets = allowed.row_mask(index), index.offsets
@@ -292,4 +294,7 @@ def probes_for_filter(index, q, k, coarse, lists, allowed, max_codes, torch_rank
 
     sizes = index.list_sizes().cpu().numpy()
     c, lst = coarse.cpu().numpy(), lists.cpu().numpy()
-    return probe_further(c, lst, counts, sizes, k, max_codes, rank_all)
+    # spilled lists count rows, and a vector is two of them (never both in one list): k
+    # distinct vectors are among k * copies allowed rows, and no fewer rows make sure of it
+    wanted = k * index.copies
+    return probe_further(c, lst, counts, sizes, wanted, max_codes, rank_all)

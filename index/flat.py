@@ -137,8 +137,10 @@ class FlatIndex(Index):
                                          mask[j : j + xb], ip, rows, vals, counts)  # fmt: skip
                 starts = np.arange(scores.shape[0]) * scores.shape[1]
                 hits = counted(counts, starts, rows.reshape(-1), vals.reshape(-1), s)
+                del rows, vals
                 if not ip:  # ‖q‖² back, as faiss adds it
-                    hits = (hits[0], hits[1], np.maximum(hits[2] + q_norms[hits[0]], 0))
+                    back = np.repeat(q_norms[s : s + qs.shape[0]], hits.counts)
+                    hits = hits._replace(values=np.maximum(hits.values + back, 0))
                 parts.append(hits)
         return parts
 

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from vq import _cpu, kernels
-from vq._checks import check_int, check_positive
+from vq._checks import check_int, check_positive, check_seed
 from vq.index.base import Index
 from vq.index.faiss_build import faiss_metric, import_faiss, with_id_map
 from vq.index.filters import IdFilter
@@ -53,6 +53,7 @@ from vq.index.hnsw_graph import (
 )
 from vq.index.hnsw_static import HNSWSearch
 from vq.index.lean import SMALL_BATCH
+from vq.index.ranges import by_query
 from vq.index.searching import NO_IDS, shape_problem
 from vq.index.static import search_in_chunks
 from vq.kernels import graph, graph_build, graph_store
@@ -61,6 +62,8 @@ from vq.kernels.static import metric
 from vq.kernels.threads import parallel_for
 
 _TRAVERSALS = ("float", "int8")
+#: the largest M (2M neighbours a node on level 0, int32 node numbers)
+MAX_M = 1 << 15
 #: the least beam of a range search (see ``HNSW._range_hits``)
 RANGE_EF = 256
 
@@ -106,10 +109,10 @@ class HNSW(Index):
         if traversal not in _TRAVERSALS:
             raise ValueError(f"traversal must be one of {_TRAVERSALS}, got {traversal!r}")
         self.traversal = traversal
-        self.M = check_int(M, "M", 2)
+        self.M = check_int(M, "M", 2, MAX_M)
         self.efConstruction = check_int(efConstruction, "efConstruction", 1)
         self.efSearch = check_int(efSearch, "efSearch", 1)
-        self.seed = check_int(seed, "seed", 0)
+        self.seed = check_seed(seed)
         self.register_buffer("vectors", torch.zeros(0, dim))
         self.register_buffer("neighbors", torch.zeros(0, 2 * self.M, dtype=torch.int32))
         self.register_buffer("levels", torch.zeros(0, dtype=torch.int32))
@@ -145,6 +148,38 @@ class HNSW(Index):
         graph = ("vectors", "neighbors", "levels", "upper_offsets", "upper_neighbors")
         codes = ("codes", "code_factors") if self.traversal == "int8" else ()
         return (*super().growing_buffers(), *graph, *codes)
+
+    def data_buffers(self) -> tuple[str, ...]:
+        return (*super().data_buffers(), "entry_point")  # (a node: stored data, not training)
+
+    def _reset(self) -> None:
+        super()._reset()
+        self.upper_offsets = self.upper_offsets.new_zeros(1)
+        self.entry_point = torch.full_like(self.entry_point, -1)
+
+    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.vectors[rows.to(self.device)].float()
+
+    def _stored_rows(self) -> dict[str, torch.Tensor]:
+        """What ``_encode_batch`` made of the stored vectors ([ntotal] rows each): what
+        ``merge_from`` inserts into another graph."""
+        return {"vectors": self.vectors}
+
+    def _merge(self, other, shift: int) -> None:
+        """``other``'s nodes inserted into this graph as an ``add`` of their stored vectors
+        (codes) would insert them, ``add_batch_size`` at a time, with the ids they had there
+        (``shift`` added: a wrapper's rows); the same graph as adding them here after the
+        vectors stored already. On an error, the graph as it was."""
+        ids = self._merged_ids(other, shift)
+        rows, step = other._stored_rows(), self.add_batch_size
+        before = {name: self._buffers[name] for name in self.data_buffers()}
+        try:
+            for s in range(0, other.ntotal, step):
+                batch = {name: t[s : s + step].to(self.device) for name, t in rows.items()}
+                self._store(batch, ids[s : s + step])
+        except BaseException:
+            self._buffers.update(before)
+            raise
 
     # -- storage ------------------------------------------------------------------------------
     def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -341,7 +376,7 @@ class HNSW(Index):
             else:
                 dist, rows = self._rows_filtered(qs, k, ef, slots, allowed)
             hit = (rows >= 0) & (dist < (-radius if ip else radius))
-            parts.append((np.nonzero(hit)[0] + s, rows[hit], dist[hit]))
+            parts.append(by_query(np.nonzero(hit)[0] + s, rows[hit], dist[hit]))
         return parts
 
     def route(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,9 +21,14 @@ from vq.index.faiss_build import faiss_metric, import_faiss, with_id_map
 from vq.index.hnsw import HNSW
 from vq.index.hnsw_graph import graph_from_faiss
 from vq.index.hnsw_static import HNSWSearch
-from vq.index.sq import codes_problem, copy_ranges, kernel_arrays, sq_faiss_type
+from vq.index.sq import (
+    codes_problem,
+    copy_ranges,
+    kernel_arrays,
+    sq_faiss_type,
+    sq_quantizer,
+)
 from vq.index.static import kept
-from vq.quantizers import ScalarQuantizer
 from vq.quantizers.scalar_codes import decode_stored, stored_values
 
 
@@ -78,7 +83,7 @@ class HNSWSQ(HNSW):
         margin: float = 0.0,
     ):
         super().__init__(dim, M, metric, k, efConstruction, efSearch, seed, verbose)
-        self.sq = ScalarQuantizer(dim, bits, margin=margin)
+        self.sq = sq_quantizer(dim, bits, margin)
         self.register_buffer("codes", torch.zeros(0, self.sq.code_size, dtype=torch.uint8))
 
     @property
@@ -113,6 +118,12 @@ class HNSWSQ(HNSW):
 
     def _keep_batch(self, encoded: dict[str, torch.Tensor], data: np.ndarray) -> None:
         self.codes = torch.cat([self.codes, encoded["codes"].to(self.codes.device)])
+
+    def _stored_rows(self) -> dict[str, torch.Tensor]:
+        return {"codes": self.codes}
+
+    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.sq.decode(self.codes[rows.to(self.device)]).float()
 
     def _storage_problem(self) -> str | None:
         if self.vectors.shape[0]:

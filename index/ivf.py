@@ -21,19 +21,26 @@ import numpy as np
 import torch
 
 from vq import _cpu, kernels
-from vq._checks import check_flag, check_int, check_positive, check_training_size
+from vq._checks import (
+    check_flag,
+    check_int,
+    check_positive,
+    check_real,
+    check_seed,
+    check_training_size,
+)
 from vq.clustering import kmeans
 from vq.index.base import Index
 from vq.index.faiss_build import ivf_to_faiss
 from vq.index.filters import kernel_mask, probes_for_filter, torch_mask
-from vq.index.hnsw import HNSW
+from vq.index.hnsw import HNSW, MAX_M
 from vq.index.ivfsearch import IVFSearch, padded_rows, probe
 from vq.index.ivfstorage import IVFStorage
 from vq.index.lean import ivf_lean_search
 from vq.index.mapped import file_range
 from vq.index.searching import results_by_id
 from vq.index.spill import SPILL_COPIES
-from vq.index.static import INF, search_in_chunks
+from vq.index.static import search_in_chunks
 from vq.quantizers import VectorQuantizer
 
 _NO_NORMS = np.zeros(0, np.float32)
@@ -41,6 +48,8 @@ _NO_NORMS = np.zeros(0, np.float32)
 
 #: the coarse k-means starts from k-means++ seeds up to this many lists, from random rows above
 KMEANSPP_MAX_NLIST = 2048
+#: the most inverted lists (list numbers are int32 nodes in a graph-routed coarse quantizer)
+MAX_NLIST = (1 << 31) - 1
 
 
 class IVFIndex(IVFStorage, Index):
@@ -91,19 +100,29 @@ class IVFIndex(IVFStorage, Index):
         coarse_hnsw: int = 0,
     ):
         super().__init__(dim, metric, k, verbose)
-        self.coarse_hnsw = check_int(coarse_hnsw, "coarse_hnsw", 0)
-        if self.coarse_hnsw:
-            self.coarse_graph = HNSW(dim, self.coarse_hnsw, metric)
-        self.nlist = check_int(nlist, "nlist", 1)
-        self.spill, self.soar_lambda = check_flag(spill, "spill"), float(soar_lambda)
+        self.nlist = check_int(nlist, "nlist", 1, MAX_NLIST)
+        self.coarse_hnsw = check_int(coarse_hnsw, "coarse_hnsw", 0, MAX_M)
+        if self.coarse_hnsw == 1:
+            raise ValueError("coarse_hnsw must be 0 (no graph) or the graph's M >= 2, got 1")
+        self.spill = check_flag(spill, "spill")
+        self.soar_lambda = check_real(soar_lambda, "soar_lambda")
         if self.spill and self.nlist < 2:
             raise ValueError("spill=True needs nlist >= 2 (a second list to spill to)")
-        if not 0.0 <= self.soar_lambda < INF:
-            raise ValueError(f"soar_lambda must be a finite number >= 0, got {soar_lambda!r}")
         self.nprobe = check_positive(nprobe, "nprobe")
-        self.coarse_niter, self.seed = coarse_niter, seed
-        self.quantizer = VectorQuantizer(dim, nlist, niter=coarse_niter, seed=seed)
-        self.register_buffer("offsets", torch.zeros(nlist + 1, dtype=torch.int64))
+        self.coarse_niter = check_int(coarse_niter, "coarse_niter", 0)
+        self.seed = check_seed(seed)
+        try:
+            self.quantizer = VectorQuantizer(dim, self.nlist, niter=self.coarse_niter, seed=seed)
+        except RuntimeError as err:  # (the allocator's words: "can't allocate memory")
+            gib = self.nlist * dim * 4 / 2**30
+            raise MemoryError(
+                f"nlist={self.nlist}: the coarse centroids, float32 [nlist, {dim}], would take "
+                f"{gib:.4g} GiB; choose fewer lists (faiss's advice: 4 to 16 times the square "
+                "root of the number of vectors)"
+            ) from err
+        if self.coarse_hnsw:
+            self.coarse_graph = HNSW(dim, self.coarse_hnsw, metric)
+        self.register_buffer("offsets", torch.zeros(self.nlist + 1, dtype=torch.int64))
 
     @property
     def is_trained(self) -> bool:
@@ -151,6 +170,16 @@ class IVFIndex(IVFStorage, Index):
 
     def _remove(self, ids: torch.Tensor) -> int:
         return super()._remove(ids) // self.copies  # vectors removed, not rows
+
+    def _reset(self) -> None:
+        super()._reset()
+        self.offsets = torch.zeros_like(self.offsets)
+        self.__dict__.pop("_id_lists", None)  # (the id → list map of remove_ids)
+
+    def _copy_ids(self) -> np.ndarray | None:
+        """int64 [n_rows]: the id of each stored row where a vector is stored twice (spilled
+        lists: a range search keeps each query's nearer copy), else None."""
+        return self.ids.cpu().numpy() if self.spill else None
 
     def list_sizes(self) -> torch.Tensor:
         """int64 [nlist]: vectors stored in each inverted list."""
@@ -275,6 +304,8 @@ class IVFIndex(IVFStorage, Index):
         the probed ones, all lists are, or the next list would pass ``max_codes`` stored
         vectors in all (None: no cap); ``probed`` int64 [nq] receives how many lists each
         query probed."""
+        if max_codes is not None:
+            check_positive(max_codes, "max_codes")
         if self.ntotal == 0 or _cpu.fast_path(q):
             options = {"max_codes": max_codes, "allowed": allowed, "probed": probed}
             return super()._search_ids(q, k, nprobe=nprobe, **options)

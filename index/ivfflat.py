@@ -173,7 +173,7 @@ class IVFFlat(IVFIndex):
             kernels.ivf_flat_range_search(qn[s:e], x, lists[s:e], offsets, starts, t, mask, ip,
                                           rows, vals, counts)  # fmt: skip
 
-        return probed_hits(radius, ip, lists, self.list_sizes().numpy(), call)
+        return probed_hits(radius, ip, lists, self.list_sizes().numpy(), call, self._copy_ids())
 
     def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked, allowed, store) -> None:
         kernels.ivf_flat_scan(

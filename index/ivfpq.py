@@ -22,12 +22,11 @@ from vq.index.fastscan import PackedCodes, check_fast_scan
 from vq.index.filters import block_bits, kernel_mask, row_bits
 from vq.index.ivf import IVFIndex, IVFSearch
 from vq.index.ivfpq_tables import ListTables, filled_table
-from vq.index.pq import codes_problem, stored_codes
+from vq.index.pq import codes_problem, pq_quantizer, stored_codes
 from vq.index.ranges import probed_hits
 from vq.index.static import INF, kept
 from vq.kernels import fastscan as fastscan_kernels
 from vq.kernels.fastscan_ivf import ivf_fastscan_lean, ivf_fastscan_lists
-from vq.quantizers import ProductQuantizer
 from vq.quantizers.product import lookup_tables, pq_decode
 
 #: no list: ``_kernel_args`` fills no row of the precomputed table
@@ -86,10 +85,10 @@ class IVFPQ(IVFIndex):
             dim, nlist, metric, k, nprobe, coarse_niter=coarse_niter, seed=seed, verbose=verbose,
             spill=spill, soar_lambda=soar_lambda, coarse_hnsw=coarse_hnsw,
         )  # fmt: skip
+        self.pq = pq_quantizer(dim, M, nbits, seed=seed, **pq_options)
         self.fast_scan = check_fast_scan(fast_scan, M, nbits)
         self._packed = PackedCodes()
         self.by_residual = check_flag(by_residual, "by_residual")
-        self.pq = ProductQuantizer(dim, M, nbits, seed=seed, **pq_options)
         self.register_buffer("codes", torch.zeros(0, M, dtype=self.pq.code_dtype))
         self.register_buffer("precomputed_table", torch.zeros(0, M, self.pq.ksub), persistent=False)
         self._tables = ListTables()
@@ -286,7 +285,8 @@ class IVFPQ(IVFIndex):
             hits(qn[s:e], *args, np.ascontiguousarray(base[s:e]), np.ascontiguousarray(lists[s:e]),
                  codes, offsets, starts, t, mask, rows, vals, counts, terms)  # fmt: skip
 
-        return probed_hits(radius, self.metric == "ip", lists, self.list_sizes().numpy(), call)
+        sizes = self.list_sizes().numpy()
+        return probed_hits(radius, self.metric == "ip", lists, sizes, call, self._copy_ids())
 
     def _row_terms(self) -> np.ndarray:
         """float32 [n_rows]: :func:`residual_terms`, kept until the codes or codebooks change

@@ -17,11 +17,10 @@ from vq.index.faiss_build import faiss_metric, import_faiss
 from vq.index.filters import kernel_mask
 from vq.index.ivf import IVFIndex, IVFSearch
 from vq.index.ranges import probed_hits
-from vq.index.sq import codes_problem, copy_ranges, kernel_arrays, sq_faiss_type
+from vq.index.sq import codes_problem, copy_ranges, kernel_arrays, sq_faiss_type, sq_quantizer
 from vq.index.static import kept
 from vq.kernels import sq as sq_kernels
 from vq.kernels.ranges import sq_hits
-from vq.quantizers import ScalarQuantizer
 from vq.quantizers.scalar_codes import decode_stored, stored_values
 
 
@@ -68,7 +67,7 @@ class IVFSQ(IVFIndex):
             spill=spill, soar_lambda=soar_lambda, coarse_hnsw=coarse_hnsw,
         )  # fmt: skip
         self.by_residual = check_flag(by_residual, "by_residual")
-        self.sq = ScalarQuantizer(dim, bits, margin=margin)
+        self.sq = sq_quantizer(dim, bits, margin)
         self.register_buffer("codes", torch.zeros(0, self.sq.code_size, dtype=torch.uint8))
 
     @property
@@ -150,7 +149,7 @@ class IVFSQ(IVFIndex):
             sq_hits(qn[s:e], lists[s:e], offsets, codes, *arrays, starts, t, mask, ip,
                                rows, vals, counts)  # fmt: skip
 
-        return probed_hits(radius, ip, lists, self.list_sizes().numpy(), call)
+        return probed_hits(radius, ip, lists, self.list_sizes().numpy(), call, self._copy_ids())
 
     def _lean_kernel(self, store) -> tuple:
         args = (

@@ -20,10 +20,10 @@ import numpy as np
 import torch
 
 from vq import _cpu
-from vq._checks import check_positive, is_eager
+from vq._checks import MAX_NORM, check_positive, is_eager
 from vq._cpu import numpy_path
 from vq.index.mapped import read_lists
-from vq.index.searching import NO_IDS
+from vq.index.searching import MAX_K, NO_IDS
 from vq.kernels.select import unique_rows, unique_rows_range
 from vq.kernels.small import BOUND_RATIO, BOUND_SPARE, probe_lists
 from vq.kernels.static import metric as kernel_metric
@@ -41,6 +41,7 @@ SPLIT_BATCH = 4096
 SPLIT_COARSE = 1 << 16
 SPLIT_WORK = 20_000_000
 _FLOAT32 = np.dtype(np.float32)
+_MAX_NORM_SQ = MAX_NORM * MAX_NORM
 _NO_NORMS = np.zeros(0, np.float32)
 _NO_BOUND = (np.zeros((0, 0), np.float32), np.zeros((0, 0), np.float32), _NO_NORMS,
              np.zeros((0, 0), np.float32))  # fmt: skip
@@ -52,7 +53,8 @@ def search_small(index, queries: Any, k: Any, params: dict):
     :data:`SMALL_BATCH` of them (:data:`SPLIT_BATCH` for an IVF index whose lean search
     splits batches), k not a positive int, the kernels disabled
     (``vq._cpu.torch_only``), an option the lean search does not take, or a call the lean
-    search declines (work too large for one thread, a query that is not finite).
+    search declines (work too large for one thread, a query that is not finite, or
+    queries whose squared norms sum past ``MAX_NORM²``: :data:`vq._checks.MAX_NORM`).
 
     Returns:
         ``(D, I)`` as ``search`` returns them (numpy for numpy queries, CPU tensors for
@@ -65,6 +67,7 @@ def search_small(index, queries: Any, k: Any, params: dict):
     elif isinstance(queries, torch.Tensor):
         if (
             queries.dtype != torch.float32
+            or queries.layout != torch.strided
             or queries.device.type != "cpu"
             or queries.requires_grad
             or not is_eager()
@@ -82,10 +85,13 @@ def search_small(index, queries: Any, k: Any, params: dict):
         if isinstance(k, bool) or not isinstance(k, np.integer):
             return None
         k = int(k)
-    if k <= 0 or not numpy_path():
+    if k <= 0 or k > MAX_K or not numpy_path():
         return None
     if not q.flags.c_contiguous:
         q = np.ascontiguousarray(q)
+    with np.errstate(all="ignore"):  # (one BLAS dot: ~1 µs for a few queries)
+        if not float(np.dot(q.reshape(-1), q.reshape(-1))) <= _MAX_NORM_SQ:
+            return None  # a NaN, an infinity or a norm past MAX_NORM: the general path says
     lock = index._lock
     token = None if lock.try_read() else lock.acquire_read()
     try:
@@ -152,6 +158,9 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
     def search(q: np.ndarray, k: int, ranked: bool, params: dict):
         nprobe = params.get("nprobe")
         nprobe = min(index.nprobe if nprobe is None else check_positive(nprobe, "nprobe"), nlist)
+        max_codes = params.get("max_codes")  # (a filter's cap: checked, then unused here)
+        if max_codes is not None and (type(max_codes) is not int or max_codes < 1):
+            return None  # the general path says what is wrong
         nq = q.shape[0]
         kc = k
         if k_factor is not None:  # candidates for the re-ranking

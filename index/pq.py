@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from vq import _cpu, kernels
+from vq._checks import check_int, check_seed
 from vq.index import fastscan
 from vq.index.base import Index
 from vq.index.faiss_build import (
@@ -63,8 +64,8 @@ class PQIndex(Index):
         **pq_options,
     ):
         super().__init__(dim, metric, k, verbose)
+        self.pq = pq_quantizer(dim, M, nbits, **pq_options)
         self.fast_scan = check_fast_scan(fast_scan, M, nbits)
-        self.pq = ProductQuantizer(dim, M, nbits, **pq_options)
         self.register_buffer("codes", torch.zeros(0, M, dtype=self.pq.code_dtype))
         self._packed = PackedCodes()
 
@@ -203,6 +204,19 @@ class PQIndex(Index):
             return cbf.transpose(1, 2).contiguous().numpy(), (cbf * cbf).sum(-1).numpy()
 
         return self._derived("codebook_arrays", (cb,), compute)
+
+
+def pq_quantizer(dim: int, M: int, nbits: int, **options) -> ProductQuantizer:
+    """The :class:`vq.ProductQuantizer` of a PQ index (PQIndex, IVFPQ), its arguments checked
+    first by name and range: M and nbits integers (1 <= nbits <= 16), and of the k-means
+    options ``niter`` an integer >= 0, ``max_points_per_centroid`` >= 1, ``seed`` a seed."""
+    M, nbits = check_int(M, "M", 1), check_int(nbits, "nbits", 1, 16)
+    for name, minimum in (("niter", 0), ("max_points_per_centroid", 1)):
+        if name in options:
+            options[name] = check_int(options[name], name, minimum)
+    if "seed" in options:
+        options["seed"] = check_seed(options["seed"])
+    return ProductQuantizer(dim, M, nbits, **options)
 
 
 def codes_problem(codes: torch.Tensor, n: int, pq) -> str | None:

@@ -14,6 +14,7 @@ from vq.index.base import Index
 from vq.index.faiss_build import import_faiss, keep_alive, with_id_map
 from vq.index.filters import IdFilter, torch_mask
 from vq.index.lean import SMALL_BATCH
+from vq.index.ranges import by_query, query_numbers
 from vq.index.searching import NO_IDS, shape_problem
 from vq.index.static import INF, Searcher, kept, search_in_chunks, top_rows
 from vq.index.storage import IdRange, append_rows, reserve
@@ -53,6 +54,8 @@ class Refine(Wrapper):
     def __init__(
         self, index: Index, k_factor: int = 1, k: int | None = None, storage: str = "float32"
     ):
+        if not isinstance(index, Index):
+            raise TypeError(f"index must be a vq index to re-rank, got {type(index).__name__}")
         super().__init__(index.dim, index.metric, index.k if k is None else k, index.verbose)
         if storage not in _STORAGE:
             raise ValueError(f"storage must be one of {tuple(_STORAGE)}, got {storage!r}")
@@ -114,6 +117,13 @@ class Refine(Wrapper):
     def _train(self, x: torch.Tensor) -> None:
         self.index.train(x)
 
+    def _learns(self) -> bool:
+        return self.index._learns()
+
+    def _reset(self) -> None:
+        super()._reset()
+        self.index._reset()
+
     def _add(self, x: torch.Tensor, ids, prepare=None) -> None:
         self._require_trained("add")
         n0, step = self.ntotal, self.add_batch_size
@@ -144,14 +154,16 @@ class Refine(Wrapper):
         ip = self.metric == "ip"
         inner_filter = None if allowed is None else IdFilter(allowed.row_mask(self).view(bool))
         mine_of = self.index.stored_ids().cpu()  # the wrapped index's ids are this one's rows
-        parts = []
-        for qs, rows, _ in self.index._range_hits(q, radius, inner_filter, **params):
-            for s in range(0, qs.shape[0], 1 << 16):  # [hits, dim] temporaries, bounded
-                qi, mine = torch.from_numpy(qs[s : s + (1 << 16)]), mine_of[rows[s : s + (1 << 16)]]
+        parts, step = [], 1 << 16
+        for inner in self.index._range_hits(q, radius, inner_filter, **params):
+            qs_all = query_numbers(inner)
+            for s in range(0, qs_all.shape[0], step):  # [hits, dim] temporaries, bounded
+                qi = torch.from_numpy(qs_all[s : s + step])
+                mine = mine_of[inner.rows[s : s + step]]
                 qv, xv = q[qi], self.vectors[mine.to(self.device)].float().cpu()
                 d = -(qv * xv).sum(1) if ip else ((qv - xv) ** 2).sum(1)
                 keep = (d < (-radius if ip else radius)).numpy()
-                parts.append((qi.numpy()[keep], mine.numpy()[keep], d.numpy()[keep]))
+                parts.append(by_query(qi.numpy()[keep], mine.numpy()[keep], d.numpy()[keep]))
         return parts
 
     def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:

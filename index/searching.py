@@ -17,9 +17,25 @@ import numpy as np
 import torch
 
 from vq import _cpu, kernels
+from vq._checks import check_positive
 from vq.index.filters import IdFilter
 from vq.index.static import to_results
 from vq.kernels.static import metric as kernel_metric
+
+#: the most neighbours a search returns per query (results are int64 and float32 [nq, k])
+MAX_K = (1 << 31) - 1
+
+
+def check_k(k) -> int:
+    """A search's ``k`` as an int: a positive integer up to :data:`MAX_K` (ValueError)."""
+    k = check_positive(k, "k")
+    if k > MAX_K:
+        raise ValueError(
+            f"k must be at most {MAX_K} (2**31 - 1), got {k}; a search returns [nq, k] arrays "
+            "(k beyond ntotal is padded with id -1)"
+        )
+    return k
+
 
 #: ``rows_to_ids``'s id table where the ids are the rows themselves
 NO_IDS = np.zeros(0, dtype=np.int64)

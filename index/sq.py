@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from vq import _cpu, kernels
+from vq._checks import check_real, is_integer
 from vq.faiss_interop import SQ_TYPES
 from vq.index.base import Index
 from vq.index.faiss_build import faiss_metric, import_faiss, with_id_map
@@ -58,6 +59,18 @@ def kernel_arrays(index: Index, sq: ScalarQuantizer) -> tuple:
     return index._derived(f"sq_arrays/{sq.bits}", (sq.vmin, sq.vdiff), compute)
 
 
+def sq_quantizer(dim: int, bits, margin) -> ScalarQuantizer:
+    """The :class:`vq.ScalarQuantizer` of an SQ index (SQIndex, IVFSQ, HNSWSQ), its arguments
+    checked first: ``bits`` an integer or a name (8, 6, 4, "fp16", "bf16"; ``8.0`` or True
+    is a TypeError), ``margin`` a finite number >= 0."""
+    if not (isinstance(bits, str) or is_integer(bits)):
+        raise TypeError(
+            f"bits must be one of 8, 6, 4, 'fp16', 'bf16'; got {bits!r} ({type(bits).__name__})"
+        )
+    return ScalarQuantizer(dim, bits if isinstance(bits, str) else int(bits),
+                           margin=check_real(margin, "margin"))  # fmt: skip
+
+
 def codes_problem(codes: torch.Tensor, n: int, sq: ScalarQuantizer) -> str | None:
     """``consistency_problem``'s words for stored codes that are not uint8 [n, code_size]."""
     problem = shape_problem("codes", codes, (n, sq.code_size))
@@ -94,7 +107,7 @@ class SQIndex(Index):
         margin: float = 0.0,
     ):
         super().__init__(dim, metric, k, verbose)
-        self.sq = ScalarQuantizer(dim, bits, margin=margin)
+        self.sq = sq_quantizer(dim, bits, margin)
         self.register_buffer("codes", torch.zeros(0, self.sq.code_size, dtype=torch.uint8))
 
     @property

@@ -37,6 +37,8 @@ class PreTransform(Wrapper):
             raise TypeError(
                 f"transform must be a vq.OPQ or a vq.PCA, got {type(transform).__name__}"
             )
+        if not isinstance(index, Index):
+            raise TypeError(f"index must be a vq index, got {type(index).__name__}")
         if index.dim != transform.dim_out:
             raise ValueError(
                 f"the index has dim {index.dim} but the transform outputs {transform.dim_out} "
@@ -122,6 +124,12 @@ class PreTransform(Wrapper):
         if not bool(self.transform.trained):
             self.transform.fit(x)
         self.index.train(self.apply(x))
+
+    def _learns(self) -> bool:
+        return not bool(self.transform.trained) or self.index._learns()
+
+    def _reset(self) -> None:
+        self.index._reset()
 
     def _add(self, x: torch.Tensor, ids, prepare=None) -> None:
         self._require_trained("add")

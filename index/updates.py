@@ -88,9 +88,7 @@ class Updates:
 
     def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """float32 [len(rows), dim]: the stored rows decoded (each kind that can)."""
-        raise ValueError(
-            f"{type(self).__name__} cannot reconstruct vectors: it keeps none it can decode"
-        )
+        raise ValueError(f"{type(self).__name__} cannot reconstruct its stored vectors")
 
     # -- merging ------------------------------------------------------------------------------
     def merge_from(self, other) -> None:

@@ -11,6 +11,8 @@ The dtype policy, in one place:
   kept by callers that accumulate them in float32 a chunk at a time (``keep_half``); integer,
   bool and complex input is a ``TypeError`` (convert explicitly: integer vectors are often codes
   or ids passed by mistake).
+- the indexes also refuse vectors of norm beyond :data:`MAX_NORM` (1e18), whose squared
+  distances would overflow float32 (``check_vectors(..., max_norm=MAX_NORM)``).
 - codes and ids: any integer dtype; floating-point codes/ids are a ``TypeError``.
 - numpy arrays and torch tensors on any device are accepted, contiguous or not (numpy input is
   shared, not copied, where the dtype allows); Python lists are a ``TypeError`` (wrap them with
@@ -71,7 +73,14 @@ def as_tensor(x: Any, name: str) -> torch.Tensor:
     raise TypeError(f"{name}: expected a numpy array or torch tensor, got {type(x).__name__}{hint}")
 
 
-def check_vectors(x: Any, dim: int | None, name: str = "x", *, matrix: bool = True) -> torch.Tensor:
+def check_vectors(
+    x: Any,
+    dim: int | None,
+    name: str = "x",
+    *,
+    matrix: bool = True,
+    max_norm: float | None = None,
+) -> torch.Tensor:
     """Validate a batch of vectors without converting it: shape, floating dtype, finite values.
 
     Args:
@@ -79,6 +88,9 @@ def check_vectors(x: Any, dim: int | None, name: str = "x", *, matrix: bool = Tr
         dim: expected size of the last axis, or None to accept any (but 0).
         name: how the argument is called in error messages.
         matrix: require exactly two axes.
+        max_norm: refuse vectors whose norm is beyond it (the indexes pass :data:`MAX_NORM`:
+            see :func:`check_norms`); with it the values are checked in one pass, a dot
+            product of all of them, where every vector is within the bound.
 
     Returns:
         ``x`` as a tensor in its own floating dtype, on its own device, detached from autograd.
@@ -100,11 +112,63 @@ def check_vectors(x: Any, dim: int | None, name: str = "x", *, matrix: bool = Tr
     if t.shape[-1] == 0:
         raise ValueError(f"{name}: expected vectors of dim >= 1, got shape {tuple(t.shape)}")
     t = t.detach()
-    if is_eager():
+    if is_eager() and not (max_norm is not None and norms_within(t, max_norm)):
         check_finite(t, name)
         if t.dtype == torch.float64:
             _check_float32_range(t, name)
+        if max_norm is not None:
+            check_norms(t, name, max_norm)
     return t
+
+
+#: the largest norm of a vector an index stores or searches (``Index.add``, ``train``,
+#: ``search``, ``range_search``): the squared distances between such vectors (at most
+#: 4 · MAX_NORM²) and the sums the scans build from them (IVF-PQ's ``‖x - c‖² + ‖r‖² + 2⟨c, r⟩
+#: - 2⟨x, r⟩``, at most 16 · MAX_NORM²) stay far below float32's largest value (3.4e38), so
+#: that no distance overflows to +inf or NaN (finite float32 vectors near 1e19 did, and
+#: searches returned ids in no order, or none)
+MAX_NORM = 1e18
+
+
+def norms_within(t: torch.Tensor, max_norm: float) -> bool:
+    """Whether every vector (row of the last axis) of the float tensor ``t`` is finite and of
+    norm at most ``max_norm``, by one pass: the sum of all squared values (a BLAS dot product
+    for contiguous float32 / float64 CPU arrays) is at most ``max_norm²``. False also where
+    that sum overflows, is NaN or exceeds the bound while each row is within it (a big
+    batch): :func:`check_norms` then looks row by row."""
+    if t.numel() == 0:
+        return True
+    if t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64) and t.is_contiguous():
+        flat = t.numpy().reshape(-1)
+        with np.errstate(all="ignore"):
+            total = float(np.dot(flat, flat))
+    else:
+        wide = torch.float64 if t.dtype == torch.float64 else torch.float32
+        total = float(torch.linalg.vector_norm(t, dtype=wide)) ** 2
+    return total <= max_norm * max_norm
+
+
+def check_norms(t: torch.Tensor, name: str, max_norm: float = MAX_NORM) -> None:
+    """ValueError naming how many vectors (rows of the last axis) of the finite float tensor
+    ``t`` have a norm beyond ``max_norm``, and the first of them; norms computed in float64,
+    a chunk of rows at a time."""
+    rows = t.reshape(-1, t.shape[-1])
+    bad, first, norm = 0, -1, 0.0
+    for s in range(0, rows.shape[0], 1 << 16):
+        norms = torch.linalg.vector_norm(rows[s : s + (1 << 16)], dim=1, dtype=torch.float64)
+        over = norms > max_norm
+        count = int(over.sum())
+        if count and first < 0:
+            at = int(torch.argmax(over.to(torch.uint8)))
+            first, norm = s + at, float(norms[at])
+        bad += count
+    if bad:
+        raise ValueError(
+            f"{name}: {bad} vector{'s' if bad > 1 else ''} of norm beyond {max_norm:g} (first: "
+            f"row {first}, norm "
+            f"{norm:.3g}), whose squared distances overflow float32; rescale the vectors "
+            "(dividing all of them by one number keeps every ranking)"
+        )
 
 
 def _check_float32_range(t: torch.Tensor, name: str) -> None:
@@ -144,6 +208,7 @@ def as_vectors(
     *,
     matrix: bool = True,
     keep_half: bool = False,
+    max_norm: float | None = None,
 ) -> torch.Tensor:
     """Validate a batch of vectors and return it as a floating-point tensor.
 
@@ -154,12 +219,13 @@ def as_vectors(
         matrix: require exactly two axes.
         keep_half: keep float16/bfloat16 as they are (callers that accumulate in float32 per
             chunk); otherwise every floating dtype becomes float32.
+        max_norm: as :func:`check_vectors`'s.
 
     Returns:
         A tensor on ``x``'s device, detached from autograd (numpy input shares memory when no
         conversion is needed).
     """
-    t = check_vectors(x, dim, name, matrix=matrix)
+    t = check_vectors(x, dim, name, matrix=matrix, max_norm=max_norm)
     if keep_half and t.dtype in _FLOAT_DTYPES:
         return t
     return t.float()
@@ -202,15 +268,41 @@ def check_flag(value: Any, name: str) -> bool:
     return bool(value)
 
 
-def check_int(value: Any, name: str, minimum: int | None = None) -> int:
+def check_int(value: Any, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
     """``value`` as a Python int: integers (Python or numpy, not bool) at least ``minimum``
-    (constructor arguments: a wrong type is a TypeError, a wrong value a ValueError)."""
+    and at most ``maximum`` (constructor arguments: a wrong type is a TypeError, a wrong value
+    a ValueError naming the accepted range)."""
     if not is_integer(value):
         raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
     if minimum is not None and value < minimum:
         what = "positive" if minimum == 1 else f">= {minimum}"
         raise ValueError(f"{name} must be {what}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be at most {maximum}, got {value}")
     return int(value)
+
+
+#: seeds are integers in [0, 2**63) (what torch and numpy generators take, and JSON keeps)
+SEED_MAX = (1 << 63) - 1
+
+
+def check_seed(value: Any, name: str = "seed") -> int:
+    """A random seed: an integer in [0, 2**63) (None is refused: a saved index must rebuild
+    and retrain the same way, so its seed is a number)."""
+    if value is None:
+        raise TypeError(f"{name} must be an integer in [0, 2**63), got None; pick a number")
+    return check_int(value, name, 0, SEED_MAX)
+
+
+def check_real(value: Any, name: str, minimum: float = 0.0) -> float:
+    """``value`` as a Python float: a finite real number (int or float, numpy's too, not
+    bool) at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    v = float(value)
+    if not (minimum <= v < float("inf")):
+        raise ValueError(f"{name} must be a finite number >= {minimum:g}, got {value!r}")
+    return v
 
 
 def check_positive(value: Any, name: str, what: str = "a positive integer") -> int:
