@@ -710,6 +710,27 @@ def test_eval_forward_exports_strictly(name):
     torch.testing.assert_close(ours[0], ref[0])
 
 
+def test_a_training_step_compiles_to_one_graph():
+    """A compat layer's training step (k-means initialisation, EMA update, per-stage losses)
+    compiles with ``fullgraph=True``: one graph before and after the initialisation."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    torch.manual_seed(0)
+    layer = compat.ResidualVQ(dim=16, num_quantizers=2, codebook_size=32, kmeans_init=True)
+
+    def step(x):
+        quantized, _, losses = layer(x)
+        return quantized.square().mean() + losses.sum()
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    for i in range(3):  # the first step initialises; the third reuses the graph
+        compiled(randn(2, 64, 16, seed=i).requires_grad_()).backward()
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 1
+    assert bool(layer.layer.learner.initted.all())
+
+
 # -- training -------------------------------------------------------------------------------
 def test_training_an_autoencoder_ends_at_the_anchors_loss(anchor):
     """200 Adam steps of the same autoencoder (bench/compat_training.py) around each library's
