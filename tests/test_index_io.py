@@ -558,6 +558,25 @@ def test_failed_save_keeps_the_previous_file(tmp_path, monkeypatch, ivfpq, blobs
     assert sorted(os.listdir(tmp_path)) == ["index.vqi"]
 
 
+def test_two_saves_of_one_index_are_the_same_bytes_in_any_process(tmp_path, ivfpq):
+    """The header in a fixed order (safetensors writes the metadata in a hash map's order, a
+    different one every save): the metadata sorted by key, then the tensors by offset."""
+    a, b, c = tmp_path / "a.vqi", tmp_path / "b.vqi", tmp_path / "c.vqi"
+    ivfpq.save(a)
+    ivfpq.save(b)
+    assert a.read_bytes() == b.read_bytes()
+    code = "import sys, vq; vq.load_index(sys.argv[1]).save(sys.argv[2])"  # (its own hash seeds)
+    subprocess.run([sys.executable, "-c", code, str(a), str(c)], check=True, timeout=300)
+    assert c.read_bytes() == a.read_bytes()
+    header, _ = split_file(a.read_bytes())
+    names = list(header)[1:]
+    assert list(header)[0] == "__metadata__" and sorted(names) == sorted(ivfpq.state_dict())
+    assert names == sorted(names, key=lambda name: header[name]["data_offsets"])
+    assert list(header["__metadata__"]) == sorted(header["__metadata__"])
+    with safe_open(str(a), "pt") as f:  # (and safetensors reads it)
+        assert f.metadata()["format"] == "vq.index"
+
+
 # -- 5. file size -------------------------------------------------------------------------
 @pytest.mark.parametrize("desc, stores_ids", [("IVF16,PQ8", True), ("PQ8", False)])
 def test_file_is_not_much_bigger_than_the_data(tmp_path, blobs, queries, desc, stores_ids):

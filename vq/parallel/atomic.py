@@ -11,6 +11,12 @@ gone.
 The file gets the permissions a plain ``open(path, "w")`` would give it: those of the file it
 replaces, else 0o666 less the process's umask (some writers, safetensors' among them, create
 files readable by their owner only).
+
+A safetensors file written here is the same bytes for the same tensors and metadata, in any
+process: safetensors writes the metadata in a hash map's order, a different one every time, so
+:func:`write_safetensors` rewrites the header in a fixed order before the rename (the metadata
+sorted by key, then the tensors in the order of their data), in place: the same entries, so the
+same length.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import json
 import os
 import re
 import secrets
+import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,10 +68,33 @@ def atomic_file(path: Path, mode: str = "wb") -> Iterator[IO]:
 def write_safetensors(
     path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]
 ) -> None:
-    """Write ``tensors`` (contiguous CPU tensors) and ``metadata`` to ``path`` atomically."""
+    """Write ``tensors`` (contiguous CPU tensors) and ``metadata`` to ``path`` atomically,
+    the header in a fixed order (the same bytes for the same tensors and metadata)."""
     with atomic_path(path) as tmp:
         # looked up at call time (not imported by name), so that tests can simulate a failure
         safetensors.torch.save_file(tensors, str(tmp), metadata=metadata)
+        _fix_header_order(tmp)
+
+
+def _fix_header_order(path: Path) -> None:
+    """Rewrite the JSON header of the safetensors file ``path`` in place in a fixed order:
+    ``__metadata__`` first, its entries sorted by key, then the tensors by data offset, each
+    as ``dtype``, ``shape``, ``data_offsets``; compact, as safetensors writes it, so the same
+    length (padded with spaces, as safetensors pads it, should it ever be shorter). A header
+    that would not fit is left as written (never seen: the entries are the same)."""
+    with open(path, "rb+") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        ordered = {}
+        if "__metadata__" in header:
+            ordered["__metadata__"] = dict(sorted(header.pop("__metadata__").items()))
+        for name, entry in sorted(header.items(), key=lambda e: tuple(e[1]["data_offsets"])):
+            ordered[name] = {key: entry[key] for key in ("dtype", "shape", "data_offsets")}
+        text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) > n:
+            return
+        f.seek(8)
+        f.write(text.ljust(n, b" "))
 
 
 def write_json(path: Path, obj: Any, indent: int | None = 2) -> None:
