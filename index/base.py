@@ -40,6 +40,7 @@ from vq._tree_cache import cached, drop
 from vq.index.fileformat import save_target, write_index_file
 from vq.index.lean import search_small
 from vq.index.locking import ReadWriteLock
+from vq.index.mapped import read_chunks
 from vq.index.memory import held_bytes
 from vq.index.ranges import range_search
 from vq.index.searching import (
@@ -60,6 +61,16 @@ from vq.kernels.background import KernelNotReady
 from vq.kernels.cache import compiles
 
 METRICS = ("l2", "ip")
+
+
+def ids_problem(ids: torch.Tensor) -> str | None:
+    """``consistency_problem``'s words for stored ids that are not int64 [n], or not all in
+    [0, 2**63) (-1 is a search's "no result"; ``add_with_ids`` takes no other): a pass over
+    them, read with ``pread`` where they are mapped from an index file (nothing mapped in)."""
+    if ids.dim() != 1 or ids.dtype != torch.int64:
+        return f"ids of dtype {ids.dtype} and shape {tuple(ids.shape)}, expected int64 [n]"
+    low = min((int(c.min()) for c in read_chunks(ids) if c.shape[0]), default=0)
+    return f"ids below 0 (the smallest is {low})" if low < 0 else None
 
 
 class Index(Updates, nn.Module):
@@ -138,9 +149,11 @@ class Index(Updates, nn.Module):
         does not hold this one's rows (whose own data are its own to check). Extended by
         each subclass for its buffers."""
         ids = self._buffers.get("ids")
-        if ids is not None and ids.shape[0] not in (0, self.ntotal):
+        if ids is None:
+            return None
+        if ids.dim() == 1 and ids.shape[0] not in (0, self.ntotal):
             return f"{ids.shape[0]} ids for {self.ntotal} vectors"
-        return None
+        return ids_problem(ids)
 
     def check_consistent(self) -> None:
         """ValueError for the first index of this module tree (this one, then those it wraps)

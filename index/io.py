@@ -20,18 +20,13 @@ import torch
 from vq import kernels
 from vq.index.base import Index
 from vq.index.factory import from_config
-from vq.index.fileformat import (
-    check_config_checksum,
-    map_tensors,
-    read_config,
-    read_metadata,
-    read_tensors,
-)
+from vq.index.fileformat import IndexFile, check_config_checksum, read_config
+from vq.index.mapped import FileGuard, GuardedLock, file_range, read_chunks
 
 #: wrappers (PreTransform, Refine) nest at most this deep in a configuration
 _MAX_NESTING = 8
-#: elements per step of the NaN/Inf check
-_FINITE_CHUNK = 1 << 20
+#: bytes per step of the NaN/Inf check
+_FINITE_BYTES = 4 << 20
 
 
 def save_index(index: Index, path) -> None:
@@ -44,6 +39,10 @@ def load_index(
 ) -> Index:
     """Read an index written by ``index.save(path)``.
 
+    The file is opened once: its header, its tensors and the mapping come from one descriptor,
+    so a load while another process saves to the same path (``index.save`` writes a new file
+    and renames it over the path) gives the version it opened, whole.
+
     Args:
         path: the file.
         device: where to put its buffers (search then runs there).
@@ -54,49 +53,57 @@ def load_index(
             (at most about 64 MiB of lists at a time), and the result ids likewise: none of
             the file's pages is mapped into the process, even from a warm page cache, where
             touching the mapping would map whole large folios around each page (see
-            :mod:`vq.index.mapped`). Other reads (Flat/PQ/HNSW searches, filtered masks,
+            :mod:`vq.index.mapped`). Other reads (Flat/PQ/SQ/HNSW searches, filtered masks,
             range search, ``reconstruct``, export) go through the mapping: only the pages they
             touch become resident. The mapping is advised random access (no read-ahead) and
             copy-on-write: the index never writes to the file; ``add``, ``remove_ids`` and
             ``merge_from`` copy the buffers they change into memory first. While mapped, the
-            file must not be truncated or rewritten in place (``index.save`` writes a new file
-            and renames it, which is safe): an IVF search then raises an OSError that says
-            so, and a read through the mapping would fault.
+            file must not be truncated or written to in place (``index.save`` writes a new
+            file and renames it, which is safe): every call on the index (search,
+            range_search, reconstruct, save, add...) first checks the file (one ``fstat``)
+            and raises an OSError that says so rather than read a page that is gone, which
+            would kill the process (SIGBUS); a file cut short while a call is reading
+            through the mapping still does.
         verify: check the tensors' checksum, which reads every byte (default: True, and
             False with ``mmap``, whose point is not to read everything; ``mmap=True,
-            verify=True`` reads the whole file once at load, and its pages stay resident until
-            the system needs the memory). The header, the configuration's checksum, every
-            shape and byte range and the consistency of the stored data that searches index
-            with — offsets, ids, code ranges — are checked either way (4-bit codes: the range
-            check reads every code; 8-bit codes and float vectors need no pass).
+            verify=True`` reads the whole file once at load, with ``pread``: none of its
+            pages is mapped in). The header, the configuration's checksum, every shape,
+            rank, dtype and byte range and the consistency of the stored data that searches
+            index with — offsets, ids (int64, none below 0), code ranges — are checked either
+            way (ids, fp16/bf16 codes (NaN/Inf) and 4-bit codes are read whole for it, mapped
+            ones with ``pread`` but the 4-bit codes; 8-bit codes need no pass). Every float
+            tensor is checked for NaN/Inf after its conversion to the dtype the index keeps
+            (a float64 1e300 is inf as float32), mapped ones read with ``pread``, except the
+            stored rows left mapped (vectors), which ``verify=True`` checks.
 
     Raises:
-        FileNotFoundError: no such file.
+        FileNotFoundError: no such file (or not a regular file).
         ValueError: not a vq index, written in a format version this vq does not read (the
             message names the versions), truncated, inconsistent, or its checksums do not
             match (the file was modified or corrupted). Nothing else: no file makes this
-            function execute code, crash, or allocate more than the file holds.
+            function execute code, crash, or allocate more than the file holds, and none
+            makes the first search fail (every tensor has the dtype and rank its index
+            expects).
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no index file at {path}")
     verify = not mmap if verify is None else bool(verify)
-    meta = read_metadata(path)
-    if mmap:
-        tensors = map_tensors(path, meta, verify)
-    elif not verify:
+    if not mmap and not verify:
         raise ValueError("verify=False needs mmap=True: a load that reads the file checks it")
-    else:
-        tensors = read_tensors(path, meta)
+    with IndexFile(path) as file:  # (one descriptor: the version of the file it opened)
+        meta = file.meta
+        tensors = file.map_tensors(verify) if mmap else file.read_tensors()
     config = read_config(path, meta)
     _check_nesting(config, path)
     growing, dtypes = _check_shapes(config, tensors, path)
     check_config_checksum(path, meta)
-    _check_finite({k: v for k, v in tensors.items() if verify or k not in growing}, path)
-    index = _build(config, path)
     # the file's tensors (mapped, or read into memory of their own) become the buffers: no
     # second copy; one stored in another dtype is converted, as a copy into the buffer would
-    tensors = {k: v.to(dtypes[k]) if k in dtypes else v for k, v in tensors.items()}
+    tensors = {k: _converted(k, v, dtypes.get(k), config, path) for k, v in tensors.items()}
+    # NaN/Inf: in what was read, the trained parameters (read with pread where mapped), all
+    # with verify; the mapped rows (codes, vectors) are not read here
+    unread = {k for k, v in tensors.items() if k in growing and file_range(v) is not None}
+    _check_finite({k: v for k, v in tensors.items() if verify or k not in unread}, path)
+    index = _build(config, path)
     try:
         index.load_state_dict(tensors, strict=True, assign=True)
     except RuntimeError as err:
@@ -107,7 +114,40 @@ def load_index(
         index.check_consistent()
     except ValueError as err:
         raise ValueError(f"{path}: corrupted vq index file ({err})") from err
-    return index.to(device).eval()
+    except OSError as err:  # (a file cut short while its ids or codes were read)
+        raise ValueError(f"{path}: truncated vq index file ({err})") from err
+    index = index.to(device).eval()
+    _guard_mapped(index)
+    return index
+
+
+def _guard_mapped(index: Index) -> None:
+    """Where buffers of ``index`` are mapped from its file, give each index of its tree a lock
+    that checks the file before every call (:class:`vq.index.mapped.GuardedLock`)."""
+    guard = FileGuard(index.modules())
+    if guard.holds():
+        for m in index.modules():
+            if isinstance(m, Index):
+                m._lock = GuardedLock(guard)
+
+
+def _converted(name: str, t: torch.Tensor, dtype, config: dict, path: Path) -> torch.Tensor:
+    """``t`` as ``dtype`` (the buffer's: None, or the same, leaves it as it is). A conversion
+    to a wider dtype is refused (a file vq wrote has none, and it would allocate more than
+    the file holds); a mapped tensor is read with ``pread`` (nothing of the mapping read)."""
+    if dtype is None or t.dtype == dtype:
+        return t
+    if torch.empty(0, dtype=dtype).element_size() > t.element_size():
+        raise ValueError(
+            f"{path}: the tensors do not match a {config.get('class')}: {name!r} is stored as "
+            f"{t.dtype}, which it keeps as {dtype} (wider: not a file vq wrote)"
+        )
+    out = torch.empty(t.shape, dtype=dtype)
+    flat, at = out.view(-1), 0
+    for chunk in read_chunks(t):
+        flat[at : at + chunk.shape[0]] = chunk.to(dtype)
+        at += chunk.shape[0]
+    return out
 
 
 def _build(config: dict, path: Path) -> Index:
@@ -133,28 +173,28 @@ def _check_nesting(config: dict, path: Path) -> None:
 
 def _check_finite(tensors: dict[str, torch.Tensor], path: Path) -> None:
     """ValueError for a floating tensor holding NaN/Inf values (checked a chunk at a time:
-    the temporaries stay small beside the tensors)."""
+    the temporaries stay small beside the tensors; a mapped one read with ``pread``)."""
     for name, t in tensors.items():
         if not t.is_floating_point():
             continue
-        flat = t.reshape(-1)
-        if t.dtype == torch.float32 and kernels.all_finite(flat[None].numpy()):
-            continue  # (one pass, no temporary)
-        chunks = [flat[s : s + _FINITE_CHUNK] for s in range(0, flat.numel(), _FINITE_CHUNK)]
-        if all(bool(torch.isfinite(c).all()) for c in chunks):
-            continue
-        bad = sum(int((~torch.isfinite(c)).sum()) for c in chunks)
-        raise ValueError(
-            f"{path}: corrupted vq index file (tensor {name!r} holds {bad} NaN/Inf values)"
-        )
+        if t.dtype == torch.float32 and file_range(t) is None:
+            if kernels.all_finite(t.reshape(1, -1).numpy()):
+                continue  # (one pass, no temporary)
+        bad = sum(int((~torch.isfinite(c)).sum()) for c in read_chunks(t, _FINITE_BYTES))
+        if bad:
+            raise ValueError(
+                f"{path}: corrupted vq index file (tensor {name!r} holds {bad} NaN/Inf values)"
+            )
 
 
 def _check_shapes(config: dict, tensors: dict[str, torch.Tensor], path: Path):
     """Build the configured index on the meta device (no memory) and compare its fixed-size
     tensors with the file's, so that a forged config (a huge nlist or dim) cannot make the
     real construction allocate more than the file holds. The buffers that grow with the data
-    (each index's ``growing_buffers()``) may have any size here; ``check_consistent`` checks
-    them once loaded. Returns their names, and the dtype of every tensor of the index."""
+    (each index's ``growing_buffers()``) may have any number of rows here (``check_consistent``
+    checks them once loaded), their other dimensions as configured (a 2-D ``ids`` is refused
+    here, not by a kernel's typing at the first search). Returns their names, and the dtype of
+    every tensor of the index."""
     with torch.device("meta"):
         index = _build(config, path)
     built = {"class": type(index).__name__, **index.config()}
@@ -171,9 +211,15 @@ def _check_shapes(config: dict, tensors: dict[str, torch.Tensor], path: Path):
         for name in m.growing_buffers()
     }
     for name, t in index.state_dict().items():
-        if name in growing:
-            continue
         found = tensors.get(name)
+        if name in growing:  # any number of rows; the rest of the shape as configured
+            if found is not None and (found.dim() != t.dim() or found.shape[1:] != t.shape[1:]):
+                needs = ", ".join(["n", *map(str, t.shape[1:])]) + ("," if t.dim() == 1 else "")
+                raise ValueError(
+                    f"{path}: the tensors do not match a {config.get('class')}: {name!r} is of "
+                    f"shape {tuple(found.shape)}, its configuration needs ({needs})"
+                )
+            continue
         if found is None or found.shape != t.shape:
             got = "missing" if found is None else f"of shape {tuple(found.shape)}"
             raise ValueError(

@@ -30,7 +30,7 @@ from vq._checks import (
     check_training_size,
 )
 from vq.clustering import kmeans
-from vq.index.base import Index
+from vq.index.base import Index, ids_problem
 from vq.index.faiss_build import ivf_to_faiss
 from vq.index.filters import kernel_mask, probes_for_filter, torch_mask
 from vq.index.hnsw import HNSW, MAX_M
@@ -189,8 +189,10 @@ class IVFIndex(IVFStorage, Index):
         return (*super().growing_buffers(), *self._row_buffers)
 
     def consistency_problem(self) -> str | None:
+        problem = ids_problem(self.ids)
         n = int(self.ids.shape[0])
-        problem = f"{n} rows, not a multiple of {self.copies}" if n % self.copies else None
+        if problem is None and n % self.copies:
+            problem = f"{n} rows, not a multiple of {self.copies}"
         problem = problem or self._rows_problem()
         o = self.offsets
         if problem is None and (

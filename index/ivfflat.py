@@ -132,9 +132,10 @@ class IVFFlat(IVFIndex):
         return IVFFlatSearch(self, k, nprobe, capacity, copy)
 
     def scans_distinct_ids(self) -> bool:
-        """Spilled lists held in memory: the scans keep each id once (both copies of a vector
-        hold the same floats, so the first one scanned stands for both)."""
-        return self.spill and file_range(self.ids) is None
+        """Spilled lists held in memory (rows and ids: none read from the index file): the
+        scans keep each id once (both copies of a vector hold the same floats, so the first
+        one scanned stands for both)."""
+        return self.spill and file_range(self.ids) is None and not self.rows_mapped()
 
     def _row_ids(self, store) -> np.ndarray:
         """The scans' ``row_ids`` over ``store``: each row's id where they keep ids distinct

@@ -204,18 +204,20 @@ class IVFStorage:
 
     # -- reading rows from the index file (``load_index(path, mmap=True)``) ------------------
     def rows_mapped(self) -> bool:
-        """Whether the stored rows and ids are (still) those of the index file this index was
-        loaded from with ``load_index(path, mmap=True)``: searches then read the lists they
-        probe from the file (see :mod:`vq.index.mapped`)."""
-        names = (*self._row_buffers, "ids")
-        return all(file_range(self._buffers[name]) is not None for name in names)
+        """Whether any row buffer (``_row_buffers``: codes, vectors...) is (still) mapped from
+        the index file this index was loaded from with ``load_index(path, mmap=True)``:
+        searches then read the lists they probe with ``pread`` from the file, and copy those
+        of the buffers held in memory (see :func:`vq.index.mapped.read_lists`), and never
+        scan through the mapping; the ids of the results come from the file where ``ids`` is
+        mapped (:meth:`_ids_of`), whether or not the rows are."""
+        return any(file_range(self._buffers[name]) is not None for name in self._row_buffers)
 
     def _scan_from_file(self, q, coarse, lists, dist, rows, ranked, mask) -> bool:
         """``_scan_numba`` for an index whose row buffers are mapped from its file
-        (``load_index(path, mmap=True)``): the probed lists read with ``pread`` instead of
-        through the mapping (see :mod:`vq.index.mapped`), a block of queries at a time (at
-        most about :data:`FILE_SCAN_BYTES` read per block), then freed; False, having done
-        nothing, for any other index."""
+        (``load_index(path, mmap=True)``, :meth:`rows_mapped`): the probed lists read with
+        ``pread`` instead of through the mapping (see :mod:`vq.index.mapped`), a block of
+        queries at a time (at most about :data:`FILE_SCAN_BYTES` read per block), then
+        freed; False, having done nothing, for any other index."""
         if not self.rows_mapped():
             return False
         buffers = {name: self._buffers[name] for name in self._row_buffers}

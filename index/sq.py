@@ -19,6 +19,7 @@ from vq.faiss_interop import SQ_TYPES
 from vq.index.base import Index
 from vq.index.faiss_build import faiss_metric, import_faiss, with_id_map
 from vq.index.filters import NO_FILTER, IdFilter, kernel_mask, torch_mask
+from vq.index.mapped import read_chunks
 from vq.index.ranges import probed_hits
 from vq.index.searching import NO_IDS, shape_problem
 from vq.index.static import Searcher, kept, search_in_chunks
@@ -72,10 +73,16 @@ def sq_quantizer(dim: int, bits, margin) -> ScalarQuantizer:
 
 
 def codes_problem(codes: torch.Tensor, n: int, sq: ScalarQuantizer) -> str | None:
-    """``consistency_problem``'s words for stored codes that are not uint8 [n, code_size]."""
+    """``consistency_problem``'s words for stored codes that are not uint8 [n, code_size], or
+    (fp16 / bf16) hold NaN/Inf bit patterns: a pass over those, read with ``pread`` where they
+    are mapped from an index file (nothing mapped in)."""
     problem = shape_problem("codes", codes, (n, sq.code_size))
     if problem is None and codes.dtype != torch.uint8:
         problem = f"codes of dtype {codes.dtype}, expected torch.uint8"
+    if problem is None and sq.is_float:
+        as_float = torch.float16 if sq.bits == "fp16" else torch.bfloat16
+        bad = sum(int((~torch.isfinite(c.view(as_float))).sum()) for c in read_chunks(codes))
+        problem = f"{bad} {sq.bits} codes that are NaN/Inf" if bad else None
     return problem
 
 

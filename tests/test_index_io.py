@@ -499,7 +499,7 @@ def _row_past_the_end(t):
         ("IVFPQ", _drop_last_code, r"IVFPQ has codes of shape \(1999, 8\)"),
         ("PQ8x6", _code_past_ksub, r"PQIndex has codes outside \[0, 64\)"),
         ("Flat", _drop_an_id, "FlatIndex has 299 ids for 300 vectors"),
-        ("Flat", _wrong_dim, "FlatIndex has vectors of shape"),
+        ("Flat", _wrong_dim, r"'vectors' is of shape \(300, 16\), its configuration needs"),
         ("Refine", _row_past_the_end, "Refine has a wrapped index whose rows"),
     ],
     ids=["offsets", "codes-rows", "codes-range", "ids-count", "vectors-dim", "refine-rows"],
