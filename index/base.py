@@ -33,10 +33,12 @@ from vq._checks import (
     as_vectors,
     check_int,
     check_vectors,
+    in_chunks,
     like_input,
 )
 from vq._cpu import serial_if_small, torch_only
 from vq._tree_cache import cached, drop
+from vq.index.faiss_build import import_faiss, keep_alive
 from vq.index.fileformat import save_target, write_index_file
 from vq.index.lean import search_small
 from vq.index.locking import ReadWriteLock
@@ -50,9 +52,11 @@ from vq.index.searching import (
     derived,
     drop_derived,
     filtered_params,
+    one_query_as_rows,
     option_names,
     results_by_id,
     search_steps,
+    unit_rows,
 )
 from vq.index.storage import IdRange, check_new_ids
 from vq.index.updates import Updates
@@ -60,7 +64,7 @@ from vq.kernels import background
 from vq.kernels.background import KernelNotReady
 from vq.kernels.cache import compiles
 
-METRICS = ("l2", "ip")
+METRICS = ("l2", "ip", "cosine")
 
 
 def ids_problem(ids: torch.Tensor) -> str | None:
@@ -81,10 +85,22 @@ class Index(Updates, nn.Module):
 
     Args:
         dim: vector dimension.
-        metric: "l2" (squared Euclidean distances, smaller is better) or "ip" (inner products,
-            larger is better), as in faiss.
+        metric: "l2" (squared Euclidean distances, smaller is better), "ip" (inner products,
+            larger is better), as in faiss, or "cosine": inner products of the vectors and
+            queries scaled to unit norm where they enter (``train``, ``add``, ``search``,
+            ``range_search``, the exported graphs), so the cosine similarities, larger is
+            better (faiss's ``L2norm`` + inner product, rather than hnswlib's ``1 - cos``
+            distance: the same numbers faiss gives, ``-inf`` for a missing result as for
+            "ip", and a ``range_search`` radius that is a least similarity). A zero vector
+            stays zero (similarity 0 with everything). Stored as it computes: ``metric`` is
+            then "ip" and ``normalize`` True; ``config()`` and saved files say "cosine".
         k: number of neighbours ``forward`` returns.
         verbose: progress bars for train and add.
+
+    Attributes:
+        normalize: vectors and queries are scaled to unit norm where they enter (metric
+            "cosine", or faiss's ``"L2norm,"`` factory prefix, with either metric);
+            ``reconstruct`` gives the stored, unit-norm vectors.
     """
 
     #: vectors encoded per step of ``add`` (bounds the temporary memory of encoding)
@@ -108,8 +124,9 @@ class Index(Updates, nn.Module):
         if not isinstance(verbose, bool | int | np.integer):
             raise TypeError(f"verbose must be True or False, got {verbose!r}")
         if metric not in METRICS:
-            raise ValueError(f"metric must be 'l2' or 'ip', got {metric!r}")
-        self.dim, self.metric, self.k = dim, metric, k
+            raise ValueError(f"metric must be 'l2', 'ip' or 'cosine', got {metric!r}")
+        self.normalize = metric == "cosine"  # (inner products of unit vectors)
+        self.dim, self.metric, self.k = dim, "ip" if self.normalize else metric, k
         self.verbose = bool(verbose)
         self._lock = ReadWriteLock()
         if store_ids:  # wrappers that delegate storage (PreTransform) have none of their own
@@ -133,8 +150,21 @@ class Index(Updates, nn.Module):
 
     # -- what each class knows of itself ----------------------------------------------------
     def config(self) -> dict:
-        """The constructor arguments, JSON-serialisable (saved with the index)."""
-        return {"dim": self.dim, "metric": self.metric, "k": self.k}
+        """The constructor arguments, JSON-serialisable (saved with the index): metric
+        "cosine" for inner products of normalised vectors, and ``"normalize": True`` for
+        squared L2 distances between them (faiss's ``"L2norm,"`` prefix)."""
+        return {"dim": self.dim, **self._metric_config(), "k": self.k}
+
+    def _metric_config(self) -> dict:
+        if self.normalize and self.metric == "l2":
+            return {"metric": "l2", "normalize": True}
+        return {"metric": self.metric_name}
+
+    @property
+    def metric_name(self) -> str:
+        """The metric as a constructor takes it: "l2", "ip" or "cosine" (``metric`` is what
+        the scans compute: "ip" for "cosine", on normalised vectors)."""
+        return "cosine" if self.normalize and self.metric == "ip" else self.metric
 
     def growing_buffers(self) -> tuple[str, ...]:
         """Names of this module's own buffers with one row per stored vector (``ids`` also
@@ -148,8 +178,6 @@ class Index(Updates, nn.Module):
         codes outside their codebooks, offsets that do not cover the rows, a wrapped index that
         does not hold this one's rows (whose own data are its own to check). Extended by
         each subclass for its buffers."""
-        if self.ntotal and not self.is_trained:
-            return f"{self.ntotal} vectors but no trained parameters"
         ids = self._buffers.get("ids")
         if ids is None:
             return None
@@ -176,8 +204,20 @@ class Index(Updates, nn.Module):
 
     def to_faiss(self):
         """The equivalent faiss index (``pip install 'vq[faiss]'``): the same trained
-        parameters, stored data, ids and search options (see :mod:`vq.index.faiss_interop`).
-        Each kind with a faiss counterpart overrides this; here, a ValueError."""
+        parameters, stored data, ids and search options (see :mod:`vq.index.faiss_interop`),
+        behind a ``NormalizationTransform`` (an ``IndexPreTransform``, faiss's ``"L2norm,"``)
+        where this index normalises (metric "cosine"); a ValueError for a kind without a
+        faiss counterpart."""
+        out = self._to_faiss()
+        if not self.normalize:
+            return out
+        faiss = import_faiss()
+        norm = faiss.NormalizationTransform(self.dim, 2.0)
+        return keep_alive(faiss.IndexPreTransform(norm, out), norm, out)
+
+    def _to_faiss(self):
+        """``to_faiss`` of this kind, its vectors as stored (each kind with a faiss
+        counterpart implements it)."""
         raise ValueError(f"{type(self).__name__} has no faiss counterpart")
 
     # -- public API -----------------------------------------------------------------------
@@ -237,7 +277,8 @@ class Index(Updates, nn.Module):
                     "reset() to empty it first (then add the vectors again), or train a new "
                     "index"
                 )
-            self._train(t.to(self.device))
+            t = t.to(self.device)
+            self._train(in_chunks(unit_rows, t, 1 << 16) if self.normalize else t)
         return self
 
     def _learns(self) -> bool:
@@ -266,7 +307,7 @@ class Index(Updates, nn.Module):
         with self._writing(rows_only=True):
             ids = IdRange(self.ntotal, t.shape[0], self.device)  # made a chunk at a time
             check_new_ids(self, ids, "add: the sequential ids")
-            self._add(t, ids)
+            self._add(t, ids, self._prepare())
 
     def add_with_ids(self, x: Any, ids: Any) -> None:
         """Add vectors [n, dim] with caller-chosen ids [n]: integers in [0, 2**63), distinct
@@ -277,7 +318,12 @@ class Index(Updates, nn.Module):
         with self._writing(rows_only=True):
             i = i.to(self.device)
             check_new_ids(self, i, "ids")
-            self._add(t, i)
+            self._add(t, i, self._prepare())
+
+    def _prepare(self) -> Callable | None:
+        """What ``add`` does to each chunk of vectors before the index sees them: scale them
+        to unit norm (``normalize``), or nothing (None)."""
+        return unit_rows if self.normalize else None
 
     def remove_ids(self, ids: Any) -> int:
         """Remove every stored vector whose id is in ``ids`` (integers: an array, tensor, list
@@ -298,9 +344,10 @@ class Index(Updates, nn.Module):
         """The ``k`` nearest stored vectors of each query.
 
         Args:
-            queries: float [nq, dim], numpy or torch (any device; float64/float16/bfloat16 are
-                converted to float32, ``search_batch_size`` queries at a time), finite and of
-                norm at most :data:`vq._checks.MAX_NORM` (1e18).
+            queries: float [nq, dim], or one query [dim] (answered as a batch of one, [1,
+                k]); numpy or torch (any device; float64/float16/bfloat16 are converted to
+                float32, ``search_batch_size`` queries at a time), finite and of norm at most
+                :data:`vq._checks.MAX_NORM` (1e18).
             k: neighbours per query (default ``self.k``).
             allowed: only these ids (filtered search: an id array, a boolean mask over the id
                 space or a :class:`vq.IdFilter`; see :mod:`vq.index.filters`).
@@ -310,9 +357,10 @@ class Index(Updates, nn.Module):
 
         Returns:
             ``(D, I)``: float32 [nq, k] distances (squared L2 ascending, or inner products
-            descending) and int64 [nq, k] ids; missing results are id -1 with distance +inf
-            (-inf for "ip"). numpy for numpy queries, tensors on the queries' device otherwise.
-            With ``return_probed``, ``(D, I, probed)``, probed int64 [nq].
+            descending: cosine similarities for "cosine") and int64 [nq, k] ids; missing
+            results are id -1 with distance +inf (-inf for "ip" and "cosine"). numpy for numpy
+            queries, tensors on the queries' device otherwise. With ``return_probed``, ``(D,
+            I, probed)``, probed int64 [nq].
 
         A search whose CPU kernels are not compiled yet (a machine that has compiled nothing)
         does not wait for them: it answers on the torch path while they compile in the
@@ -330,6 +378,7 @@ class Index(Updates, nn.Module):
 
     def _search_once(self, queries: Any, k, allowed, return_probed: bool, params: dict):
         """``search``, on the paths its kernels (or ``torch_only``) allow."""
+        queries = one_query_as_rows(queries)
         plain = allowed is None and not return_probed
         found = search_small(self, queries, k, params) if plain else None  # see vq.index.lean
         if found is not None:
@@ -383,7 +432,8 @@ class Index(Updates, nn.Module):
 
     def range_search(self, queries: Any, radius: float, *, allowed: Any = None, **params):
         """Every stored vector within ``radius`` of each query (faiss ``range_search``): ``(lims,
-        D, I)``, see :mod:`vq.index.ranges`; ``allowed`` and ``params`` as ``search``'s."""
+        D, I)``, see :mod:`vq.index.ranges`; ``queries``, ``allowed`` and ``params`` as
+        ``search``'s (metric "cosine": the vectors of similarity above ``radius``)."""
         return range_search(self, queries, radius, allowed, params)
 
     def _range_hits(self, q: torch.Tensor, radius: float, allowed, **params) -> list:

@@ -23,7 +23,8 @@ SUPPORTED = (
     "IVF<nlist>,Flat[(sketch)] | IVF<nlist>,PQ<M>[x<nbits>|x4fs|x4fsr] | "
     "IVF<nlist>,SQ<8|6|4|fp16|bf16>, "
     "IVF<nlist>(soar[=<λ>]) for spilled lists, IVF<nlist>_HNSW<M> for graph-routed lists, "
-    "optionally preceded by OPQ<M>[_<dim_out>] or PCA<dim_out>, "
+    "optionally preceded by OPQ<M>[_<dim_out>] or PCA<dim_out>, and before that by L2norm "
+    "(vectors scaled to unit norm) and IDMap / IDMap2 (no-ops: every kind takes ids), "
     "and followed by RFlat or Refine(Flat), or Refine(SQfp16) (re-ranking on fp16 vectors) "
     "— e.g. 'PQ16', 'PQ16x8', 'IVF1024,Flat', 'IVF1024,PQ16', 'IVF1024,PQ32x4fs', "
     "'IVF1024,PQ32x4fsr', 'OPQ16,IVF1024,PQ16', 'OPQ16_64,IVF1024,PQ16,RFlat', "
@@ -62,8 +63,12 @@ def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
             extension faiss does not read. ``PQ<M>x4fs`` is 4-bit fast-scan; after an IVF it
             encodes the vectors themselves, ``x4fsr`` their residuals (as in faiss).
             ``IVF<nlist>,Flat(sketch)`` keeps sketches that spare the CPU scans most exact
-            distances (``IVFFlat(sketch=True)``), another vq extension.
-        metric: "l2" or "ip".
+            distances (``IVFFlat(sketch=True)``), another vq extension. faiss's prefixes
+            ``IDMap,`` and ``IDMap2,`` are read and do nothing (every vq index takes
+            ``add_with_ids``), and ``L2norm,`` scales vectors and queries to unit norm where
+            they enter the index (before an OPQ / PCA that follows; with metric "ip" that is
+            metric "cosine").
+        metric: "l2", "ip" or "cosine" (see :class:`vq.index.Index`).
 
     Raises:
         ValueError: for a part it does not understand, listing what is supported, or a number
@@ -85,6 +90,10 @@ def _build(dim: int, description: str, metric: str) -> Index:
         where = "" if repr(description) in why else f" in {description!r}"
         return ValueError(f"index_factory: {why}{where}; supported: {SUPPORTED}")
 
+    l2norm = False
+    while parts and parts[0] in _PREFIXES:
+        l2norm = l2norm or parts[0] == "L2norm"
+        parts = parts[1:]
     opq: OPQ | PCA | None = None
     if parts and (m := _OPQ.fullmatch(parts[0])):
         M, dim_out = int(m[1]), int(m[2] or dim)
@@ -95,6 +104,8 @@ def _build(dim: int, description: str, metric: str) -> Index:
             raise fail(f"PCA{m[1]}: the output dimension must lie in [1, {dim}]")
         opq = PCA(dim, int(m[1]))
         parts = parts[1:]
+    if parts and parts[0] in _PREFIXES:
+        raise fail(f"{parts[0]} after a transform (it comes first: 'L2norm,PCA64,…')")
     refine = _REFINES.get(parts[-1]) if parts else None
     if refine:
         parts = parts[:-1]
@@ -133,7 +144,13 @@ def _build(dim: int, description: str, metric: str) -> Index:
         raise fail(f"cannot read {','.join(parts)!r}" if parts else "no index type")
     if opq is not None:
         index = PreTransform(opq, index)
-    return Refine(index, storage=refine) if refine else index
+    index = Refine(index, storage=refine) if refine else index
+    index.normalize = index.normalize or l2norm  # (the outermost index: where vectors enter)
+    return index
+
+
+#: the parts that may come first: faiss's IDMap / IDMap2 (no-ops here) and L2norm
+_PREFIXES = ("IDMap", "IDMap2", "L2norm")
 
 
 #: the re-ranking suffixes, and how each keeps the vectors
@@ -154,6 +171,15 @@ def from_config(config: dict) -> Index:
     """An untrained index from ``{"class": name, **index.config()}`` (what ``save`` writes)."""
     args = dict(config)
     name = args.pop("class", None)
+    normalize = args.pop("normalize", False)  # ("L2norm," with l2, or before a wrapper)
+    if not isinstance(normalize, bool):
+        raise ValueError(f"invalid {name} configuration {config!r}: normalize must be a bool")
+    index = _from_args(name, args, config)
+    index.normalize = index.normalize or normalize
+    return index
+
+
+def _from_args(name, args: dict, config: dict) -> Index:
     try:
         if name == "PreTransform":
             t = dict(args["transform"])

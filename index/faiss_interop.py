@@ -6,7 +6,8 @@
 Same trained parameters and stored codes on both sides give the same search results (ties
 aside). Supported: IndexFlat (L2/IP), IndexPQ, IndexIVFFlat, IndexIVFPQ (flat coarse
 quantizer), IndexScalarQuantizer and IndexIVFScalarQuantizer (QT_8bit, QT_6bit, QT_4bit,
-QT_fp16, QT_bf16), IndexPreTransform with one OPQMatrix or PCAMatrix, IndexRefineFlat,
+QT_fp16, QT_bf16), IndexPreTransform with one OPQMatrix or PCAMatrix and / or an L2
+NormalizationTransform first (faiss's ``"L2norm,"``: vq's ``normalize``), IndexRefineFlat,
 IndexHNSWFlat, IndexHNSWSQ, IndexIDMap around Flat/PQ/HNSW
 (what non-sequential ids need in faiss), and the 4-bit fast-scan IndexPQFastScan and
 IndexIVFPQFastScan (even M).
@@ -72,23 +73,18 @@ def from_faiss(findex) -> Index:
         inner._renumber(id_map)
         return inner
     if isinstance(f, faiss.IndexPreTransform):
-        if f.chain.size() != 1:
+        chain = [faiss.downcast_VectorTransform(f.chain.at(i)) for i in range(f.chain.size())]
+        normalize = bool(chain) and isinstance(chain[0], faiss.NormalizationTransform)
+        if normalize and float(chain[0].norm) != 2.0:
+            raise ValueError(f"only L2 normalisation converts, got norm {chain[0].norm}")
+        if len(chain) - normalize > 1:
             raise ValueError(
-                "only an IndexPreTransform with a single OPQMatrix or PCAMatrix converts"
+                "only an IndexPreTransform with an L2 NormalizationTransform (first) and at "
+                "most one OPQMatrix or PCAMatrix converts"
             )
-        matrix = faiss.downcast_VectorTransform(f.chain.at(0))
-        if isinstance(matrix, faiss.PCAMatrix):
-            return PreTransform(PCA.from_faiss(matrix), from_faiss(f.index))
-        if not isinstance(matrix, faiss.OPQMatrix):
-            raise ValueError(
-                f"only OPQMatrix and PCAMatrix pre-transforms convert, got {type(matrix).__name__}"
-            )
-        inner = from_faiss(f.index)
-        pq = getattr(inner, "pq", None)
-        fpq = (
-            pq_to_faiss(pq) if pq is not None else faiss.ProductQuantizer(matrix.d_out, matrix.M, 8)
-        )
-        return PreTransform(opq_from_faiss(matrix, fpq), inner)
+        out = _pretransform(chain[-1], f.index) if len(chain) > normalize else from_faiss(f.index)
+        out.normalize = out.normalize or normalize  # (faiss's "L2norm,": where vectors enter)
+        return out
     if isinstance(f, faiss.IndexRefine):
         refine_index = faiss.downcast_index(f.refine_index)
         if not isinstance(refine_index, faiss.IndexFlat):
@@ -130,6 +126,22 @@ def from_faiss(findex) -> Index:
     else:
         raise ValueError(f"faiss {type(f).__name__} has no vq counterpart")
     return out
+
+
+def _pretransform(matrix, findex) -> PreTransform:
+    """A :class:`PreTransform` of the faiss ``OPQMatrix`` or ``PCAMatrix`` ``matrix`` in front
+    of the faiss index ``findex``, converted."""
+    faiss = import_faiss()
+    if isinstance(matrix, faiss.PCAMatrix):
+        return PreTransform(PCA.from_faiss(matrix), from_faiss(findex))
+    if not isinstance(matrix, faiss.OPQMatrix):
+        raise ValueError(
+            f"only OPQMatrix and PCAMatrix pre-transforms convert, got {type(matrix).__name__}"
+        )
+    inner = from_faiss(findex)
+    pq = getattr(inner, "pq", None)
+    fpq = pq_to_faiss(pq) if pq is not None else faiss.ProductQuantizer(matrix.d_out, matrix.M, 8)
+    return PreTransform(opq_from_faiss(matrix, fpq), inner)
 
 
 def _fast_scan_M(fpq) -> int:

@@ -54,7 +54,7 @@ class FlatIndex(Index):
         problem = super().consistency_problem()
         return problem or shape_problem("vectors", self.vectors, (self.ntotal, self.dim))
 
-    def to_faiss(self):
+    def _to_faiss(self):
         """faiss ``IndexFlat`` (L2 or IP) holding the same vectors, in an ``IndexIDMap`` unless
         the ids are 0 … ntotal - 1."""
         out = import_faiss().IndexFlat(self.dim, faiss_metric(self.metric))

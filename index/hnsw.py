@@ -436,7 +436,7 @@ class HNSW(Index):
         return search
 
     # -- faiss ----------------------------------------------------------------------------------
-    def to_faiss(self):
+    def _to_faiss(self):
         """faiss ``IndexHNSWFlat`` with the same graph, vectors, entry point and efSearch (in
         an ``IndexIDMap`` unless the ids are 0 … ntotal - 1): it returns the same ids."""
         faiss = import_faiss()

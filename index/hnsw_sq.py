@@ -138,7 +138,7 @@ class HNSWSQ(HNSW):
     def _vector_ns(self) -> float:
         return self.dim / 8
 
-    def to_faiss(self):
+    def _to_faiss(self):
         """faiss ``IndexHNSWSQ`` with the same graph, ranges and codes (in an ``IndexIDMap``
         unless the ids are 0 … ntotal - 1)."""
         faiss = import_faiss()

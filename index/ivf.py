@@ -121,7 +121,7 @@ class IVFIndex(IVFStorage, Index):
                 "root of the number of vectors)"
             ) from err
         if self.coarse_hnsw:
-            self.coarse_graph = HNSW(dim, self.coarse_hnsw, metric)
+            self.coarse_graph = HNSW(dim, self.coarse_hnsw, self.metric)
         self.register_buffer("offsets", torch.zeros(self.nlist + 1, dtype=torch.int64))
 
     @property
@@ -191,8 +191,6 @@ class IVFIndex(IVFStorage, Index):
     def consistency_problem(self) -> str | None:
         problem = ids_problem(self.ids)
         n = int(self.ids.shape[0])
-        if problem is None and n and not self.is_trained:
-            problem = f"{self.ntotal} vectors but no trained parameters"
         if problem is None and n % self.copies:
             problem = f"{n} rows, not a multiple of {self.copies}"
         problem = problem or self._rows_problem()
@@ -207,7 +205,7 @@ class IVFIndex(IVFStorage, Index):
         """``consistency_problem`` of the kind's per-vector buffers (``_row_buffers``)."""
         return None
 
-    def to_faiss(self):
+    def _to_faiss(self):
         """The faiss IVF index of this kind (see :func:`vq.index.faiss_build.ivf_to_faiss`)."""
         return ivf_to_faiss(self)
 

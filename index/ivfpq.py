@@ -108,10 +108,10 @@ class IVFPQ(IVFIndex):
     def _rows_problem(self) -> str | None:
         return codes_problem(self.codes, self.n_rows, self.pq)
 
-    def to_faiss(self):
+    def _to_faiss(self):
         """faiss ``IndexIVFPQ`` (``IndexIVFPQFastScan`` for fast-scan; precomputed tables
         where vq uses them) with the same centroids, codebooks, lists, ids and nprobe."""
-        out = super().to_faiss()
+        out = super()._to_faiss()
         if self._uses_precomputed():
             out.use_precomputed_table = 1
             out.precompute_table()

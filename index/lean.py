@@ -23,7 +23,7 @@ from vq import _cpu
 from vq._checks import MAX_NORM, check_positive, is_eager
 from vq._cpu import numpy_path
 from vq.index.mapped import read_lists
-from vq.index.searching import MAX_K, NO_IDS
+from vq.index.searching import MAX_K, NO_IDS, unit_rows_np
 from vq.kernels.select import unique_rows, unique_rows_range
 from vq.kernels.small import BOUND_RATIO, BOUND_SPARE, probe_lists
 from vq.kernels.static import metric as kernel_metric
@@ -92,6 +92,8 @@ def search_small(index, queries: Any, k: Any, params: dict):
     with np.errstate(all="ignore"):  # (one BLAS dot: ~1 µs for a few queries)
         if not float(np.dot(q.reshape(-1), q.reshape(-1))) <= _MAX_NORM_SQ:
             return None  # a NaN, an infinity or a norm past MAX_NORM: the general path says
+    if index.normalize:  # (metric "cosine", "L2norm,": as the general path's query_rows)
+        q = unit_rows_np(q)
     lock = index._lock
     token = None if lock.try_read() else lock.acquire_read()
     try:

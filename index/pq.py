@@ -96,7 +96,7 @@ class PQIndex(Index):
     def consistency_problem(self) -> str | None:
         return super().consistency_problem() or codes_problem(self.codes, self.ntotal, self.pq)
 
-    def to_faiss(self):
+    def _to_faiss(self):
         """faiss ``IndexPQ`` (``IndexPQFastScan`` for fast-scan) with the same codebooks and
         codes, in an ``IndexIDMap`` unless the ids are 0 … ntotal - 1."""
         faiss = import_faiss()

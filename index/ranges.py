@@ -23,6 +23,7 @@ import torch
 
 from vq._checks import MAX_NORM, check_vectors, like_input
 from vq.index.filters import IdFilter
+from vq.index.searching import one_query_as_rows, query_rows
 
 #: candidate slots per kernel call (bounds a block's temporary memory: 12 bytes each)
 RANGE_SLOTS = 1 << 22
@@ -58,8 +59,9 @@ def range_search(index, queries: Any, radius: Any, allowed: Any, params: dict):
         unknown = sorted(set(params) - set(index.search_options()))
         if unknown:
             raise TypeError(f"range_search() got an unexpected keyword argument {unknown[0]!r}")
+    queries = one_query_as_rows(queries)
     q = check_vectors(queries, index.dim, "queries", max_norm=MAX_NORM)
-    q = q.float().cpu().contiguous()
+    q = query_rows(q, torch.device("cpu"), index.normalize)
     f = IdFilter.of(allowed)
     nq = q.shape[0]
     with index._lock.read(), torch.no_grad():

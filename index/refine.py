@@ -60,6 +60,7 @@ class Refine(Wrapper):
         if storage not in _STORAGE:
             raise ValueError(f"storage must be one of {tuple(_STORAGE)}, got {storage!r}")
         self.index, self.storage = index, storage
+        self.normalize = index.normalize  # (metric "cosine": the wrapped index's)
         self.k_factor = _check_k_factor(k_factor)
         self.register_buffer("vectors", torch.zeros(0, index.dim, dtype=_STORAGE[storage]))
 
@@ -76,6 +77,7 @@ class Refine(Wrapper):
             "k": self.k,
             "k_factor": self.k_factor,
             "storage": self.storage,
+            **({"normalize": True} if self.normalize and not self.index.normalize else {}),
             "index": {"class": type(self.index).__name__, **self.index.config()},
         }
 
@@ -95,11 +97,11 @@ class Refine(Wrapper):
             problem = "a wrapped index whose rows do not match the stored vectors"
         return problem
 
-    def to_faiss(self):
+    def _to_faiss(self):
         """faiss ``IndexRefineFlat`` (fp16 storage: ``IndexRefine`` around an ``SQfp16``
         index holding the same bytes) around the wrapped index's ``to_faiss()``, with the same
         vectors and k_factor, in an ``IndexIDMap`` unless the ids are 0 … ntotal - 1."""
-        base = self.index.to_faiss()
+        base = self.index._to_faiss()
         faiss = import_faiss()
         if self.storage == "fp16":
             metric = faiss.METRIC_INNER_PRODUCT if self.metric == "ip" else faiss.METRIC_L2

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import weakref
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,6 +36,36 @@ def check_k(k) -> int:
             "(k beyond ntotal is padded with id -1)"
         )
     return k
+
+
+def one_query_as_rows(queries: Any) -> Any:
+    """One query vector ``[dim]`` (numpy or torch) as a batch of one, ``[1, dim]`` (a view):
+    ``search`` and ``range_search`` then answer ``[1, k]``; anything else as it is (what is
+    not a 2-D array gets the input checks' error)."""
+    if isinstance(queries, np.ndarray | torch.Tensor) and queries.ndim == 1:
+        return queries[None]
+    if isinstance(queries, np.ndarray | torch.Tensor) and queries.ndim != 2:
+        raise ValueError(
+            f"queries: expected a 2-D array [n, dim] or one query [dim], got shape "
+            f"{tuple(queries.shape)}"
+        )
+    return queries
+
+
+def unit_rows(x: torch.Tensor) -> torch.Tensor:
+    """float32 rows of ``x`` [n, d] scaled to unit L2 norm (metric "cosine", ``"L2norm,"``):
+    the norms computed in float64 and rounded to float32, then one float32 division per
+    value, so that :func:`unit_rows_np` (the lean path's) gives the very same values; a zero
+    row stays zero."""
+    norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float64).float()
+    return x.float() / torch.where(norms > 0, norms, 1.0)
+
+
+def unit_rows_np(q: np.ndarray) -> np.ndarray:
+    """:func:`unit_rows` of float32 numpy rows ``q`` [n, d] (a new C-contiguous array)."""
+    q64 = q.astype(np.float64)
+    norms = np.sqrt(np.einsum("ij,ij->i", q64, q64))[:, None].astype(np.float32)
+    return np.ascontiguousarray(q / np.where(norms > 0, norms, np.float32(1.0)))
 
 
 #: ``rows_to_ids``'s id table where the ids are the rows themselves
@@ -94,13 +125,13 @@ def search_steps(index, q: torch.Tensor, k: int, params: dict):
     time (bounded memory: per-chunk tables and buffers, results written in place)."""
     nq, step, device = q.shape[0], index.search_batch_size, index.device
     if nq <= step:
-        return index._search_ids(query_rows(q, device), k, **params)
+        return index._search_ids(query_rows(q, device, index.normalize), k, **params)
     dist = torch.empty(nq, k, device=device)
     ids = torch.empty(nq, k, dtype=torch.int64, device=device)
     probed = params.get("probed")
     for s in range(0, nq, step):
         part = params if probed is None else {**params, "probed": probed[s : s + step]}
-        chunk = query_rows(q[s : s + step], device)
+        chunk = query_rows(q[s : s + step], device, index.normalize)
         dist[s : s + step], ids[s : s + step] = index._search_ids(chunk, k, **part)
     return dist, ids
 
@@ -142,10 +173,12 @@ def drop_derived(root, *, stale_only: bool = False) -> None:
                 del cache[name]
 
 
-def query_rows(q: torch.Tensor, device: torch.device) -> torch.Tensor:
+def query_rows(q: torch.Tensor, device: torch.device, normalize: bool = False) -> torch.Tensor:
     """Checked queries as contiguous float32 on ``device`` (the same results whatever the
-    input's dtype or memory layout: BLAS rounds differently for transposed operands)."""
-    return q.float().to(device).contiguous()
+    input's dtype or memory layout: BLAS rounds differently for transposed operands), scaled
+    to unit norm with ``normalize`` (:func:`unit_rows`)."""
+    rows = q.float().to(device)
+    return unit_rows(rows).contiguous() if normalize else rows.contiguous()
 
 
 def results_by_id(val, rows, k: int, metric: str, stored: torch.Tensor | None):

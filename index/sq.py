@@ -149,7 +149,7 @@ class SQIndex(Index):
     def consistency_problem(self) -> str | None:
         return super().consistency_problem() or codes_problem(self.codes, self.ntotal, self.sq)
 
-    def to_faiss(self):
+    def _to_faiss(self):
         """faiss ``IndexScalarQuantizer`` with the same ranges and codes, in an
         ``IndexIDMap`` unless the ids are 0 … ntotal - 1."""
         faiss = import_faiss()

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 INF = float("inf")
+_TINY = float(torch.finfo(torch.float32).tiny)
 #: search options that do not change the size of a search's temporaries
 _NOT_SIZES = ("allowed", "limit")
 
@@ -37,11 +38,13 @@ class Searcher(nn.Module):
     products descending; id -1 with +inf, -inf for "ip", where fewer than k results exist).
 
     ``forward(queries)`` searches with the options fixed at construction (``k``, ``nprobe``,
-    ``k_factor``: what an exported graph bakes in); ``search(queries, k, **options)`` takes
-    them per call (the index's torch path).
+    ``k_factor``: what an exported graph bakes in), queries scaled to unit norm first where
+    the index normalises them (metric "cosine", ``"L2norm,"``: :meth:`prepared`, part of the
+    graph); ``search(queries, k, **options)`` takes them per call, as they are (the index's
+    torch path, which has scaled them).
 
     Attributes:
-        k, metric, dim, ntotal: those of the index.
+        k, metric, dim, ntotal, normalize: those of the index.
 
     Buffers:
         id_table: int64 [ntotal], the id of every stored row (absent while the ids are the row
@@ -52,12 +55,22 @@ class Searcher(nn.Module):
         super().__init__()
         self.k = index.k if k is None else int(k)
         self.metric, self.dim, self.ntotal = index.metric, index.dim, index.ntotal
+        self.normalize = index.normalize
         self.sequential = not ids or index._sequential_ids()
         if not self.sequential:
             self.register_buffer("id_table", kept(index.stored_ids(), copy))
 
     def forward(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.search(queries, self.k)
+        return self.search(self.prepared(queries), self.k)
+
+    def prepared(self, queries: torch.Tensor) -> torch.Tensor:
+        """float32 queries [B, dim] as ``search`` takes them: scaled to unit norm where the
+        index normalises (static shapes: a sum of squares, its power 0.5 held above float32's
+        least normal number, a division; a zero query stays zero), else as they are."""
+        if not self.normalize:
+            return queries
+        norms = ((queries * queries).sum(dim=-1, keepdim=True) ** 0.5).clamp_min(_TINY)
+        return queries / norms
 
     def search(self, queries: torch.Tensor, k: int, **options):
         """Distances float32 [B, k] and ids int64 [B, k] of queries float32 [B, dim]. Every

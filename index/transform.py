@@ -30,6 +30,12 @@ class PreTransform(Wrapper):
 
     Submodules: transform, index. Stored vectors, ids and search options (``nprobe``) live in
     ``index``; ``nprobe`` is forwarded.
+
+    ``normalize`` (metric "cosine" of the wrapped index, or ``"L2norm,PCA64,…"``) scales
+    vectors and queries to unit norm before the transform: an OPQ rotation keeps them unit
+    vectors, so a "cosine" index behind one returns cosine similarities; a PCA subtracts its
+    mean and drops dimensions, so the scores are inner products of the centred projections
+    (what faiss's ``"L2norm,PCA64,…"`` with inner products computes), not cosines.
     """
 
     def __init__(self, transform: OPQ | PCA, index: Index, k: int | None = None):
@@ -48,6 +54,7 @@ class PreTransform(Wrapper):
         super().__init__(transform.dim, index.metric, k, index.verbose, store_ids=False)
         self.transform = transform
         self.index = index
+        self.normalize = index.normalize  # (metric "cosine": before the transform)
         if isinstance(transform, OPQ):
             # search needs the rotation only: the PQ that learned it is not saved (as faiss's
             # OPQMatrix keeps no codebooks), which saves M·ksub·dsub floats per index
@@ -68,7 +75,7 @@ class PreTransform(Wrapper):
     def _sequential_ids(self) -> bool:
         return self.index._sequential_ids()
 
-    def to_faiss(self):
+    def _to_faiss(self):
         """faiss ``IndexPreTransform`` of an ``OPQMatrix`` holding the rotation (or the PCA's
         ``PCAMatrix``), in front of the wrapped index's ``to_faiss()``."""
         faiss, t = import_faiss(), self.transform
@@ -79,16 +86,18 @@ class PreTransform(Wrapper):
             faiss.copy_array_to_vector(t.rotation.float().cpu().numpy().ravel(), matrix.A)
             matrix.is_trained = True
             matrix.is_orthonormal = True
-        inner = self.index.to_faiss()
+        inner = self.index._to_faiss()
         return keep_alive(faiss.IndexPreTransform(matrix, inner), matrix, inner)
 
     def config(self) -> dict:
         t = self.transform
         inner = {"class": type(self.index).__name__, **self.index.config()}
+        own = {"normalize": True} if self.normalize and not self.index.normalize else {}
         if isinstance(t, PCA):
-            return {"k": self.k, "transform": t.config(), "index": inner}
+            return {"k": self.k, **own, "transform": t.config(), "index": inner}
         return {
             "k": self.k,
+            **own,
             "transform": {
                 "dim": t.dim,
                 "M": t.M,
@@ -102,7 +111,7 @@ class PreTransform(Wrapper):
                 "seed": t.seed,
                 "max_train_points": t.max_train_points,
             },
-            "index": {"class": type(self.index).__name__, **self.index.config()},
+            "index": inner,
         }
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:

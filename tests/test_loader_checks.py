@@ -2,8 +2,7 @@
 own checks stand between the file and a search): ids below 0 or of another rank, tensors of
 another rank, NaN/Inf in any float tensor after its conversion to the dtype the index keeps,
 on mapped loads too for what they read, NaN/Inf bit patterns in fp16/bf16 codes, conversions
-to a wider dtype, stored vectors without trained parameters; every refusal a ValueError naming
-what is wrong."""
+to a wider dtype; every refusal a ValueError naming the tensor."""
 
 from __future__ import annotations
 
@@ -91,10 +90,6 @@ def _nan_vector(t):
     t["vectors"][7] = float("nan")
 
 
-def _untrained(t):
-    t["quantizer.trained"].zero_()
-
-
 def _code_bits(bits: int, row: int = 4, column: int = 6):
     """Codes whose 16-bit value at (row, column) is ``bits`` (a NaN or an Inf)."""
 
@@ -129,8 +124,6 @@ REFUSED = [
     pytest.param("ivf", _vectors_float64_times_1e300,
                  r"tensor 'vectors' holds 9600 NaN/Inf values", id="ivf-float64-1e300"),
     pytest.param("flat", _nan_vector, r"tensor 'vectors' holds 32 NaN/Inf values", id="flat-nan"),
-    pytest.param("ivf", _untrained, r"IVFFlat has 300 vectors but no trained parameters",
-                 id="ivf-untrained"),
     pytest.param("sqfp16", _code_bits(0x7E00), r"SQIndex has 1 fp16 codes that are NaN/Inf",
                  id="sqfp16-nan"),
     pytest.param("sqfp16", _code_bits(0xFC00), r"SQIndex has 1 fp16 codes that are NaN/Inf",

@@ -105,7 +105,7 @@ class FilteredSearch(nn.Module):
 
     def forward(self, queries: torch.Tensor, allowed: torch.Tensor):
         rows = allowed if self.sequential else allowed.index_select(0, self.row_ids)
-        return self.searcher.search(queries, self.k, allowed=rows)
+        return self.searcher.search(self.searcher.prepared(queries), self.k, allowed=rows)
 
 
 def _takes_filter(searcher: nn.Module) -> bool:
@@ -127,7 +127,8 @@ def _metadata(index: Index, graph: torch.nn.Module) -> dict[str, str]:
     metadata = {
         "dim": str(index.dim),
         "k": str(graph.k),
-        "metric": index.metric,
+        "metric": index.metric_name,
+        "normalize": str(bool(index.normalize)).lower(),
         "ntotal": str(index.ntotal),
         "index": json.dumps({"class": type(index).__name__, **index.config()}),
     }
