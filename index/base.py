@@ -11,7 +11,7 @@ are the :class:`vq.index.updates.Updates` mixin's. ``save`` writes through
 :mod:`vq.index.fileformat`, below every index.
 
 Threads: ``search`` and ``save`` may run from many threads at once; ``train``, ``add``,
-``add_with_ids``, ``remove_ids``, ``merge_from`` and ``load_state_dict`` wait for running
+``add_with_ids``, ``remove_ids``, ``merge_from``, ``reset`` and ``load_state_dict`` wait for running
 searches and hold the index alone, and searches started meanwhile wait for them
 (:mod:`vq.index.locking`). Moving an index (``.to``) or assigning its buffers directly is not
 locked.

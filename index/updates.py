@@ -94,8 +94,10 @@ class Updates:
     def merge_from(self, other) -> None:
         """Copy every vector ``other`` stores into this index, codes and vectors as stored (no
         re-encoding; faiss ``merge_from``, except that ``other`` is left as it is, not
-        emptied). ``other`` must be trained alike: the same kind and configuration (search
-        options aside) and equal trained tensors (centroids, codebooks, rotation). Ids are
+        emptied; the graph kinds, HNSW and HNSWSQ, insert ``other``'s stored vectors or codes
+        into this graph as an ``add`` would, where faiss's HNSW has no ``merge_from``).
+        ``other`` must be trained alike: the same kind and configuration (search options
+        aside) and equal trained tensors (centroids, codebooks, rotation). Ids are
         kept: ``other``'s stored ids, which must not be stored here already; where both
         indexes keep sequential ids (a Flat or PQ index filled by ``add``), ``other``'s rows
         are numbered after this index's, as faiss's flat ``merge_from`` does.
