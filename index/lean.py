@@ -89,9 +89,10 @@ def search_small(index, queries: Any, k: Any, params: dict):
         return None
     if not q.flags.c_contiguous:
         q = np.ascontiguousarray(q)
-    with np.errstate(all="ignore"):  # (one BLAS dot: ~1 µs for a few queries)
-        if not float(np.dot(q.reshape(-1), q.reshape(-1))) <= _MAX_NORM_SQ:
-            return None  # a NaN, an infinity or a norm past MAX_NORM: the general path says
+    # one BLAS dot of all the values (it raises no floating-point warning, so no np.errstate,
+    # which costs twice the dot): about 1 µs for a few queries
+    if not np.vdot(q, q) <= _MAX_NORM_SQ:
+        return None  # a NaN, an infinity or a norm past MAX_NORM: the general path says
     if index.normalize:  # (metric "cosine", "L2norm,": as the general path's query_rows)
         q = unit_rows_np(q)
     lock = index._lock
