@@ -79,9 +79,12 @@ def codes_problem(codes: torch.Tensor, n: int, sq: ScalarQuantizer) -> str | Non
     problem = shape_problem("codes", codes, (n, sq.code_size))
     if problem is None and codes.dtype != torch.uint8:
         problem = f"codes of dtype {codes.dtype}, expected torch.uint8"
-    if problem is None and sq.is_float:
-        as_float = torch.float16 if sq.bits == "fp16" else torch.bfloat16
-        bad = sum(int((~torch.isfinite(c.view(as_float))).sum()) for c in read_chunks(codes))
+    if problem is None and sq.is_float:  # (all exponent bits set: NaN or Inf)
+        exponent = np.uint16(0x7C00 if sq.bits == "fp16" else 0x7F80)
+        bad = sum(
+            np.count_nonzero(np.bitwise_and(c.cpu().numpy().view(np.uint16), exponent) == exponent)
+            for c in read_chunks(codes)
+        )
         problem = f"{bad} {sq.bits} codes that are NaN/Inf" if bad else None
     return problem
 
