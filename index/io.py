@@ -25,8 +25,6 @@ from vq.index.mapped import FileGuard, GuardedLock, file_range, read_chunks
 
 #: wrappers (PreTransform, Refine) nest at most this deep in a configuration
 _MAX_NESTING = 8
-#: bytes per step of the NaN/Inf check
-_FINITE_BYTES = 4 << 20
 
 
 def save_index(index: Index, path) -> None:
@@ -180,7 +178,7 @@ def _check_finite(tensors: dict[str, torch.Tensor], path: Path) -> None:
         if t.dtype == torch.float32 and file_range(t) is None:
             if kernels.all_finite(t.reshape(1, -1).numpy()):
                 continue  # (one pass, no temporary)
-        bad = sum(int((~torch.isfinite(c)).sum()) for c in read_chunks(t, _FINITE_BYTES))
+        bad = sum(int((~torch.isfinite(c)).sum()) for c in read_chunks(t))
         if bad:
             raise ValueError(
                 f"{path}: corrupted vq index file (tensor {name!r} holds {bad} NaN/Inf values)"

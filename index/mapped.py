@@ -214,27 +214,30 @@ def read_rows(t: torch.Tensor, rows: np.ndarray) -> torch.Tensor | None:
     return values[torch.from_numpy(back.reshape(rows.shape))]
 
 
-#: bytes a :func:`read_chunks` piece holds at most
-CHUNK_BYTES = 16 << 20
+#: bytes a :func:`read_chunks` piece holds at most (a mapped tensor's pieces share one buffer of
+#: that size: memory the allocator may keep after the load, so it stays small)
+CHUNK_BYTES = 1 << 20
 
 
-def read_chunks(t: torch.Tensor, chunk_bytes: int = CHUNK_BYTES) -> Iterator[torch.Tensor]:
-    """The values of ``t`` (flattened, in its dtype) a piece of at most ``chunk_bytes`` at a
-    time: read from its file with ``pread`` into memory of their own where ``t`` is mapped
-    (nothing of the file mapped in: a pass over a mapped tensor costs its bytes read, not its
-    pages resident, and a file cut short raises OSError rather than fault), views of ``t``
-    otherwise. For the checks of a load that must see every value (ids, 16-bit float codes)."""
+def read_chunks(t: torch.Tensor) -> Iterator[torch.Tensor]:
+    """The values of ``t`` (flattened, in its dtype) a piece of at most :data:`CHUNK_BYTES`
+    (a power of two) at a time: views of ``t``, or where ``t`` is mapped from a file, read from
+    it with ``pread`` into one buffer of its own that each piece overwrites (use a piece before
+    taking the next), nothing of the file mapped in: a pass over a mapped tensor costs its
+    bytes read, not its pages resident, and a file cut short raises OSError rather than fault.
+    For the checks of a load that must see every value (ids, 16-bit float codes, checksums)."""
     flat, size = t.reshape(-1), t.element_size()
-    step = max(1, chunk_bytes // size)
+    step = max(1, CHUNK_BYTES // size)
     source = file_range(t)
+    if source is None:
+        for s in range(0, flat.shape[0], step):
+            yield flat[s : s + step]
+        return
+    raw = np.empty(min(step, flat.shape[0]) * size, np.uint8)
     for s in range(0, flat.shape[0], step):
-        e = min(flat.shape[0], s + step)
-        if source is None:
-            yield flat[s:e]
-            continue
-        raw = np.empty((e - s) * size, np.uint8)
-        _pread(source, raw, [(s * size, raw.shape[0])])
-        yield torch.from_numpy(raw).view(t.dtype)
+        piece = raw[: (min(flat.shape[0], s + step) - s) * size]
+        _pread(source, piece, [(s * size, piece.shape[0])])
+        yield torch.from_numpy(piece).view(t.dtype)
 
 
 class FileGuard:

@@ -2,7 +2,8 @@
 own checks stand between the file and a search): ids below 0 or of another rank, tensors of
 another rank, NaN/Inf in any float tensor after its conversion to the dtype the index keeps,
 on mapped loads too for what they read, NaN/Inf bit patterns in fp16/bf16 codes, conversions
-to a wider dtype; every refusal a ValueError naming the tensor."""
+to a wider dtype, stored vectors without trained parameters; every refusal a ValueError naming
+what is wrong."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 from safetensors import safe_open
 
 import vq
-from vq.index import fileformat
+from vq.index import fileformat, mapped
 from vq.index.fileformat import config_checksum, tensors_checksum
 from vq.index.mapped import file_range
 
@@ -90,6 +91,10 @@ def _nan_vector(t):
     t["vectors"][7] = float("nan")
 
 
+def _untrained(t):
+    t["quantizer.trained"].zero_()
+
+
 def _code_bits(bits: int, row: int = 4, column: int = 6):
     """Codes whose 16-bit value at (row, column) is ``bits`` (a NaN or an Inf)."""
 
@@ -124,6 +129,8 @@ REFUSED = [
     pytest.param("ivf", _vectors_float64_times_1e300,
                  r"tensor 'vectors' holds 9600 NaN/Inf values", id="ivf-float64-1e300"),
     pytest.param("flat", _nan_vector, r"tensor 'vectors' holds 32 NaN/Inf values", id="flat-nan"),
+    pytest.param("ivf", _untrained, r"IVFFlat has 300 vectors but no trained parameters",
+                 id="ivf-untrained"),
     pytest.param("sqfp16", _code_bits(0x7E00), r"SQIndex has 1 fp16 codes that are NaN/Inf",
                  id="sqfp16-nan"),
     pytest.param("sqfp16", _code_bits(0xFC00), r"SQIndex has 1 fp16 codes that are NaN/Inf",
@@ -175,3 +182,25 @@ def test_a_narrower_dtype_is_converted_and_searches_as_the_original(tmp_path, sa
         assert torch.equal(loaded.vectors, original.vectors)
         for a, b in zip(loaded.search(data[:20], 5), original.search(data[:20], 5), strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "name, edit, message",
+    [
+        pytest.param("ivf", _set_ids(*range(299), -5), r"IVFFlat has ids below 0 \(the smallest "
+                     r"is -5\)", id="ivf-last-id"),
+        pytest.param("ivfsqfp16", _code_bits(0x7E00, row=299, column=31),
+                     r"IVFSQ has 1 fp16 codes that are NaN/Inf", id="ivfsqfp16-last-code"),
+    ],
+)  # fmt: skip
+def test_mapped_tensors_are_checked_a_piece_at_a_time_to_their_last_value(
+    tmp_path, saved, monkeypatch, name, edit, message
+):
+    """The pieces ``pread`` reads (here 64 bytes, so tens of them) cover every value once: the
+    forged value in the last one is found, and a verified load's checksum matches."""
+    monkeypatch.setattr(fileformat, "SMALL_BYTES", 1024)
+    monkeypatch.setattr(mapped, "CHUNK_BYTES", 64)
+    assert file_range(vq.load_index(saved[name], mmap=True, verify=True).ids) is not None
+    path = forge(saved[name], tmp_path / "forged.vq", edit)
+    with pytest.raises(ValueError, match=message):
+        vq.load_index(path, mmap=True)
