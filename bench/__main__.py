@@ -29,6 +29,7 @@ SUITE = {
     "fastscan": (["--n", "200000"], "4-bit fast-scan search on the same index as faiss"),
     "memory": ([], "peak memory and bytes per vector of adding vectors"),
     "coldstart": ([], "time to the first answer in a new process, warm and cold cache"),
+    "freshstart": ([], "the first build and searches on a machine that compiled nothing"),
     "latency": ([], "one query at a time, as a service answers requests"),
 }
 
