@@ -178,6 +178,8 @@ class Index(Updates, nn.Module):
         codes outside their codebooks, offsets that do not cover the rows, a wrapped index that
         does not hold this one's rows (whose own data are its own to check). Extended by
         each subclass for its buffers."""
+        if self.ntotal and not self.is_trained:
+            return f"{self.ntotal} vectors but no trained parameters"
         ids = self._buffers.get("ids")
         if ids is None:
             return None

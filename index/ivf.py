@@ -191,6 +191,8 @@ class IVFIndex(IVFStorage, Index):
     def consistency_problem(self) -> str | None:
         problem = ids_problem(self.ids)
         n = int(self.ids.shape[0])
+        if problem is None and n and not self.is_trained:
+            problem = f"{self.ntotal} vectors but no trained parameters"
         if problem is None and n % self.copies:
             problem = f"{n} rows, not a multiple of {self.copies}"
         problem = problem or self._rows_problem()

@@ -1,12 +1,16 @@
 """The index loader against damaged and hostile files: hundreds of random truncations and byte
 flips give a clean ValueError (or, for the few bytes no check covers, the very same index);
 hostile headers and configurations are refused before anything is built; files of the older
-format version still load."""
+format version still load; random forgeries of the tensors of every kind, checksums recomputed,
+are refused or search correctly, read or mapped (in a child process: no signal, no numba
+typing error)."""
 
 from __future__ import annotations
 
 import json
 import struct
+import subprocess
+import sys
 from collections import Counter
 
 import numpy as np
@@ -297,3 +301,197 @@ def test_version_2_needs_its_configuration_checksum(tmp_path, saved):
     path.write_bytes(rewrite(raw, as_version("2", drop_config_checksum=True)))
     with pytest.raises(ValueError, match="checksum mismatch in the configuration"):
         vq.load_index(path)
+
+
+# -- forged tensors, every kind ----------------------------------------------------------------
+#: every class the factory builds and both wrappers, on kernel configurations the suite compiles
+FUZZ_KINDS = [
+    "Flat", "PQ8", "PQ8x4fs", "SQ8", "SQ4", "SQfp16", "SQbf16", "HNSW16", "HNSW16,SQ8",
+    "IVF16,Flat", "IVF16,PQ8", "IVF16,PQ8x4fs", "IVF16,SQ8", "IVF16,SQfp16", "IVF16(soar),PQ8",
+    "OPQ8,IVF16,PQ8", "PCA16,IVF16,Flat", "PQ8,RFlat", "IVF16,PQ8,Refine(SQfp16)",
+]  # fmt: skip
+FORGERIES = 14  # per kind
+
+_FUZZ = r"""
+import os, sys
+import numpy as np
+import safetensors.torch
+import torch
+from safetensors import safe_open
+
+import vq
+from vq.index import fileformat
+from vq.index.fileformat import config_checksum, tensors_checksum
+from vq.quantizers import OPQ, ProductQuantizer
+
+where, seed, per_kind, kinds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+rng = np.random.default_rng(seed)
+x = rng.standard_normal((700, 32)).astype(np.float32)
+q = rng.standard_normal((40, 32)).astype(np.float32)
+DTYPES = [torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.uint8,
+          torch.bool]
+# (finite floats too large for a distance, 1e19, are add's to refuse: not forged here)
+FLOATS = [float("nan"), float("inf"), -float("inf"), 1e300, 0.0, -1.0, 3.5]
+INTS = [-1, -2, 2**62, -(2**63), 0, 3, 255, 2**31]
+# the loads compared: read; mapped with every tensor read (small files); mapped with the
+# tensors from 1 KiB mapped and verified; the same unverified (NaN/Inf of mapped tensors unread)
+LOADS = [("read", {}, None), ("mapped-read", {"mmap": True}, None),
+         ("mapped-verified", {"mmap": True, "verify": True}, 1024),
+         ("mapped", {"mmap": True}, 1024)]
+SMALL = fileformat.SMALL_BYTES
+
+
+def forge(tensors, meta, path):
+    meta = dict(meta, checksum=tensors_checksum(tensors))
+    meta["config_checksum"] = config_checksum(meta["config"])
+    safetensors.torch.save_file(tensors, path, metadata=meta)
+
+
+def mutate(t):
+    # one random forgery of tensor t (a new tensor; its name and the forgery in words)
+    kind = rng.integers(6)
+    if kind <= 1 and t.numel():  # a value (a third of the time, several)
+        out = t.clone()
+        flat = out.reshape(-1)
+        values = FLOATS if t.is_floating_point() else INTS
+        value = values[rng.integers(len(values))]
+        at = rng.integers(0, flat.numel(), size=1 + 3 * int(rng.integers(3) == 0))
+        try:
+            flat[torch.from_numpy(at)] = torch.tensor(value, dtype=torch.float64).to(t.dtype)
+        except RuntimeError:
+            return None, ""
+        return out, f"{at.tolist()} = {value}"
+    if kind == 2:
+        dtype = DTYPES[rng.integers(len(DTYPES))]
+        return t.to(dtype), f"as {dtype}"
+    if kind == 3 and t.is_floating_point():
+        return t.double() * 1e300, "float64 x 1e300"
+    shapes = [(*t.shape, 1), (t.numel(),), (max(t.shape[0] - 1, 0), *t.shape[1:]) if t.dim()
+              else (1,), (t.shape[0] + 1, *t.shape[1:]) if t.dim() else (2,)]
+    shape = shapes[rng.integers(len(shapes))]
+    n = int(np.prod(shape))
+    flat = t.reshape(-1)
+    data = flat[:n] if n <= flat.numel() else torch.cat([flat, flat[: n - flat.numel()]])
+    if data.numel() < n:
+        return None, ""
+    return data.reshape(shape).clone(), f"shape {tuple(shape)}"
+
+
+def results(index):
+    # what the searches give: the lean path, the general path and a filtered search
+    stored = index.stored_ids().numpy()
+    allowed = stored[::3]
+    ids, held = np.unique(stored, return_counts=True)
+    copies = max(getattr(m, "copies", 1) for m in index.modules())  # (spilled lists: 2)
+    out = []
+    for queries, options in ((q[:3], {}), (q, {}), (q[:4], {"allowed": allowed})):
+        D, I = index.search(queries, 5, **options)
+        valid = np.isin(I, stored) | (I == -1)
+        assert valid.all(), f"ids not stored: {I[~valid][:5]}"
+        missing = I == -1
+        assert np.isinf(D[missing]).all(), "a missing result has a finite distance"
+        if "allowed" in options:
+            assert np.isin(I[~missing], allowed).all(), "an id not allowed"
+        for row in I:  # each vector once: an id as often as vectors hold it (forged repeats)
+            got, times = np.unique(row[row >= 0], return_counts=True)
+            assert (times <= -(-held[np.searchsorted(ids, got)] // copies)).all(), f"{row}"
+        out += [D, I]
+    return out
+
+
+def check(D, finite=True):
+    if not finite:
+        return
+    found = ~np.isinf(D)
+    assert np.isfinite(D[found]).all(), "NaN distances"
+    assert (np.diff(np.where(found, D, np.inf), axis=1) >= 0).all(), "distances out of order"
+
+
+failures, counts = [], {}
+for i, desc in enumerate(kinds):
+    index = vq.index_factory(32, desc)
+    for m in index.modules():
+        if isinstance(m, OPQ):
+            m.niter, m.niter_pq, m.niter_pq_0 = 1, 1, 1
+        elif isinstance(m, ProductQuantizer):
+            m.niter = 2
+    index.train(x)
+    index.add_with_ids(x[:300], rng.choice(10**6, 300, replace=False))
+    if hasattr(index, "nprobe"):
+        index.nprobe = 4
+    src = os.path.join(where, f"{i}.vq")
+    index.save(src)
+    tensors = safetensors.torch.load_file(src)
+    with safe_open(src, "pt") as f:
+        meta = dict(f.metadata())
+    names = sorted(tensors)
+    counts[desc] = {"refused": 0, "loaded": 0}
+    done = 0
+    while done < per_kind:
+        name = names[rng.integers(len(names))]
+        forged, how = mutate(tensors[name])
+        if forged is None:
+            continue
+        done += 1
+        case = f"{desc}: {name} {how}"
+        path = os.path.join(where, f"{i}.forged.vq")
+        forge({**tensors, name: forged}, meta, path)
+        outcome = {}
+        for load, options, small in LOADS:
+            fileformat.SMALL_BYTES = small or SMALL
+            try:
+                loaded = vq.load_index(path, **options)
+            except ValueError as err:
+                outcome[load] = "refused"
+                continue
+            except Exception as err:
+                failures.append(f"{case}: {load} load raised {type(err).__name__}: {err}")
+                outcome[load] = "error"
+                continue
+            finally:
+                fileformat.SMALL_BYTES = SMALL
+            try:
+                found = results(loaded)
+                for D in found[::2]:
+                    check(D, finite=load != "mapped")
+                outcome[load] = found
+            except Exception as err:
+                failures.append(f"{case}: {load} search: {type(err).__name__}: {str(err)[:300]}")
+                outcome[load] = "error"
+        first = outcome["read"]
+        for load in ("mapped-read", "mapped-verified"):
+            other = outcome[load]
+            same = (other == first if isinstance(first, str) or isinstance(other, str)
+                    else all(np.array_equal(a, b) for a, b in zip(first, other)))
+            if not same:
+                failures.append(f"{case}: the {load} load differs from the read one")
+        counts[desc]["refused" if first == "refused" else "loaded"] += 1
+for line in failures:
+    print("FAIL", line)
+for desc, c in counts.items():
+    print("KIND", desc, c["refused"], c["loaded"])
+"""
+
+
+def test_forged_tensors_of_every_kind_are_refused_or_search_correctly(tmp_path):
+    """Random forgeries of the tensors of every kind (values: NaN, Inf, -1, 2**62...; dtypes;
+    ranks and row counts; float64 x 1e300), checksums recomputed, each loaded four ways (read;
+    mapped, small tensors read; mapped verified and not, tensors from 1 KiB mapped): each load
+    is refused with a ValueError, or its searches (lean, general, filtered) return stored ids
+    (-1 only for a missing result, at an infinite distance), each once, allowed ones, at
+    finite sorted distances, the same for every load; in a child process, where a signal or
+    a numba typing error would show."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _FUZZ, str(tmp_path), "0", str(FORGERIES), *FUZZ_KINDS],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"the child died (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
+    lines = proc.stdout.splitlines()
+    assert [line for line in lines if line.startswith("FAIL")] == []
+    counts = {
+        line.split()[1]: tuple(map(int, line.split()[2:])) for line in lines[-len(FUZZ_KINDS) :]
+    }
+    assert list(counts) == FUZZ_KINDS
+    assert all(refused + loaded == FORGERIES for refused, loaded in counts.values())
+    assert sum(refused for refused, _ in counts.values()) >= len(FUZZ_KINDS) * FORGERIES // 4
+    assert sum(loaded for _, loaded in counts.values()) >= len(FUZZ_KINDS) * FORGERIES // 10
