@@ -290,8 +290,9 @@ class Index(Updates, nn.Module):
     def reset(self) -> None:
         """Remove every stored vector, keeping what training learned (faiss ``reset``):
         ``ntotal`` becomes 0, ``add`` numbers the next vectors from 0 again, and ``train``
-        may be called again."""
-        with self._writing():
+        may be called again. What searches derived from the trained parameters alone is
+        kept (a write of the stored rows, as ``remove_ids``)."""
+        with self._writing(rows_only=True):
             self._reset()
 
     def _reset(self) -> None:

@@ -210,7 +210,7 @@ def test_metric_cosine_builds_or_is_one_error_line(files, capsys):
         "-o", files / "cos.vq", "--quiet", "--no-warm-up",
     )  # fmt: skip
     if code == 0:
-        assert vq.load_index(files / "cos.vq").metric == "cosine"
+        assert vq.load_index(files / "cos.vq").metric_name == "cosine"
     else:
         assert code == 2 and err.startswith("error: ") and err.count("\n") == 1
         assert "cosine" in err

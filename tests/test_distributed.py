@@ -323,7 +323,11 @@ def test_entry_point_reports_bad_input_in_one_line(tmp_path, capsys):
     (tmp_path / "x.txt").write_text("1 2 3")
     assert main(["search", str(tmp_path), "--queries", str(tmp_path / "x.txt")]) == 2
     assert "no sharded index at" in capsys.readouterr().err
-    assert main(["frobnicate"]) == 2
+    with pytest.raises(SystemExit) as usage:  # (a usage error: argparse's exit, as vq's CLI)
+        main(["frobnicate"])
+    assert usage.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: python -m vq.distributed: argument command: invalid choice")
 
 
 def test_benchmark_runs_at_a_tiny_size(tmp_path, monkeypatch):

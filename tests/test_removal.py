@@ -215,5 +215,7 @@ def test_a_removal_keeps_the_arrays_derived_from_the_codebooks(trained, data):
     index.remove_ids(np.arange(0, N, 3))
     assert index.__dict__["_derived_cache"]["table_inputs"] is inputs
     assert "row_terms" not in index.__dict__["_derived_cache"]
+    index.reset()  # (a populated index is not trained again; the codebooks stay)
+    assert index.__dict__["_derived_cache"]["table_inputs"] is inputs
     index.train(x)  # the codebooks change: everything derived is dropped
     assert "table_inputs" not in index.__dict__.get("_derived_cache", {})
