@@ -73,7 +73,7 @@ def machine_header(threads: int) -> str:
                 break
     except OSError:
         pass
-    from vq.kernels.fastscan import best_isa
+    from vq.kernels.fastscan.fastscan_scans import best_isa
 
     return (
         f"machine: {cpu} ({best_isa()} kernels), {os.cpu_count()} cores, "

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     import vq
     from vq.datasets import ground_truth, recall_at
-    from vq.kernels.fastscan import best_isa
+    from vq.kernels.fastscan.fastscan_scans import best_isa
 
     set_threads(args.threads)
     label, x, q = load_data(args)

@@ -7,7 +7,7 @@ For each index kind, a fresh process (``python -c``) with an empty kernel cache 
 then vq, builds the index on n seeded Gaussian vectors (train and add), searches --nq queries
 (k=10, the default search options), then one query; each step timed with ``perf_counter``
 inside the child. A search that finds its kernels missing answers on the torch path while they
-compile in the background (vq.kernels.background); the child then waits for that compile (not
+compile in the background (vq.kernels.jit.background); the child then waits for that compile (not
 timed), and a second process on the same cache repeats the steps (warm: best of --repeats).
 faiss is not in this table: its code ships compiled (``bench.coldstart`` has the ratios of
 loading a saved index and its first search against faiss's).
@@ -52,7 +52,7 @@ t1 = time.perf_counter()
 import vq
 t2 = time.perf_counter()
 import numpy as np
-from vq.kernels import background
+from vq.kernels.jit import background
 rng = np.random.default_rng(0)
 x = rng.standard_normal(({n}, {dim}), dtype=np.float32)
 q = rng.standard_normal(({nq}, {dim}), dtype=np.float32)

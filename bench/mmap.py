@@ -16,7 +16,7 @@ pages in the page cache as the parent wrote them ("warm"), and dropped from it f
 (``posix_fadvise(DONTNEED)``, "cold": a file larger than memory, or not read lately). A mapped
 file's pages that a process touches count in its RSS, and from a warm cache the kernel maps
 whole large folios around each fault, so an IVF search reads its probed lists with ``pread``
-instead (:mod:`vq.index.mapped`: the bytes copied into memory freed after the call, nothing
+instead (:mod:`vq.index.core.mapped`: the bytes copied into memory freed after the call, nothing
 mapped). IVFPQ's precomputed table is filled for the probed lists only (anonymous memory).
 Two baselines: the in-memory load's peak (its loader holds the file's pages and the copy at
 once) and its RSS once loaded (the copy alone). Prints a table (load
@@ -44,7 +44,7 @@ def child(mode: str, cache: str, path: str, small: str, queries: str, out: str, 
     import numpy as np
 
     import vq
-    from vq.index import fileformat
+    from vq.index.core import fileformat
 
     set_threads(1)
     q = np.load(queries)

@@ -8,37 +8,37 @@ from faiss-style strings,
 ``index.save`` / :func:`load_index` persist them, :func:`from_faiss` / :func:`to_faiss` convert.
 Every index is a ``torch.nn.Module``: quantizers are submodules, stored data are buffers.
 
-The modules, bottom to top (each imports only from those below it):
+The packages, bottom to top (each imports only from those below it):
 
-- knowing no index: ``locking`` (the readers-writer lock), ``fileformat`` (the file: safetensors
-  + JSON metadata, checksums, atomic writes), ``lean`` (the lean path of small searches),
-  ``static`` (what the static-shape searches share), ``searching`` (the general path's
-  plumbing: options, results by id), ``fastscan`` (4-bit packed codes), ``faiss_build`` (what
-  each kind's ``to_faiss`` uses), ``memory`` (the bytes a module tree holds: ``Index.nbytes``);
-- ``base`` (:class:`Index`) and ``wrapper`` (indexes around another);
+- ``core``: what every kind shares — the readers-writer lock, the index file (safetensors +
+  JSON metadata, checksums, atomic writes) and mapped files, the lean path of small searches,
+  the static-shape searchers' common parts, the general path's plumbing, filters, range search,
+  4-bit packed codes, what each kind's ``to_faiss`` uses, the bytes a module tree holds; then
+  :class:`Index` (``core.base``) and its writes to the stored rows (``core.updates``);
 - the kinds, each with its static search, its consistency checks and its ``to_faiss``:
-  ``flat``, ``pq``, ``sq``, ``hnsw``, ``ivf`` (what the IVF kinds share), ``ivfflat``,
-  ``ivfpq``, ``ivfsq``, ``transform``, ``refine``;
+  ``flat`` (FlatIndex, PQIndex, SQIndex), ``ivf`` (IVFIndex, what the IVF kinds share: lists,
+  probing, spilling, sketches; IVFFlat, IVFPQ, IVFSQ), ``graph`` (HNSW, HNSWSQ) and
+  ``wrappers`` (PreTransform, Refine);
 - ``factory`` (:func:`index_factory`, configurations), then ``faiss_interop``
   (:func:`from_faiss`) and ``io`` (:func:`load_index`), which build indexes of every kind.
 """
 
-from vq.index.base import Index
+from vq.index.core.base import Index
+from vq.index.core.filters import IdFilter
 from vq.index.factory import index_factory
 from vq.index.faiss_interop import from_faiss, to_faiss
-from vq.index.filters import IdFilter
-from vq.index.flat import FlatIndex
-from vq.index.hnsw import HNSW
-from vq.index.hnsw_sq import HNSWSQ
+from vq.index.flat.flat_index import FlatIndex
+from vq.index.flat.pq_index import PQIndex
+from vq.index.flat.sq_index import SQIndex
+from vq.index.graph.hnsw import HNSW
+from vq.index.graph.hnsw_sq import HNSWSQ
 from vq.index.io import load_index
-from vq.index.ivf import IVFIndex
-from vq.index.ivfflat import IVFFlat
-from vq.index.ivfpq import IVFPQ
-from vq.index.ivfsq import IVFSQ
-from vq.index.pq import PQIndex
-from vq.index.refine import Refine
-from vq.index.sq import SQIndex
-from vq.index.transform import PreTransform
+from vq.index.ivf.ivf_index import IVFIndex
+from vq.index.ivf.ivfflat import IVFFlat
+from vq.index.ivf.ivfpq import IVFPQ
+from vq.index.ivf.ivfsq import IVFSQ
+from vq.index.wrappers.refine import Refine
+from vq.index.wrappers.transform import PreTransform
 
 __all__ = [
     "IVFPQ",

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import re
 
-from vq.index.base import Index
-from vq.index.flat import FlatIndex
-from vq.index.hnsw import HNSW
-from vq.index.hnsw_sq import HNSWSQ
-from vq.index.ivfflat import IVFFlat
-from vq.index.ivfpq import IVFPQ
-from vq.index.ivfsq import IVFSQ
-from vq.index.pq import PQIndex
-from vq.index.refine import Refine
-from vq.index.sq import SQIndex
-from vq.index.transform import PreTransform
+from vq.index.core.base import Index
+from vq.index.flat.flat_index import FlatIndex
+from vq.index.flat.pq_index import PQIndex
+from vq.index.flat.sq_index import SQIndex
+from vq.index.graph.hnsw import HNSW
+from vq.index.graph.hnsw_sq import HNSWSQ
+from vq.index.ivf.ivfflat import IVFFlat
+from vq.index.ivf.ivfpq import IVFPQ
+from vq.index.ivf.ivfsq import IVFSQ
+from vq.index.wrappers.refine import Refine
+from vq.index.wrappers.transform import PreTransform
 from vq.quantizers import OPQ, PCA
 
 SUPPORTED = (

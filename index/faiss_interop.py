@@ -14,7 +14,7 @@ IndexIVFPQFastScan (even M).
 
 :func:`from_faiss` must know every kind, so it sits here, above them; the other way, each kind
 converts itself (``Index.to_faiss``, next to its class, on the pieces in
-:mod:`vq.index.faiss_build`), and :func:`to_faiss` only calls it.
+:mod:`vq.index.core.faiss_build`), and :func:`to_faiss` only calls it.
 """
 
 from __future__ import annotations
@@ -30,21 +30,21 @@ from vq.faiss_interop import (
     sq_from_faiss,
     unpack_codes,
 )
-from vq.index.base import Index
-from vq.index.faiss_build import import_faiss
-from vq.index.flat import FlatIndex
-from vq.index.hnsw import HNSW
-from vq.index.hnsw_graph import graph_from_faiss
-from vq.index.hnsw_sq import hnswsq_from_faiss
-from vq.index.ivf import IVFIndex
-from vq.index.ivfflat import IVFFlat
-from vq.index.ivfpq import IVFPQ
-from vq.index.ivfsq import IVFSQ
-from vq.index.pq import PQIndex
-from vq.index.refine import Refine
-from vq.index.sq import SQIndex
-from vq.index.transform import PreTransform
-from vq.kernels import fastscan as packed4
+from vq.index.core.base import Index
+from vq.index.core.faiss_build import import_faiss
+from vq.index.flat.flat_index import FlatIndex
+from vq.index.flat.pq_index import PQIndex
+from vq.index.flat.sq_index import SQIndex
+from vq.index.graph.hnsw import HNSW
+from vq.index.graph.hnsw_graph import graph_from_faiss
+from vq.index.graph.hnsw_sq import hnswsq_from_faiss
+from vq.index.ivf.ivf_index import IVFIndex
+from vq.index.ivf.ivfflat import IVFFlat
+from vq.index.ivf.ivfpq import IVFPQ
+from vq.index.ivf.ivfsq import IVFSQ
+from vq.index.wrappers.refine import Refine
+from vq.index.wrappers.transform import PreTransform
+from vq.kernels.fastscan import fastscan_scans as packed4
 from vq.quantizers.pca import PCA
 
 

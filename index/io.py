@@ -1,5 +1,5 @@
 """Loading indexes: :func:`load_index` reads what ``index.save`` wrote (the file itself:
-:mod:`vq.index.fileformat`) and builds the index it describes.
+:mod:`vq.index.core.fileformat`) and builds the index it describes.
 
 It sits at the top of the package, as it builds indexes of every kind (through
 :func:`vq.index.factory.from_config`); nothing in the package imports it. Every check runs
@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 
 from vq import kernels
-from vq.index.base import Index
+from vq.index.core.base import Index
+from vq.index.core.fileformat import IndexFile, check_config_checksum, read_config
+from vq.index.core.mapped import FileGuard, GuardedLock, file_range, read_chunks
 from vq.index.factory import from_config
-from vq.index.fileformat import IndexFile, check_config_checksum, read_config
-from vq.index.mapped import FileGuard, GuardedLock, file_range, read_chunks
 
 #: wrappers (PreTransform, Refine) nest at most this deep in a configuration
 _MAX_NESTING = 8
@@ -51,7 +51,7 @@ def load_index(
             (at most about 64 MiB of lists at a time), and the result ids likewise: none of
             the file's pages is mapped into the process, even from a warm page cache, where
             touching the mapping would map whole large folios around each page (see
-            :mod:`vq.index.mapped`). Other reads (Flat/PQ/SQ/HNSW searches, filtered masks,
+            :mod:`vq.index.core.mapped`). Other reads (Flat/PQ/SQ/HNSW searches, filtered masks,
             range search, ``reconstruct``, export) go through the mapping: only the pages they
             touch become resident. The mapping is advised random access (no read-ahead) and
             copy-on-write: the index never writes to the file; ``add``, ``remove_ids`` and
@@ -121,7 +121,7 @@ def load_index(
 
 def _guard_mapped(index: Index) -> None:
     """Where buffers of ``index`` are mapped from its file, give each index of its tree a lock
-    that checks the file before every call (:class:`vq.index.mapped.GuardedLock`)."""
+    that checks the file before every call (:class:`vq.index.core.mapped.GuardedLock`)."""
     guard = FileGuard(index.modules())
     if guard.holds():
         for m in index.modules():

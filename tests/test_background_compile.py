@@ -1,6 +1,6 @@
 """Kernels compiled in the background: a search on a cold cache answers on the torch path at
 once, its kernels compile in a server process into the disk cache, and later calls load them
-(vq.kernels.background). Each case runs in a process of its own with an empty cache."""
+(vq.kernels.jit.background). Each case runs in a process of its own with an empty cache."""
 
 import json
 import os
@@ -10,7 +10,7 @@ import textwrap
 
 _TOY = textwrap.dedent(
     """
-    from vq.kernels.cache import kernel
+    from vq.kernels.jit.cache import kernel
 
     @kernel(nogil=True)
     def add_one(x):
@@ -51,7 +51,8 @@ def test_a_call_that_would_compile_is_handed_to_the_server_and_later_loaded(tmp_
         """
         import json
         import numpy as np
-        from vq.kernels import background, cache
+        from vq.kernels.jit import background
+        from vq.kernels.jit import cache
         import toy_kernels
         x = np.zeros(3)
         with background.not_waiting():
@@ -79,7 +80,7 @@ def test_a_kernel_the_server_fails_on_compiles_in_the_caller_with_its_error(tmp_
         """
         import json
         import numpy as np
-        from vq.kernels import background
+        from vq.kernels.jit import background
         import toy_kernels
         x = np.zeros(3)
         errors = []
@@ -102,7 +103,8 @@ def test_waiting_compiles_in_the_caller_even_inside_not_waiting(tmp_path):
         """
         import json
         import numpy as np
-        from vq.kernels import background, cache
+        from vq.kernels.jit import background
+        from vq.kernels.jit import cache
         import toy_kernels
         x = np.zeros(3)
         with background.waiting(), background.not_waiting():
@@ -121,7 +123,8 @@ def test_nothing_is_handed_over_with_background_compiles_off(tmp_path):
         """
         import json
         import numpy as np
-        from vq.kernels import background, cache
+        from vq.kernels.jit import background
+        from vq.kernels.jit import cache
         import toy_kernels
         x = np.zeros(3)
         with background.not_waiting():
@@ -144,7 +147,8 @@ def test_a_first_search_on_a_cold_cache_answers_at_once_then_runs_on_the_kernels
         import json
         import numpy as np
         import vq
-        from vq.kernels import background, cache
+        from vq.kernels.jit import background
+        from vq.kernels.jit import cache
         rng = np.random.default_rng(0)
         x = rng.standard_normal((2000, 16), dtype=np.float32)
         q = rng.standard_normal((40, 16), dtype=np.float32)

@@ -1,4 +1,4 @@
-"""The kernel cache is trusted only when nobody but its user can write it (vq.kernels.trust):
+"""The kernel cache is trusted only when nobody but its user can write it (vq.kernels.jit.trust):
 a pickle planted where others can write never runs, a changed specialised source is never
 imported, and an entry that cannot be read is compiled again (never an error)."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 _TOY = textwrap.dedent(
     """
-    from vq.kernels.cache import kernel
+    from vq.kernels.jit.cache import kernel
 
     @kernel(nogil=True)
     def add_one(x):
@@ -25,7 +25,7 @@ _RUN_TOY = textwrap.dedent(
     import json, warnings
     warnings.simplefilter("always")
     import numpy as np
-    from vq.kernels import cache
+    from vq.kernels.jit import cache
     import toy_kernels
     x = np.zeros(3)
     toy_kernels.add_one(x)
@@ -111,8 +111,9 @@ def test_a_changed_specialised_source_is_written_again_before_it_is_imported(tmp
     code = textwrap.dedent(
         """
         import json
-        from vq.kernels import cache
-        module = cache.specialise("vq.kernels.fastscan_flat_template", DSUB=4, ISA="portable",
+        from vq.kernels.jit import cache
+        module = cache.specialise("vq.kernels.fastscan.fastscan_flat_template", DSUB=4,
+        ISA="portable",
                                   N_PAIRS=2, N_QUERIES=1)
         print(json.dumps({"file": module.__file__, "folder": str(cache.folder())}))
         """

@@ -18,7 +18,7 @@ import torch
 
 import vq
 from vq.datasets import clustered_vectors
-from vq.index.locking import ReadWriteLock
+from vq.index.core.locking import ReadWriteLock
 from vq.quantizers import OPQ, ProductQuantizer
 
 THREADS, SEARCHES = 8, 100
@@ -348,7 +348,7 @@ def test_a_parallel_step_holds_none_of_its_arguments_once_it_returns():
     import gc
     import weakref
 
-    from vq.kernels import threads
+    from vq.kernels.common import threads
 
     release, busy = threading.Event(), threading.Semaphore(0)
 
@@ -383,7 +383,7 @@ def test_a_parallel_step_holds_none_of_its_arguments_once_it_returns():
 
 def test_a_parallel_step_returns_after_its_slowest_slice_and_raises_a_slices_error():
     # the caller waits on a lock that the last slice to finish releases, whichever thread ran it
-    from vq.kernels import threads
+    from vq.kernels.common import threads
 
     previous = threads._setting
     threads.set_num_threads(2)

@@ -13,7 +13,7 @@ import vq
 from vq import _cpu
 from vq.export import OnnxRunner, audit, to_onnx
 from vq.export.search import search_module
-from vq.index.searching import unit_rows, unit_rows_np
+from vq.index.core.searching import unit_rows, unit_rows_np
 
 K = 5
 

@@ -6,8 +6,8 @@ import torch
 
 import vq
 from vq._cpu import torch_only
-from vq.kernels import fastscan as fs
-from vq.kernels.fastscan_ivf import ivf_fastscan_lists
+from vq.kernels.fastscan import fastscan_scans as fs
+from vq.kernels.fastscan.fastscan_ivf import ivf_fastscan_lists
 
 faiss = pytest.importorskip("faiss")
 
@@ -312,8 +312,9 @@ def test_small_searches_run_on_one_thread_with_the_same_answers(data, monkeypatc
         seen.append(work)
         return real(work)
 
-    monkeypatch.setattr(vq.index.base, "serial_if_small", spy)
-    monkeypatch.setattr(vq.index.lean, "SPLIT_BATCH", vq.index.lean.SMALL_BATCH)  # (general)
+    monkeypatch.setattr(vq.index.core.base, "serial_if_small", spy)
+    lean = vq.index.core.lean
+    monkeypatch.setattr(lean, "SPLIT_BATCH", lean.SMALL_BATCH)  # (general)
     for serial_work in (0, float("inf")):  # never / always on one thread
         monkeypatch.setattr(_cpu, "SERIAL_WORK", serial_work)
         D, I = index.search(q, 10, nprobe=4)

@@ -13,8 +13,8 @@ import torch
 import vq
 from vq import _cpu
 from vq.index import IVFPQ, FlatIndex, IVFFlat, IVFIndex, PQIndex, Refine
-from vq.kernels.bitmask import pack_rows, rows_allowed
-from vq.kernels.fastscan_ivf import block_bits
+from vq.kernels.common.bitmask import pack_rows, rows_allowed
+from vq.kernels.fastscan.fastscan_ivf import block_bits
 
 K = 10
 

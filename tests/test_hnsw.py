@@ -9,7 +9,7 @@ import torch
 from test_index_io import forge
 
 import vq
-from vq.kernels import threads
+from vq.kernels.common import threads
 
 faiss = pytest.importorskip("faiss")
 
@@ -51,7 +51,7 @@ def test_recall_against_brute_force_grows_with_efsearch(data, built):
 @pytest.mark.parametrize("metric", ["l2", "ip"])
 def test_faiss_graph_imported_gives_faiss_ids(data, metric):
     x, q = data
-    f = faiss.IndexHNSWFlat(DIM, 8, vq.index.faiss_build.faiss_metric(metric))
+    f = faiss.IndexHNSWFlat(DIM, 8, vq.index.core.faiss_build.faiss_metric(metric))
     f.add(x)
     for ef in (5, 16, 40):  # 5 < k: faiss's other stopping rule
         f.hnsw.efSearch = ef
@@ -186,7 +186,7 @@ def test_few_vectors_and_k_above_ntotal(data):
 
 # -- the static-shape search (torch path, export) ---------------------------------------------
 def test_static_search_reaches_the_kernel_results_with_enough_steps(data, built):
-    from vq.index.hnsw_static import recall_by_steps
+    from vq.index.graph.hnsw_searcher import recall_by_steps
 
     _, q = data
     by_steps = recall_by_steps(built, q[:60], 10, (2, 8, 64), efSearch=24, width=2)
@@ -300,7 +300,7 @@ def test_searches_from_many_threads_equal_one_at_a_time(data, built):
 
 
 def test_visit_stamps_are_reused_by_shape_and_never_handed_out_for_another_graph_size():
-    from vq.index.hnsw_graph import SeenPool
+    from vq.index.graph.hnsw_graph import SeenPool
 
     pool = SeenPool()
     one, two = pool.take(1, 100), pool.take(2, 100)

@@ -1,4 +1,4 @@
-"""HNSW construction on int8 codes (vq.kernels.graph_build.hnsw_insert with ``codes``): the
+"""HNSW construction on int8 codes (vq.kernels.graph.graph_build.hnsw_insert with ``codes``): the
 lists it gives are those of the build on the vectors but for near ties, and an index uses
 the codes only for batches worth coding every vector for; a batch's reverse links are grouped
 by the list they extend."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vq.index.hnsw_graph import CODES_RATIO, insertion_codes
-from vq.kernels import graph_build, graph_store
+from vq.index.graph.hnsw_graph import CODES_RATIO, insertion_codes
+from vq.kernels.graph import graph_build, graph_store
 
 M = 8
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import vq
-from vq.index import hnsw_graph
+from vq.index.graph import hnsw_graph
 
 faiss = pytest.importorskip("faiss")
 

@@ -1,5 +1,5 @@
-"""The HNSW search kernel's parts (vq.kernels.graph): the descent takes faiss's greedy path,
-the sorted beam expands the nodes faiss's scan of the beam expands (and ends sorted), and
+"""The HNSW search kernel's parts (vq.kernels.graph.graph_search): the descent takes faiss's greedy
+path, the sorted beam expands the nodes faiss's scan of the beam expands (and ends sorted), and
 visit stamps that wrap around (an epoch per query's beam) change nothing."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 import vq
-from vq.kernels import graph
-from vq.kernels.simd import NO_CLAIM
-from vq.kernels.static import metric
+from vq.kernels.common.constants import metric
+from vq.kernels.common.simd import NO_CLAIM
+from vq.kernels.graph import graph_search as graph
 
 DIM, N = 16, 600
 

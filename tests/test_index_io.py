@@ -18,8 +18,8 @@ import torch
 from safetensors import safe_open
 
 import vq
-from vq.index.fileformat import tensors_checksum
-from vq.index.ivf import IVFIndex
+from vq.index.core.fileformat import tensors_checksum
+from vq.index.ivf.ivf_index import IVFIndex
 from vq.quantizers import OPQ, ProductQuantizer
 
 FACTORY_STRINGS = [

@@ -1,5 +1,5 @@
-"""vq.kernels.inlining: numba's IR inliner copies a callee's scope once per inline call instead of
-once per block, and compiles the same code."""
+"""vq.kernels.jit.inlining: numba's IR inliner copies a callee's scope once per inline call instead
+of once per block, and compiles the same code."""
 
 import copy
 import os
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from numba.core import inline_closurecall, ir
 
-from vq.kernels import inlining
+from vq.kernels.jit import inlining
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("NUMBA_DISABLE_JIT") == "1", reason="needs numba's compiler"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import vq
-from vq.kernels import cache
+from vq.kernels.jit import cache
 
 # a small search of every engine kind: flat (BLAS + heaps), IVF-PQ, fast-scan IVF + re-ranking
 # (kernels specialised through template modules); the child prints its compile count
@@ -21,7 +21,7 @@ _SEARCH = textwrap.dedent(
     import json, sys
     import numpy as np
     import vq
-    from vq.kernels import cache
+    from vq.kernels.jit import cache
     rng = np.random.default_rng(0)
     x = rng.standard_normal((600, 16), dtype=np.float32)
     for description in ("Flat", "IVF4,PQ4", "IVF4,PQ8x4fs,RFlat"):
@@ -68,7 +68,7 @@ def test_warm_up_readies_every_kernel_a_later_search_runs(tmp_path):
         """
         import json
         import numpy as np, torch, vq
-        from vq.kernels import cache
+        from vq.kernels.jit import cache
         rng = np.random.default_rng(0)
         x = rng.standard_normal((600, 16), dtype=np.float32)
         ready = lambda: cache.loads() + cache.compiles()
@@ -149,7 +149,8 @@ def test_processes_needing_one_kernel_at_once_compile_it_once(tmp_path):
         f"""
         import json, os, sys, time
         import numpy as np
-        from vq.kernels import cache, rows
+        from vq.kernels.jit import cache
+        from vq.kernels.common import rows
         open(sys.argv[1], "w").close()  # imported: ready
         while not os.path.exists({str(go)!r}):
             time.sleep(0.001)
@@ -243,8 +244,9 @@ def test_an_unwritable_cache_warns_once_and_compiles_in_memory(tmp_path):
         import warnings
         warnings.simplefilter("always")
         import numpy as np
-        from vq.kernels import cache, heaps
-        from vq.kernels.fastscan import flat_tables
+        from vq.kernels.jit import cache
+        from vq.kernels.common import heaps
+        from vq.kernels.fastscan.fastscan_scans import flat_tables
         keys, out = np.array([5, 3, 9, 1], dtype=np.int64), np.empty(2, dtype=np.int64)
         heaps.smallest_keys(keys, out)
         build = flat_tables(2, 1)  # a specialised module, executed in memory
@@ -275,18 +277,18 @@ def test_a_read_only_array_runs_the_kernel_compiled_for_writable_ones():
 
 
 def test_specialise_gives_one_module_per_configuration():
-    a = cache.specialise("vq.kernels.pq_scan_template", N_TABLES=4, WORDS=True)
-    assert cache.specialise("vq.kernels.pq_scan_template", WORDS=True, N_TABLES=4) is a
-    assert cache.specialise("vq.kernels.pq_scan_template", N_TABLES=4, WORDS=False) is not a
+    a = cache.specialise("vq.kernels.pq.pq_scan_template", N_TABLES=4, WORDS=True)
+    assert cache.specialise("vq.kernels.pq.pq_scan_template", WORDS=True, N_TABLES=4) is a
+    assert cache.specialise("vq.kernels.pq.pq_scan_template", N_TABLES=4, WORDS=False) is not a
     assert (a.N_TABLES, a.WORDS) == (4, True)
     assert os.path.dirname(a.__file__) == str(cache.folder() / "specialised")
 
 
 def test_specialise_refuses_missing_or_unknown_constants():
     with pytest.raises(TypeError, match=r"specialised by \['N_TABLES', 'WORDS'\]"):
-        cache.specialise("vq.kernels.pq_scan_template", N_TABLES=4)
+        cache.specialise("vq.kernels.pq.pq_scan_template", N_TABLES=4)
     with pytest.raises(TypeError, match="plain value"):
-        cache.specialise("vq.kernels.pq_scan_template", N_TABLES=4, WORDS=[2])
+        cache.specialise("vq.kernels.pq.pq_scan_template", N_TABLES=4, WORDS=[2])
     with pytest.raises(ImportError, match="no kernel template"):
         cache.specialise("vq.kernels.no_such_template", M=4)
 
@@ -294,7 +296,8 @@ def test_specialise_refuses_missing_or_unknown_constants():
 def test_the_command_line_announces_a_compile_once(tmp_path):
     code = textwrap.dedent(
         """
-        from vq.kernels import cache, heaps
+        from vq.kernels.jit import cache
+        from vq.kernels.common import heaps
         import numpy as np
         with cache.announce("compiling now"):
             for _ in range(2):

@@ -1,4 +1,4 @@
-"""Values the kernels compile in as constants (vq.kernels.static): each metric and each
+"""Values the kernels compile in as constants (vq.kernels.common.constants): each metric and each
 scalar-quantizer kind compiles its own code, and the calls that share a configuration share
 one compiled kernel."""
 
@@ -11,8 +11,11 @@ from numba.core.errors import TypingError
 
 import vq
 from vq import kernels
-from vq.kernels import exact, graph, select, sq
-from vq.kernels.static import IP, L2, Static, StaticType, constant_metric, metric
+from vq.kernels.common import select
+from vq.kernels.common.constants import IP, L2, Static, StaticType, constant_metric, metric
+from vq.kernels.exact import exact_scans as exact
+from vq.kernels.graph import graph_search as graph
+from vq.kernels.sq import sq_scans as sq
 
 
 @njit
@@ -51,7 +54,7 @@ def test_a_scan_refuses_a_kind_that_is_not_a_compile_time_constant():
     codes = np.zeros((4, 8), np.uint8)
     ones = np.ones(8, np.float32)
     dist, idx = np.empty((1, 2), np.float32), np.empty((1, 2), np.int64)
-    with pytest.raises(TypingError, match=r"pass vq.kernels.sq.sq_kind\(kind\)"):
+    with pytest.raises(TypingError, match=r"pass vq.kernels.sq.sq_scans.sq_kind\(kind\)"):
         sq.sq_flat_range(0, 1, ones[None], codes, ones, ones, sq.SQ8, np.zeros(0, np.uint8),
                          False, dist, idx)  # fmt: skip
 

@@ -4,7 +4,7 @@ import pytest
 
 import vq
 from vq import kernels
-from vq.kernels.small import all_finite
+from vq.kernels.exact.lean_scans import all_finite
 
 NONE = np.zeros(0, np.uint8)  # no filter
 

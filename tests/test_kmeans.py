@@ -191,7 +191,7 @@ def test_autograd_input_is_detached(blobs):
 def test_ivf_coarse_training_seeds_by_kmeanspp_up_to_the_limit_and_random_rows_above(
     blobs, monkeypatch, most
 ):
-    from vq.index import ivf
+    from vq.index.ivf import ivf_index as ivf
 
     monkeypatch.setattr(ivf, "KMEANSPP_MAX_NLIST", most)
     x = torch.as_tensor(np.asarray(blobs[:4000]))

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import vq
-from vq.index import lean
-from vq.index.base import Index
-from vq.index.lean import SMALL_BATCH
+from vq.index.core import lean
+from vq.index.core.base import Index
+from vq.index.core.lean import SMALL_BATCH
 
 KINDS = [
     ("Flat", "l2"),
@@ -210,7 +210,7 @@ def test_a_loaded_index_answers_one_query_without_the_thread_pool(tmp_path, data
         import numpy as np
         import vq
         from numba.np.ufunc import parallel
-        from vq.kernels import threads
+        from vq.kernels.common import threads
         q = np.load({str(tmp_path / "q.npy")!r})
         out = {{}}
         for name in ("IVF16,PQ8", "IVF16,PQ8x4fs,RFlat"):

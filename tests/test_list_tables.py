@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from vq.index import IVFPQ
-from vq.index.ivfpq_tables import ListTables, empty_table
+from vq.index.ivf.ivfpq_tables import ListTables, empty_table
 
 K = 5
 

@@ -14,9 +14,9 @@ import torch
 from safetensors import safe_open
 
 import vq
-from vq.index import fileformat, mapped
-from vq.index.fileformat import config_checksum, tensors_checksum
-from vq.index.mapped import file_range
+from vq.index.core import fileformat, mapped
+from vq.index.core.fileformat import config_checksum, tensors_checksum
+from vq.index.core.mapped import file_range
 
 DIM = 32
 

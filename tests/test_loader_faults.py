@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import vq
-from vq.index import fileformat
-from vq.index.mapped import file_range
+from vq.index.core import fileformat
+from vq.index.core.mapped import file_range
 
 DIM = 32
 
@@ -34,7 +34,7 @@ _CUT_SHORT = """
 import os, sys
 import numpy as np
 import vq
-from vq.index import fileformat
+from vq.index.core import fileformat
 from vq.quantizers import OPQ, ProductQuantizer
 
 where, kinds = sys.argv[1], sys.argv[2].split(";")
@@ -100,7 +100,7 @@ _MIXED = """
 import os, sys
 import numpy as np
 import vq
-from vq.index.mapped import file_range
+from vq.index.core.mapped import file_range
 
 path = sys.argv[1]
 x = np.random.default_rng(1).standard_normal((10_000, 32)).astype(np.float32)

@@ -21,7 +21,7 @@ from safetensors import safe_open
 
 import vq
 from vq.datasets import clustered_vectors
-from vq.index.fileformat import FORMAT_VERSION, config_checksum, tensors_checksum
+from vq.index.core.fileformat import FORMAT_VERSION, config_checksum, tensors_checksum
 from vq.quantizers import OPQ, ProductQuantizer
 
 CUTS, FLIPS = 200, 400
@@ -320,8 +320,8 @@ import torch
 from safetensors import safe_open
 
 import vq
-from vq.index import fileformat
-from vq.index.fileformat import config_checksum, tensors_checksum
+from vq.index.core import fileformat
+from vq.index.core.fileformat import config_checksum, tensors_checksum
 from vq.quantizers import OPQ, ProductQuantizer
 
 where, seed, per_kind, kinds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]

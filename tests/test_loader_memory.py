@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 
 import vq
-from vq.index.fileformat import config_checksum, tensors_checksum
+from vq.index.core.fileformat import config_checksum, tensors_checksum
 
 DIM = 64
 

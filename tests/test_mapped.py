@@ -1,5 +1,5 @@
 """Searching memory-mapped IVF indexes (``load_index(path, mmap=True)``): the probed lists are
-read with ``pread`` (vq.index.mapped), so a search maps none of the file's pages, even from a
+read with ``pread`` (vq.index.core.mapped), so a search maps none of the file's pages, even from a
 warm page cache, and returns what the in-memory load returns."""
 
 import mmap
@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 import vq
-from vq.index import IVFPQ, IVFSQ, IVFFlat, fileformat
-from vq.index import ivfstorage as ivf_module
-from vq.index.mapped import file_range
+from vq.index import IVFPQ, IVFSQ, IVFFlat
+from vq.index.core import fileformat
+from vq.index.core.mapped import file_range
+from vq.index.ivf import ivf_lists as ivf_module
 
 DIM, N, K = 32, 10_000, 10
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import vq
-from vq.index.memory import held_bytes
+from vq.index.core.memory import held_bytes
 
 
 def _buffer_bytes(module) -> int:

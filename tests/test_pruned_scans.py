@@ -1,5 +1,5 @@
-"""Exact distances in two parts (vq.kernels.rowdist) and the scans that skip a row's tail: the
-same distances alone, four at a time or as head + tail, and the same results with pruning as
+"""Exact distances in two parts (vq.kernels.common.rowdist) and the scans that skip a row's tail:
+the same distances alone, four at a time or as head + tail, and the same results with pruning as
 without; ``vq.PCA`` (faiss's PCAMatrix) in front of an index, where pruning pays."""
 
 import numpy as np
@@ -8,9 +8,9 @@ import torch
 from numba import njit
 
 import vq
-from vq.index.ivfflat import head_share
-from vq.kernels.exact import exact_distance, ivf_flat_scan
-from vq.kernels.rowdist import head_dims, ip_row, l2_heads4, l2_row, l2_tail
+from vq.index.ivf.ivfflat import head_share
+from vq.kernels.common.rowdist import head_dims, ip_row, l2_heads4, l2_row, l2_tail
+from vq.kernels.exact.exact_scans import exact_distance, ivf_flat_scan
 
 faiss = pytest.importorskip("faiss")
 
@@ -202,7 +202,7 @@ def test_the_factory_refuses_a_pca_wider_than_the_vectors():
 
 @pytest.mark.parametrize("d_out", [7, 16, 48, 100])
 def test_project_range_maps_queries_as_numpy_does(d_out):
-    from vq.kernels.small import project_range
+    from vq.kernels.exact.lean_scans import project_range
 
     rng = np.random.default_rng(d_out)
     q = rng.standard_normal((37, 48)).astype(np.float32)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import vq
-from vq.index import ranges
+from vq.index.core import ranges
 
 #: candidate slots of a block in these tests (the blocks' own memory: 12 bytes a slot)
 SLOTS = 1 << 16
@@ -36,7 +36,7 @@ def test_range_search_memory_is_bounded_by_twice_the_result_and_a_block(desc, da
     index.train(x)
     index.add(x)
     monkeypatch.setattr(ranges, "RANGE_SLOTS", SLOTS)
-    monkeypatch.setattr("vq.index.flat.RANGE_SLOTS", SLOTS)
+    monkeypatch.setattr("vq.index.flat.flat_index.RANGE_SLOTS", SLOTS)
     params = {"nprobe": 16} if "IVF" in desc else {}
     nq = 300
     (lims, d, i), peak = _peak(lambda: index.range_search(x[:nq], 1e9, **params))

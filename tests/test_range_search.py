@@ -172,7 +172,7 @@ def test_sq_range_search_hits_are_the_decoded_vectors_within_the_radius(blobs, k
     ids = index.stored_ids().numpy()
     decoded = index.reconstruct(ids)
     if "ivf" in kind:  # the vectors of each query's probed lists
-        _, near_lists = vq.index.ivf.probe(
+        _, near_lists = vq.index.ivf.ivf_index.probe(
             torch.from_numpy(q), index.quantizer.codebook, (index.quantizer.codebook**2).sum(1),
             4, "ip" if ip else "l2",
         )  # fmt: skip

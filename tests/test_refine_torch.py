@@ -1,6 +1,6 @@
 """Re-ranking around a graph index on the torch path (CUDA tensors, ``vq._cpu.torch_only()``,
 the exported graph): ``Refine`` over ``HNSW`` / ``HNSWSQ`` re-ranks the candidates of the
-static-shape graph search (:mod:`vq.index.hnsw_static`). Oracles: the exact re-ranking of
+static-shape graph search (:mod:`vq.index.graph.hnsw_searcher`). Oracles: the exact re-ranking of
 those candidates, exact search where the beam holds every node, the numba path."""
 
 import numpy as np
@@ -199,7 +199,7 @@ def test_the_torch_refine_reads_fp16_vectors_in_place(data):
     """The static re-ranking keeps the fp16 vectors as they are stored (no float32 copy of
     every vector per search: only the candidates' rows are widened), and ranks as the
     float32 copy does."""
-    from vq.index.refine import RefineSearch, rerank
+    from vq.index.wrappers.refine import RefineSearch, rerank
 
     x, q = data
     index = _built("HNSW16,SQ8,Refine(SQfp16)", x)

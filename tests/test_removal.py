@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import vq
-from vq.index import fastscan as fastscan_index
-from vq.kernels import fastscan
-from vq.kernels import rows as row_kernels
+from vq.index.core import fastscan_codes as fastscan_index
+from vq.kernels.common import rows as row_kernels
+from vq.kernels.fastscan import fastscan_scans as fastscan
 
 K = 10
 N = 2000

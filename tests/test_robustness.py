@@ -23,7 +23,7 @@ from vq.datasets import (
     write_bvecs,
     write_fvecs,
 )
-from vq.index import lean
+from vq.index.core import lean
 
 D = 16
 

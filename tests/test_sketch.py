@@ -9,8 +9,8 @@ from numba import njit
 
 import vq
 from vq.datasets import clustered_vectors
-from vq.index.sketches import sketch_ranges, sketch_rows
-from vq.kernels.sketch import (
+from vq.index.ivf.sketches import sketch_ranges, sketch_rows
+from vq.kernels.exact.sketch import (
     centre_distance,
     dots_intrinsic,
     sketch_dot,

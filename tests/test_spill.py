@@ -13,7 +13,7 @@ from vq._cpu import torch_only
 from vq.datasets import clustered_vectors
 from vq.distances import nearest
 from vq.export import OnnxRunner
-from vq.index.spill import nearest_and_spill, soar_assign, spill_lists
+from vq.index.ivf.spill import nearest_and_spill, soar_assign, spill_lists
 
 DIM = 16
 

@@ -1,5 +1,5 @@
 """Batches of a few hundred queries on a small IVF index: the lean kernels, the queries split
-between the threads (``vq.index.lean.split_queries``), give the general path's results; and
+between the threads (``vq.index.core.lean.split_queries``), give the general path's results; and
 the coarse-step kernels under them (``probe_lists``, the selection of the nprobe nearest)."""
 
 from unittest import mock
@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import vq
-from vq.index import lean
-from vq.index.base import Index
-from vq.index.ivf import coarse_bound
-from vq.kernels.select import smallest_k_range
-from vq.kernels.small import BOUND_MOST, probe_bounded, probe_few, probe_lists
+from vq.index.core import lean
+from vq.index.core.base import Index
+from vq.index.ivf.ivf_index import coarse_bound
+from vq.kernels.common.select import smallest_k_range
+from vq.kernels.exact.lean_scans import BOUND_MOST, probe_bounded, probe_few, probe_lists
 
 KINDS = ["IVF32,Flat", "IVF32,PQ8", "IVF32,PQ8x4fs,RFlat", "IVF32,SQ8", "IVF40,Flat",
          "IVF32(soar),Flat", "IVF32(soar),PQ8", "IVF32(soar),SQ8"]  # fmt: skip
@@ -141,7 +141,7 @@ def test_probe_lists_ranks_as_exact_distances(nlist, dim):
 
 @pytest.mark.parametrize("nlist", [64, 100, 1024])
 def test_probe_lists_scores_a_query_alike_alone_and_in_a_batch(nlist):
-    # several queries share each load of the centroids (vq.kernels.dots.column_dots_rows):
+    # several queries share each load of the centroids (vq.kernels.common.dots.column_dots_rows):
     # every query's sums take the same terms in the same order as its own, bit for bit
     rng = np.random.default_rng(nlist)
     q = rng.standard_normal((23, 40)).astype(np.float32)

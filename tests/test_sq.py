@@ -127,7 +127,7 @@ def test_distance_tables_sum_to_the_decoded_distances(data, queries, bits):
 def test_the_kernels_half_decoding_is_exact_for_every_16_bit_word():
     from numba import njit
 
-    from vq.kernels.sq import half_value
+    from vq.kernels.sq.sq_scans import half_value
 
     @njit
     def decode_all(out):
@@ -193,7 +193,7 @@ def test_ivfsq_without_residuals_and_its_lists(data, queries):
 )
 @pytest.mark.parametrize("metric", ["l2", "ip"])
 def test_search_equals_faiss_on_an_imported_index(faiss, data, queries, desc, metric):
-    findex = faiss.index_factory(13, desc, vq.index.faiss_build.faiss_metric(metric))
+    findex = faiss.index_factory(13, desc, vq.index.core.faiss_build.faiss_metric(metric))
     findex.train(data)
     findex.add(data)
     if "IVF" in desc:

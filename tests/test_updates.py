@@ -10,7 +10,7 @@ import torch
 
 import vq
 from vq.index import IVFPQ, IVFSQ, FlatIndex, IVFFlat, IVFIndex, PQIndex, PreTransform, Refine
-from vq.kernels import rows as row_kernels
+from vq.kernels.common import rows as row_kernels
 
 K = 10
 N = 2000

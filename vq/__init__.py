@@ -40,8 +40,8 @@ _EXPORTS = {
     "SQIndex": "vq.index",
     "index_factory": "vq.index",
     "load_index": "vq.index",
-    "get_num_threads": "vq.kernels.threads",
-    "set_num_threads": "vq.kernels.threads",
+    "get_num_threads": "vq.kernels.common.threads",
+    "set_num_threads": "vq.kernels.common.threads",
     "EMA": "vq.quantizers",
     "FSQ": "vq.quantizers",
     "Gradient": "vq.quantizers",
@@ -137,7 +137,7 @@ if TYPE_CHECKING:  # what static tools see: the imports as they run on first use
         index_factory,
         load_index,
     )
-    from vq.kernels.threads import get_num_threads, set_num_threads
+    from vq.kernels.common.threads import get_num_threads, set_num_threads
     from vq.quantizers import (
         EMA,
         FSQ,

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from vq._checks import is_eager
-from vq.kernels import threads
+from vq.kernels.common import threads
 
 _NUMPY_DTYPES = {
     torch.float32: np.float32,
@@ -62,7 +62,7 @@ def torch_only() -> Iterator[None]:
     """Run everything inside, on the calling thread, on the device-agnostic torch path (the
     one CUDA tensors and exported graphs take), bypassing the numba kernels: for tests and
     comparisons, and for the searches whose kernels are still compiling
-    (:mod:`vq.kernels.background`)."""
+    (:mod:`vq.kernels.jit.background`)."""
     previous, _local.disabled = _local.disabled, True
     try:
         yield

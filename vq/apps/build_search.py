@@ -26,7 +26,7 @@ from vq.apps.common import (
     timed,
     writing,
 )
-from vq.kernels import cache
+from vq.kernels.jit import cache
 
 
 def _compile_notice(what: str):

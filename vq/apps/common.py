@@ -37,7 +37,7 @@ from vq.datasets import (
     write_ibin,
     write_ivecs,
 )
-from vq.kernels.threads import set_num_threads
+from vq.kernels.common.threads import set_num_threads
 from vq.parallel.atomic import atomic_file
 
 __all__ = [

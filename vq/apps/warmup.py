@@ -1,7 +1,7 @@
 """Compile the kernels of the common configurations ahead of time (``vq warmup``).
 
 Every kernel compiles once per machine and configuration and is kept in the user's cache
-directory (:mod:`vq.kernels.cache`); this runs the calls that compile them (train, add, the
+directory (:mod:`vq.kernels.jit.cache`); this runs the calls that compile them (train, add, the
 searches of ``Index.warm_up``: one query, a batch, a large batch; filtered and range searches;
 encode and decode) on a small random set for each index description, so that no later process
 (a command, a notebook, a service, a test) waits for a compiler. Kernels are specialised by the
@@ -29,8 +29,8 @@ from vq._checks import check_int
 from vq.apps.arguments import COMMON
 from vq.apps.common import timed
 from vq.index import HNSW, IdFilter, index_factory, load_index
-from vq.kernels import cache
-from vq.kernels.threads import set_num_threads
+from vq.kernels.common.threads import set_num_threads
+from vq.kernels.jit import cache
 from vq.quantizers import VectorQuantizer
 
 

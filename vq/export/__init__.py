@@ -10,7 +10,7 @@
 The graphs are not written here: each quantizer and index kind writes its encode, decode or
 search once, as a static-shape torch function next to its class (a quantizer's
 ``static_encode`` / ``static_decode``, an index's ``searcher(...)``: see
-:mod:`vq.index.static`), which is also what its own torch path runs. This package wraps them
+:mod:`vq.index.core.searchers`), which is also what its own torch path runs. This package wraps them
 with names, dtypes, metadata, padding and checks.
 
 - :func:`export_module`: the graph as a ``torch.nn.Module`` (for torch.compile, torch.export,

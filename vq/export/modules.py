@@ -8,7 +8,7 @@ from vq.export.base import ExportModule
 from vq.export.codecs import codec_module
 from vq.export.search import search_module
 from vq.index import IVFPQ, PQIndex
-from vq.index.base import Index
+from vq.index.core.base import Index
 from vq.quantizers import Quantizer
 
 WHATS = ("encode", "decode", "search")

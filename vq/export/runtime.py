@@ -11,7 +11,7 @@ import torch
 
 from vq.export.base import require
 from vq.export.padding import pad_batch
-from vq.index.filters import IdFilter
+from vq.index.core.filters import IdFilter
 
 _ORT_DTYPES = {
     "tensor(float)": np.float32,

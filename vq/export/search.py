@@ -6,8 +6,8 @@ for the whole call (the graph gathers it onto the stored rows, which then never 
 
 Distances follow :meth:`vq.index.Index.search` (squared L2 ascending or inner products
 descending; missing results are id -1 with +inf, -inf for "ip"), and equal the index's torch
-path (``vq._cpu.torch_only()``) up to float32 rounding. See :mod:`vq.index.static` for how the
-searches stay static (inverted lists padded to a fixed ``capacity``, +inf on padding).
+path (``vq._cpu.torch_only()``) up to float32 rounding. See :mod:`vq.index.core.searchers` for how
+the searches stay static (inverted lists padded to a fixed ``capacity``, +inf on padding).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch import nn
 
 from vq._checks import check_positive
 from vq.export.base import ExportModule, TensorSpec
-from vq.index.base import Index
+from vq.index.core.base import Index
 
 #: the largest id space a filtered search graph takes as a mask (bool, one byte per id)
 MAX_ID_SPACE = 1 << 31

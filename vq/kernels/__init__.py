@@ -2,35 +2,61 @@
 
 They know nothing of quantizers or indexes: plain float32/int arrays in, results written into
 caller-provided outputs. Every kernel releases the GIL (``nogil=True``) and compiles once per
-machine: :mod:`vq.kernels.cache` keeps them in the user's cache directory and loads them without
+machine: :mod:`vq.kernels.jit.cache` keeps them in the user's cache directory and loads them without
 starting numba's compiler; kernels specialised by value (sub-vector size, number of tables, SIMD
 variant) are the ``*_template`` modules, one cached source file per configuration.
 
-- :mod:`vq.kernels.coding`: exact arg-min, PQ encode/decode, additive decode, k-means++ steps.
-- :mod:`vq.kernels.adc`: look-up-table (ADC) scans of PQ codes fused with top-k, over a flat
+- :mod:`vq.kernels.pq.coding`: exact arg-min, PQ encode/decode, additive decode, k-means++ steps.
+- :mod:`vq.kernels.pq.adc`: look-up-table (ADC) scans of PQ codes fused with top-k, over a flat
   code array or CSR inverted lists, and the tables they read.
-- :mod:`vq.kernels.exact`: exact-distance scans fused with top-k (IVF-Flat lists, re-ranking
+- :mod:`vq.kernels.exact.exact_scans`: exact-distance scans fused with top-k (IVF-Flat lists,
+re-ranking
   candidates, Flat blocks) and rows to ids.
-- :mod:`vq.kernels.sketch`: 7-bit row sketches whose bounds let an IVF-Flat scan skip the
+- :mod:`vq.kernels.exact.sketch`: 7-bit row sketches whose bounds let an IVF-Flat scan skip the
   exact distance of rows that cannot enter its top k (integer products by ``vpmaddubsw``).
-- :mod:`vq.kernels.select`: the k nearest columns of rows of inner products (coarse steps).
-- :mod:`vq.kernels.fastscan`, :mod:`vq.kernels.fastscan_ivf`: 4-bit fast-scan (byte-shuffle
-  look-ups of uint8 tables), flat and over inverted lists; :mod:`vq.kernels.fastscan_pack`
+- :mod:`vq.kernels.common.select`: the k nearest columns of rows of inner products (coarse steps).
+- :mod:`vq.kernels.fastscan.fastscan_scans`, :mod:`vq.kernels.fastscan.fastscan_ivf`: 4-bit
+fast-scan (byte-shuffle
+  look-ups of uint8 tables), flat and over inverted lists; :mod:`vq.kernels.fastscan.fastscan_pack`
   packs inverted lists into its blocks (only the lists that changed).
-- :mod:`vq.kernels.rows`: stored rows moved in place (add, remove_ids, merge_from).
-- :mod:`vq.kernels.simd`: 16-float vector helpers (LLVM intrinsics) the kernels share, and
+- :mod:`vq.kernels.common.rows`: stored rows moved in place (add, remove_ids, merge_from).
+- :mod:`vq.kernels.common.simd`: 16-float vector helpers (LLVM intrinsics) the kernels share, and
   ``fetch_add``, the atomic counter from which a split search's threads claim queries.
-- :mod:`vq.kernels.small`: the lean path of a few queries (flat rows, the coarse probe), on
+- :mod:`vq.kernels.exact.lean_scans`: the lean path of a few queries (flat rows, the coarse probe),
+on
   the calling thread.
-- :mod:`vq.kernels.heaps`: float and int64-key heaps, and the keys that order ties by row.
-- :mod:`vq.kernels.graph`, :mod:`vq.kernels.graph_build`: HNSW search (on the vectors or on
+- :mod:`vq.kernels.common.heaps`: float and int64-key heaps, and the keys that order ties by row.
+- :mod:`vq.kernels.graph.graph_search`, :mod:`vq.kernels.graph.graph_build`: HNSW search (on the
+vectors or on
   int8 codes) and batched parallel construction.
-- :mod:`vq.kernels.threads`: the thread pool the kernels run on.
-- :mod:`vq.kernels.inlining`: numba's ``inline="always"`` copying each callee's scope once
+- :mod:`vq.kernels.common.threads`: the thread pool the kernels run on.
+- :mod:`vq.kernels.jit.inlining`: numba's ``inline="always"`` copying each callee's scope once
   per inline instead of once per block (installed when a kernel first compiles).
 """
 
-from vq.kernels.adc import (
+from vq.kernels.common.select import smallest_k_rows, unique_rows
+from vq.kernels.exact.exact_scans import (
+    heap_push_block,
+    heaps_sorted,
+    ivf_flat_range,
+    ivf_flat_scan,
+    refine_lean,
+    refine_range,
+    refine_scan,
+    rows_to_ids,
+)
+from vq.kernels.exact.lean_scans import (
+    all_finite,
+    flat_finish,
+    flat_lean,
+    flat_parts,
+    flat_rows,
+    ivf_flat_lean,
+    nearest_lean,
+    probe_lists,
+)
+from vq.kernels.exact.range_scans import flat_range_block, ivf_flat_range_search
+from vq.kernels.pq.adc import (
     IP_TABLE,
     L2_TABLE,
     RESIDUAL_L2_TABLE,
@@ -42,7 +68,7 @@ from vq.kernels.adc import (
     pq_lean,
     words_layout,
 )
-from vq.kernels.coding import (
+from vq.kernels.pq.coding import (
     ASSIGN_BLOCK,
     additive_decode,
     argmin_rows,
@@ -53,28 +79,6 @@ from vq.kernels.coding import (
     pq_encoder,
     pq_encoder_lean,
     spill_argmin_rows,
-)
-from vq.kernels.exact import (
-    heap_push_block,
-    heaps_sorted,
-    ivf_flat_range,
-    ivf_flat_scan,
-    refine_lean,
-    refine_range,
-    refine_scan,
-    rows_to_ids,
-)
-from vq.kernels.ranges import flat_range_block, ivf_flat_range_search
-from vq.kernels.select import smallest_k_rows, unique_rows
-from vq.kernels.small import (
-    all_finite,
-    flat_finish,
-    flat_lean,
-    flat_parts,
-    flat_rows,
-    ivf_flat_lean,
-    nearest_lean,
-    probe_lists,
 )
 
 __all__ = [

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from vq import _cpu
-from vq.kernels.cache import kernel
+from vq.kernels.jit.cache import kernel
 
 
 @kernel(fastmath=True, nogil=True)

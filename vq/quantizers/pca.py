@@ -5,7 +5,7 @@ no random rotation), ``"PCA64,IVF1024,PQ16"`` in :func:`vq.index_factory`.
 training data's covariance, by decreasing eigenvalue. R's rows are orthonormal, so for
 ``dim_out == dim`` the transform keeps squared L2 distances (up to float rounding) and only
 moves most of each distance into the first dimensions: the exact scans of an IVF-Flat index
-behind it then skip most rows after their first dimensions (:mod:`vq.kernels.rowdist`). With
+behind it then skip most rows after their first dimensions (:mod:`vq.kernels.common.rowdist`). With
 ``dim_out < dim`` it drops the directions of least variance (distances in the kept subspace,
 usually re-ranked on the full vectors: ``"PCA64,IVF1024,Flat,RFlat"``).
 

@@ -2,8 +2,8 @@
 
 One function per step, each the only torch implementation of it: :class:`vq.ScalarQuantizer`'s
 ``encode`` / ``decode`` run them (chunk by chunk), its indexes' static searches decode with
-them, :mod:`vq.export` writes them out, and the numba kernels (:mod:`vq.kernels.sq`) are tested
-against them. Everything follows faiss's ``ScalarQuantizer`` (faiss/impl/ScalarQuantizer.cpp,
+them, :mod:`vq.export` writes them out, and the numba kernels (:mod:`vq.kernels.sq.sq_scans`) are
+tested against them. Everything follows faiss's ``ScalarQuantizer`` (faiss/impl/ScalarQuantizer.cpp,
 scalar_quantizer/codecs.h, quantizers.h, training.cpp) so that the same ranges give the same
 bytes:
 

@@ -1,0 +1,1 @@
+"""The flat kinds: every stored vector scanned (exact, PQ codes, scalar-quantizer codes)."""

@@ -1,0 +1,1 @@
+"""The graph kinds: HNSW over vectors or scalar-quantizer codes, and its static-shape search."""

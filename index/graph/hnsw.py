@@ -1,0 +1,454 @@
+"""A graph index: Hierarchical Navigable Small World graphs over the full vectors (faiss
+``IndexHNSWFlat``, hnswlib).
+
+Reference: Yu. A. Malkov, D. A. Yashunin, "Efficient and robust approximate nearest neighbor
+search using Hierarchical Navigable Small World graphs", IEEE TPAMI 2018.
+
+Each node has a random top level (faiss's distribution, 1 / ln M); level 0 links each node to
+at most 2M others, the upper levels to M. A search descends greedily from the entry point
+through the upper levels, then runs a beam of ``efSearch`` nodes on level 0
+(:mod:`vq.kernels.graph.graph_search`). Nodes are inserted by batched, lock-free parallel insertion
+(:mod:`vq.kernels.graph.graph_build`): the graph depends on the seed and the data, never on the
+number of threads. Storage (buffers):
+
+- ``vectors`` float32 [ntotal, dim];
+- ``neighbors`` int32 [ntotal, 2M]: level-0 neighbour lists, -1 after the last;
+- ``levels`` int32 [ntotal]: each node's top level (faiss stores it plus one);
+- ``upper_offsets`` int64 [ntotal + 1], ``upper_neighbors`` int32 [rows, M]: node v's list at
+  level l >= 1 is row ``upper_offsets[v] + l - 1``;
+- ``entry_point`` int64 [1] (-1 while empty), a node of the top level;
+- with ``traversal="int8"``: ``codes`` int8 [ntotal, dim] and ``code_factors`` float32
+  [ntotal, 2], what the search walks the graph on before re-ranking the beam exactly.
+
+A filtered search (``allowed=``) walks the graph through every node and keeps only allowed
+ones (faiss's HNSW with an ``IDSelector``); few allowed rows, or a walk that met fewer than k
+of them, are scanned exactly instead (:func:`vq.index.graph.hnsw_graph.filtered_search`), so that
+k results come back wherever k ids are allowed. ``range_search`` is approximate, as faiss's:
+the hits among the results of a wide beam. :class:`vq.index.HNSWSQ` keeps scalar-quantizer
+codes instead of the vectors.
+
+The torch path (CUDA tensors, ``vq._cpu.torch_only()``, ONNX export) is the static-shape search
+:class:`vq.index.graph.hnsw_searcher.HNSWSearch`: fixed steps over a fixed beam, near the kernel's
+results, not always equal; ``IVF…_HNSW<M>`` indexes route through :meth:`HNSW.route`.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import torch
+
+from vq import _cpu
+from vq._checks import check_int, check_positive, check_seed
+from vq.index.core.base import Index
+from vq.index.core.faiss_build import faiss_metric, import_faiss, with_id_map
+from vq.index.core.filters import IdFilter
+from vq.index.core.lean import SMALL_BATCH
+from vq.index.core.ranges import by_query
+from vq.index.core.searchers import search_in_chunks
+from vq.index.core.searching import NO_IDS, shape_problem
+from vq.index.graph.hnsw_graph import (
+    SeenPool,
+    filtered_search,
+    graph_problem,
+    graph_to_faiss,
+    insertion_codes,
+)
+from vq.index.graph.hnsw_searcher import HNSWSearch
+from vq.kernels.common.constants import metric
+from vq.kernels.common.simd import NO_CLAIM
+from vq.kernels.common.threads import get_num_threads, parallel_for
+from vq.kernels.graph import graph_build, graph_store
+from vq.kernels.graph import graph_search as graph
+
+_TRAVERSALS = ("float", "int8")
+#: the largest M (2M neighbours a node on level 0, int32 node numbers)
+MAX_M = 1 << 15
+#: the least beam of a range search (see ``HNSW._range_hits``)
+RANGE_EF = 256
+
+#: a split lean search's threads claim its queries this many at a time (a few µs each: the
+#: claims cost nothing beside them, and the threads finish within a chunk of each other)
+CLAIM_CHUNK = 8
+
+
+class HNSW(Index):
+    """HNSW graph over float32 vectors (faiss ``IndexHNSWFlat``; factory ``"HNSW32"``).
+
+    Args:
+        dim: vector dimension.
+        M: neighbours per node on the upper levels (2M on level 0).
+        metric: "l2" or "ip".
+        k: neighbours ``forward`` returns.
+        efConstruction: the beam of the insertion searches (faiss's default, 40).
+        efSearch: the beam of a search (``search(..., efSearch=)`` overrides it per call;
+            faiss's default, 16; at least k nodes are kept).
+        seed: seeds the levels and the insertion order.
+        verbose: unused (kept for the common signature).
+        traversal: what the search walks the graph on: "float" (the vectors) or "int8"
+            (int8 codes with a scale per vector, a quarter of the bytes per visit, the
+            beam then re-ranked on the vectors: more queries per second at the same recall,
+            for dim + 8 more bytes per vector; :func:`vq.kernels.graph.graph_store.int8_codes`).
+    """
+
+    static_search = HNSWSearch  #: the class of :meth:`searcher`
+
+    def __init__(
+        self,
+        dim: int,
+        M: int = 32,
+        metric: str = "l2",
+        k: int = 10,
+        efConstruction: int = 40,
+        efSearch: int = 16,
+        seed: int = 12345,
+        verbose: bool = False,
+        traversal: str = "float",
+    ):
+        super().__init__(dim, metric, k, verbose)
+        if traversal not in _TRAVERSALS:
+            raise ValueError(f"traversal must be one of {_TRAVERSALS}, got {traversal!r}")
+        self.traversal = traversal
+        self.M = check_int(M, "M", 2, MAX_M)
+        self.efConstruction = check_int(efConstruction, "efConstruction", 1)
+        self.efSearch = check_int(efSearch, "efSearch", 1)
+        self.seed = check_seed(seed)
+        self.register_buffer("vectors", torch.zeros(0, dim))
+        self.register_buffer("neighbors", torch.zeros(0, 2 * self.M, dtype=torch.int32))
+        self.register_buffer("levels", torch.zeros(0, dtype=torch.int32))
+        self.register_buffer("upper_offsets", torch.zeros(1, dtype=torch.int64))
+        self.register_buffer("upper_neighbors", torch.zeros(0, self.M, dtype=torch.int32))
+        self.register_buffer("entry_point", torch.full((1,), -1, dtype=torch.int64))
+        if traversal == "int8":
+            self.register_buffer("codes", torch.zeros(0, dim, dtype=torch.int8))
+            self.register_buffer("code_factors", torch.zeros(0, 2))
+        self._seen_pool = SeenPool()
+
+    def config(self) -> dict:
+        return {
+            **super().config(),
+            "M": self.M,
+            "efConstruction": self.efConstruction,
+            "efSearch": self.efSearch,
+            "seed": self.seed,
+            "traversal": self.traversal,
+        }
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.vectors.shape[0])
+
+    @property
+    def max_level(self) -> int:
+        """The top level of the graph (-1 while empty)."""
+        e = int(self.entry_point[0])
+        return -1 if e < 0 else int(self.levels[e])
+
+    def growing_buffers(self) -> tuple[str, ...]:
+        graph = ("vectors", "neighbors", "levels", "upper_offsets", "upper_neighbors")
+        codes = ("codes", "code_factors") if self.traversal == "int8" else ()
+        return (*super().growing_buffers(), *graph, *codes)
+
+    def data_buffers(self) -> tuple[str, ...]:
+        return (*super().data_buffers(), "entry_point")  # (a node: stored data, not training)
+
+    def _reset(self) -> None:
+        super()._reset()
+        self.upper_offsets = self.upper_offsets.new_zeros(1)
+        self.entry_point = torch.full_like(self.entry_point, -1)
+
+    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.vectors[rows.to(self.device)].float()
+
+    def _stored_rows(self) -> dict[str, torch.Tensor]:
+        """What ``_encode_batch`` made of the stored vectors ([ntotal] rows each): what
+        ``merge_from`` inserts into another graph."""
+        return {"vectors": self.vectors}
+
+    def _merge(self, other, shift: int) -> None:
+        """``other``'s nodes inserted into this graph as an ``add`` of their stored vectors
+        (codes) would insert them, ``add_batch_size`` at a time, with the ids they had there
+        (``shift`` added: a wrapper's rows); the same graph as adding them here after the
+        vectors stored already. On an error, the graph as it was."""
+        ids = self._merged_ids(other, shift)
+        rows, step = other._stored_rows(), self.add_batch_size
+        before = {name: self._buffers[name] for name in self.data_buffers()}
+        try:
+            for s in range(0, other.ntotal, step):
+                batch = {name: t[s : s + step].to(self.device) for name, t in rows.items()}
+                self._store(batch, ids[s : s + step])
+        except BaseException:
+            self._buffers.update(before)
+            raise
+
+    # -- storage ------------------------------------------------------------------------------
+    def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"vectors": x.float()}
+
+    def _build_vectors(self, encoded: dict[str, torch.Tensor]) -> np.ndarray:
+        """float32 [ntotal + b, dim]: every vector the insertion compares (the stored ones,
+        then the batch's)."""
+        return np.concatenate([self.vectors.cpu().numpy(), encoded["vectors"].cpu().numpy()])
+
+    def _keep_batch(self, encoded: dict[str, torch.Tensor], data: np.ndarray) -> None:
+        """Keep what the search reads of the batch: the vectors (``data``, all of them) and,
+        for an int8 traversal, the batch's codes."""
+        device = self.neighbors.device
+        self.vectors = torch.from_numpy(data).to(device)
+        if self.traversal == "int8":
+            codes, factors = graph_store.int8_codes(encoded["vectors"].cpu().numpy())
+            self.codes = torch.cat([self.codes, torch.from_numpy(codes).to(device)])
+            self.code_factors = torch.cat([self.code_factors, torch.from_numpy(factors).to(device)])
+
+    def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
+        """Insert the batch into the graph (on CPU arrays) and keep it."""
+        n0 = self.ntotal
+        data = self._build_vectors(encoded)
+        b = data.shape[0] - n0
+        rng = np.random.default_rng([self.seed, n0])
+        new_levels = graph_build.random_levels(b, self.M, rng)
+        levels = np.concatenate([self.levels.cpu().numpy(), new_levels])
+        nbr0 = np.full((data.shape[0], 2 * self.M), -1, np.int32)
+        nbr0[:n0] = self.neighbors.cpu().numpy()
+        up_off = np.concatenate([[0], np.cumsum(levels, dtype=np.int64)])
+        up_nbr = np.full((int(up_off[-1]), self.M), -1, np.int32)
+        up_nbr[: self.upper_neighbors.shape[0]] = self.upper_neighbors.cpu().numpy()
+        # faiss's order: highest level first, a seeded shuffle within a level
+        perm = n0 + rng.permutation(b)
+        order = perm[np.argsort(-new_levels[perm - n0], kind="stable")]
+        stored = self._search_store()[1:] if self.traversal == "int8" else ()
+        codes = insertion_codes(data, n0, stored)  # what the insertions walk (or None)
+        entry, _ = graph_build.hnsw_insert(order, data, self.metric == "ip", levels, nbr0, up_off,
+                                           up_nbr, int(self.entry_point[0]), self.max_level,
+                                           self.efConstruction, codes)  # fmt: skip
+        self._append_ids(ids)
+        self._set_graph(None, nbr0, levels, up_off, up_nbr, entry, self.neighbors.device)
+        self._keep_batch(encoded, data)
+
+    def _set_graph(self, data, nbr0, levels, up_off, up_nbr, entry, device) -> None:
+        if data is not None:
+            self.vectors = torch.from_numpy(data).to(device)
+        self.neighbors = torch.from_numpy(nbr0).to(device)
+        self.levels = torch.from_numpy(levels.astype(np.int32)).to(device)
+        self.upper_offsets = torch.from_numpy(up_off.astype(np.int64)).to(device)
+        self.upper_neighbors = torch.from_numpy(up_nbr).to(device)
+        self.entry_point = torch.tensor([entry], dtype=torch.int64, device=device)
+
+    def remove_ids(self, ids) -> int:
+        """Not supported, as in faiss's HNSW: a ValueError saying to rebuild the index."""
+        raise ValueError(
+            "HNSW cannot remove vectors (a graph node's links would dangle); build a new "
+            "index from the vectors you keep"
+        )
+
+    def _keep(self, rows: torch.Tensor) -> None:  # pragma: no cover - remove_ids refuses
+        raise ValueError("HNSW cannot remove vectors")
+
+    def consistency_problem(self) -> str | None:
+        n, M = self.ntotal, self.M
+        problem = super().consistency_problem() or self._storage_problem()
+        for name, t, shape in (
+            ("neighbors", self.neighbors, (n, 2 * M)),
+            ("levels", self.levels, (n,)),
+            ("upper_offsets", self.upper_offsets, (n + 1,)),
+        ):
+            problem = problem or shape_problem(name, t, shape)
+        if problem:
+            return problem
+        return graph_problem(
+            self.neighbors, self.levels, self.upper_offsets, self.upper_neighbors,
+            int(self.entry_point[0]), M,
+        )  # fmt: skip
+
+    def _storage_problem(self) -> str | None:
+        """``consistency_problem`` for what the search reads of the nodes."""
+        n = self.ntotal
+        checks = [("vectors", self.vectors, (n, self.dim))]
+        if self.traversal == "int8":
+            checks += [("codes", self.codes, (n, self.dim)), ("code_factors", self.code_factors,
+                                                                (n, 2))]  # fmt: skip
+        problems = (shape_problem(name, t, shape) for name, t, shape in checks)
+        return next((p for p in problems if p), None)
+
+    # -- search -------------------------------------------------------------------------------
+    def _search_work(self, nq: int, k: int, efSearch: int | None = None, **params) -> float:
+        ef = max(self.efSearch if efSearch is None else efSearch, k)
+        return nq * (ef * 2 * self.M * self._vector_ns() + 2000)
+
+    def _arrays(self) -> tuple:
+        """numpy views of the graph (CPU), kept until a buffer changes."""
+        sources = tuple(self.buffers())
+
+        def compute():
+            graph_arrays = (self.neighbors, self.upper_offsets, self.upper_neighbors)
+            data, *codes = self._search_store()
+            return (data, *(t.cpu().contiguous().numpy() for t in graph_arrays), *codes)
+
+        return self._derived("graph_arrays", sources, compute)
+
+    def _search_store(self) -> tuple:
+        """What :func:`vq.kernels.graph.graph_search.hnsw_search` reads of the nodes, numpy: the
+        vectors, then the int8 codes and their factors for an int8 traversal."""
+        codes = (self.codes, self.code_factors) if self.traversal == "int8" else ()
+        return tuple(t.cpu().contiguous().numpy() for t in (self.vectors, *codes))
+
+    def _rows_numba(self, q: np.ndarray, k: int, ef: int, slots: int, mask=graph.NO_FILTER):
+        data, nbr0, up_off, up_nbr, *codes = self._arrays()
+        out_dist = np.empty((q.shape[0], k), np.float32)
+        out_rows = np.empty((q.shape[0], k), np.int64)
+        seen = self._seen_pool.take(slots, self.ntotal)
+        try:
+            graph.hnsw_search(q, data, self.metric == "ip", nbr0, up_off, up_nbr,
+                              int(self.entry_point[0]), self.max_level, ef, seen, out_dist,
+                              out_rows, tuple(codes) or None, mask)  # fmt: skip
+        finally:
+            self._seen_pool.give_back(seen)
+        return out_dist, out_rows
+
+    def _rows_filtered(self, q: np.ndarray, k: int, ef: int, slots: int, allowed: IdFilter):
+        """``_rows_numba`` under a filter: see :func:`vq.index.graph.hnsw_graph.filtered_search`."""
+        data, _, _, _, *codes = self._arrays()
+
+        def scan(rows, which):
+            out_dist = np.empty((which.shape[0], k), np.float32)
+            out_rows = np.empty((which.shape[0], k), np.int64)
+            graph.rows_scan(np.ascontiguousarray(q[which]), data, self.metric == "ip", rows,
+                            out_dist, out_rows, tuple(codes) or None)  # fmt: skip
+            return out_dist, out_rows
+
+        def search(mask):
+            return self._rows_numba(q, k, ef, slots, mask)
+
+        mask = allowed.row_mask(self)
+        cap = max(ef, k)
+        return filtered_search(search, scan, mask, q.shape[0], k, cap, 2 * self.M)
+
+    def searcher(self, k=None, *, efSearch=None, steps=None, width=1, upper_steps=4, copy=True):
+        """The search as a static-shape graph over a snapshot of the graph (``copy=False``:
+        over the index's own): fixed greedy steps per upper level, then ``steps`` expansions
+        of ``width`` nodes of a beam of efSearch (see :class:`HNSWSearch`; what
+        :mod:`vq.export` writes out)."""
+        return self.static_search(self, k, efSearch, steps, width, upper_steps, copy)
+
+    def _torch_searcher(self) -> HNSWSearch:
+        """The torch path (a re-ranking wrapper's too): the static search over the index's own
+        graph (``searcher(copy=False)``), kept until a buffer changes; a beam of efSearch."""
+        shared = partial(self.searcher, copy=False)
+        searcher = self._derived("searcher", tuple(self.buffers()), shared)
+        searcher.efSearch = self.efSearch
+        return searcher
+
+    def _search_ids(self, q: torch.Tensor, k: int, efSearch: int | None = None, allowed=None):
+        # a filtered search runs the numba kernels (on CPU copies off the CPU), which scan the
+        # allowed rows where the walk meets too few: k results wherever k ids are allowed
+        if self.ntotal == 0 or _cpu.fast_path(q) or allowed is not None:
+            return super()._search_ids(q, k, efSearch=efSearch, allowed=allowed)
+        return search_in_chunks(self._torch_searcher(), q, k, efSearch=efSearch)
+
+    def _search_rows(self, q: torch.Tensor, k: int, efSearch: int | None = None,
+                     allowed: IdFilter | None = None):  # fmt: skip
+        """The k nearest rows; under a filter (``allowed``), the graph walks every node and
+        only allowed ones are returned (faiss's HNSW with an ``IDSelector``), and where
+        few rows are allowed, or the walk met fewer than k of them, those rows are scanned
+        exactly: k results wherever k rows are allowed."""
+        ef = check_positive(self.efSearch if efSearch is None else efSearch, "efSearch")
+        qn = q.detach().cpu().contiguous().numpy()
+        slots = get_num_threads()
+        if allowed is None:
+            dist, rows = self._rows_numba(qn, k, ef, slots)
+        else:
+            dist, rows = self._rows_filtered(qn, k, ef, slots, allowed)
+        return torch.from_numpy(dist).to(q.device), torch.from_numpy(rows).to(q.device)
+
+    def _range_hits(self, q: torch.Tensor, radius: float, allowed, efSearch: int | None = None):
+        """Approximate, as faiss's HNSW range search: the results of a search with a beam of
+        efSearch (default max(self.efSearch, :data:`RANGE_EF`)) that lie within the radius;
+        a vector the beam does not reach is missed, and a query has at most efSearch hits
+        (raise efSearch for a wide radius)."""
+        ef = check_positive(max(self.efSearch, RANGE_EF) if efSearch is None else efSearch,
+                            "efSearch")  # fmt: skip
+        k, ip, parts = min(ef, self.ntotal), self.metric == "ip", []
+        slots = get_num_threads()
+        for s in range(0, q.shape[0], self.search_batch_size):
+            qs = q[s : s + self.search_batch_size].contiguous().numpy()
+            if allowed is None:
+                dist, rows = self._rows_numba(qs, k, ef, slots)
+            else:
+                dist, rows = self._rows_filtered(qs, k, ef, slots, allowed)
+            hit = (rows >= 0) & (dist < (-radius if ip else radius))
+            parts.append(by_query(np.nonzero(hit)[0] + s, rows[hit], dist[hit]))
+        return parts
+
+    def route(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``k`` nearest stored rows of float32 CPU rows ``x`` [n, dim], as a coarse
+        quantizer routes (faiss's IVF over an ``IndexHNSWFlat`` quantizer): values float32
+        [n, k], ascending (squared L2, or negated inner products) and rows int64 [n, k]; a
+        beam of max(efSearch, k)."""
+        return self._search_rows(x, min(k, self.ntotal))
+
+    def _lean_search(self):
+        """A few queries: one kernel call on the calling thread, to ids. The graph's arrays,
+        entry point and top level are read once here (the lean search is rebuilt when the
+        index changes), so that a single query costs the kernel and little else."""
+        ip, n = self.metric == "ip", self.ntotal
+        ids = self.ids.numpy() if self.ids.shape[0] == n else NO_IDS
+        data, nbr0, up_off, up_nbr, *codes = self._arrays()
+        store, rerank = graph.traversal_store(data, tuple(codes) or None)
+        graph_args = (store, data, rerank, metric(ip), nbr0, up_off, up_nbr,
+                      int(self.entry_point[0]), self.max_level)  # fmt: skip
+        pool = self._seen_pool
+
+        def search(q: np.ndarray, k: int, ranked: bool, params: dict):
+            ef = params.get("efSearch")
+            ef = self.efSearch if ef is None else check_positive(ef, "efSearch")
+            if n == 0:
+                return None
+            out_dist, out_ids = (
+                np.empty((q.shape[0], k), np.float32),
+                np.empty((q.shape[0], k), np.int64),
+            )
+            if q.shape[0] > SMALL_BATCH:  # each thread its own visit stamps, claiming chunks
+                refused, claim = [], np.zeros(1, np.int64)  # of queries from one counter
+
+                def body(t0: int, t1: int) -> None:
+                    seen = pool.take(1, n)
+                    try:
+                        if not graph.hnsw_search_lean(q, *graph_args, int(ef), seen, ids, claim,
+                                                      CLAIM_CHUNK, out_dist, out_ids):  # fmt: skip
+                            refused.append(t0)
+                    finally:
+                        pool.give_back(seen)
+
+                parallel_for(body, -(-q.shape[0] // CLAIM_CHUNK))
+                return None if refused else (out_dist, out_ids)
+            seen = pool.take(1, n)
+            try:
+                done = graph.hnsw_search_lean(q, *graph_args, int(ef), seen, ids, NO_CLAIM,
+                                              CLAIM_CHUNK, out_dist, out_ids)  # fmt: skip
+            finally:
+                pool.give_back(seen)
+            return (out_dist, out_ids) if done else None  # (not finite: the general path says)
+
+        # batches of more than SMALL_BATCH queries too: the general path's fixed costs (torch
+        # tensors, ids mapped in another pass) were a third of a 330-query search of 3,300
+        # vectors at efSearch 10 (Zen 1, 2 threads)
+        search.splits = True
+        return search
+
+    # -- faiss ----------------------------------------------------------------------------------
+    def _to_faiss(self):
+        """faiss ``IndexHNSWFlat`` with the same graph, vectors, entry point and efSearch (in
+        an ``IndexIDMap`` unless the ids are 0 … ntotal - 1): it returns the same ids."""
+        faiss = import_faiss()
+        out = faiss.IndexHNSWFlat(self.dim, self.M, faiss_metric(self.metric))
+        self._graph_to_faiss(faiss, out.hnsw)
+        out.storage.add(self.vectors.float().cpu().numpy())
+        out.ntotal = self.ntotal
+        return with_id_map(out, self.stored_ids())
+
+    def _graph_to_faiss(self, faiss, h) -> None:
+        h.efConstruction, h.efSearch = self.efConstruction, self.efSearch
+        levels = self.levels.cpu().numpy()
+        nbr0, up_nbr = self.neighbors.cpu().numpy(), self.upper_neighbors.cpu().numpy()
+        graph_to_faiss(faiss, h, levels, nbr0, up_nbr, int(self.entry_point[0]), self.max_level)

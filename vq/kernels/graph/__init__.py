@@ -1,0 +1,1 @@
+"""HNSW kernels: search, batched parallel construction, what a traversal reads."""
