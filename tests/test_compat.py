@@ -14,20 +14,12 @@ import torch
 
 import vq
 import vq.compat as compat
-from vq.compat.common import is_default
-from vq.compat.scalar import (
-    FSQ_REFUSED,
-    LFQ_REFUSED,
-    RESIDUAL_FSQ_REFUSED,
-    RESIDUAL_LFQ_REFUSED,
-)
-from vq.compat.vector import (
-    GROUPED_RESIDUAL_VQ_REFUSED,
-    RESIDUAL_SIMVQ_REFUSED,
-    RESIDUAL_VQ_REFUSED,
-    SIMVQ_REFUSED,
-    VECTOR_QUANTIZE_REFUSED,
-)
+from vq.compat.finite_scalar import FSQ_REFUSED, RESIDUAL_FSQ_REFUSED
+from vq.compat.lookup_free import LFQ_REFUSED, RESIDUAL_LFQ_REFUSED
+from vq.compat.refusals import is_default
+from vq.compat.residual_vq import GROUPED_RESIDUAL_VQ_REFUSED, RESIDUAL_VQ_REFUSED
+from vq.compat.simvq import RESIDUAL_SIMVQ_REFUSED, SIMVQ_REFUSED
+from vq.compat.vector_quantize import VECTOR_QUANTIZE_REFUSED
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,9 @@ the global generator, in its order) unless ``kmeans_init=True``, the rotation tr
 residual stage passing its own gradient — and returns the anchor's tuples (int64 indices, -1 at
 padding and dropped stages; the FSQ layers' int32). An argument vq cannot honour raises a
 ValueError that names it when given a value other than the anchor's default; the tables of
-those arguments and the reasons are ``*_REFUSED`` in :mod:`vq.compat.vector` and
-:mod:`vq.compat.scalar`.
+those arguments and the reasons are ``*_REFUSED`` beside each class, in its module
+(:mod:`vq.compat.vector_quantize`, :mod:`~vq.compat.residual_vq`, :mod:`~vq.compat.simvq`,
+:mod:`~vq.compat.finite_scalar`, :mod:`~vq.compat.lookup_free`).
 
 The vq layer doing the work is ``.layer`` (LFQ: ``.layers``): the same module with vq's
 interface — ``encode``/``decode``, :class:`vq.QuantizerOutput`, ``vq.export`` to ONNX, index
@@ -30,8 +31,11 @@ orthogonal and diversity regularisers, stochastic sampling, DiVeQ, affine parame
 implicit neural codebooks are refused.
 """
 
-from vq.compat.scalar import FSQ, LFQ, ResidualFSQ, ResidualLFQ
-from vq.compat.vector import GroupedResidualVQ, ResidualSimVQ, ResidualVQ, SimVQ, VectorQuantize
+from vq.compat.finite_scalar import FSQ, ResidualFSQ
+from vq.compat.lookup_free import LFQ, ResidualLFQ
+from vq.compat.residual_vq import GroupedResidualVQ, ResidualVQ
+from vq.compat.simvq import ResidualSimVQ, SimVQ
+from vq.compat.vector_quantize import VectorQuantize
 
 __all__ = [
     "FSQ",
