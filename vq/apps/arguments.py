@@ -9,9 +9,12 @@ words: they are what a user reads in a terminal.
 
     args = parse("build", ["--data", "x.npy", "--index", "Flat", "-o", "x.vq"])
 
+The torchrun program's command lines are in :mod:`vq.apps.distributed_arguments`; :data:`PROGRAMS`
+holds them too, as "distributed build" and "distributed search".
+
 Usage errors print one line, ``error: <program>: <what is wrong>``, and exit with status 2
-(:class:`Parser`); checks of values that parse but cannot be right (``--threads 0``) raise
-:class:`~vq.apps.errors.InputError` (one line, status 2, through
+(:class:`~vq.apps.parser.Parser`); checks of values that parse but cannot be right
+(``--threads 0``) raise :class:`~vq.apps.errors.InputError` (one line, status 2, through
 :func:`~vq.apps.errors.run_command`).
 """
 
@@ -19,23 +22,26 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import sys
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
 
+from vq.apps.distributed_arguments import (
+    check_distributed_build,
+    check_distributed_search,
+    distributed_build,
+    distributed_search,
+)
 from vq.apps.errors import InputError
-
-#: the metrics an index searches by (``--metric``)
-METRICS = ("l2", "ip", "cosine")
-#: what ``--data`` / ``--queries`` may be
-VECTOR_FILES = ".fvecs, .bvecs, .npy, .fbin, .u8bin, .i8bin or .hdf5 (ann-benchmarks)"
-#: what ``--gt`` may be
-NEIGHBOR_FILES = ".ivecs, .ibin, integer .npy, or .hdf5 (its neighbors)"
-#: what ``search --out`` may write
-ID_FILES = (".ivecs", ".ibin", ".npy")
+from vq.apps.parser import (
+    ID_FILES,
+    METRIC_HELP,
+    METRICS,
+    NEIGHBOR_FILES,
+    VECTOR_FILES,
+    Parser,
+    add_threads,
+    require_positive,
+)
 
 #: the index kinds ``vq warmup`` compiles by default (at the dimension given)
 COMMON = (
@@ -52,75 +58,7 @@ COMMON = (
     "HNSW32",
     "HNSW32,SQ8",
 )
-
-_METRIC_HELP = (
-    "distance: l2 (squared Euclidean), ip (inner product, largest first) or cosine; "
-    "default: what an .hdf5 file says (its angular is cosine), else l2"
-)
 _KERNEL_CACHE = "$NUMBA_CACHE_DIR/vq, else $XDG_CACHE_HOME/vq, else ~/.cache/vq"
-
-
-_ITEM = r"- |\d+\. "  # how a list item starts
-
-
-class Formatter(argparse.HelpFormatter):
-    """Descriptions as paragraphs (separated by blank lines) filled to the terminal's width;
-    lines that start with spaces (examples) are kept as they are, and a line starting with
-    "- " or "1. " starts a list item, filled with a hanging indent."""
-
-    def _fill_text(self, text: str, width: int, indent: str) -> str:
-        paragraphs = []
-        for paragraph in text.strip("\n").split("\n\n"):
-            items: list[str] = []
-            for line in paragraph.splitlines():
-                in_list = bool(items) and re.match(_ITEM, items[-1]) is not None
-                if not items or re.match(_ITEM, line) or (line[:1] == " " and not in_list):
-                    items.append(line)
-                else:
-                    items[-1] += " " + line.strip()
-            filled = []
-            for item in items:
-                if item.startswith(" "):
-                    filled.append(indent + item)
-                    continue
-                marker = (re.match(_ITEM, item) or re.match("", item)).group(0)
-                filled.append(
-                    textwrap.fill(
-                        " ".join(item.split()),
-                        min(width, 100),
-                        initial_indent=indent,
-                        subsequent_indent=indent + " " * len(marker),
-                        break_on_hyphens=False,
-                    )
-                )
-            paragraphs.append("\n".join(filled))
-        return "\n\n".join(paragraphs)
-
-
-class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line on stderr,
-    ``error: <prog>: <message> (<prog> --help lists the options)``, and exit status 2; its
-    descriptions are laid out by :class:`Formatter`."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", Formatter)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> NoReturn:
-        line = message.strip().splitlines()[0] if message.strip() else "bad arguments"
-        print(f"error: {self.prog}: {line} ({self.prog} --help lists the options)", file=sys.stderr)
-        sys.exit(2)
-
-
-def _threads(p: argparse.ArgumentParser, default: int | None, what: str = "CPU threads") -> None:
-    shown = f"default {default}" if default is not None else "default: all cores"
-    p.add_argument("--threads", type=int, default=default, help=f"{what} ({shown})")
-
-
-def _positive(value: int | None, flag: str) -> None:
-    if value is not None and value <= 0:
-        raise InputError(f"{flag} must be positive, got {value}")
-
 
 # -- vq build / vq search ------------------------------------------------------------------------
 
@@ -138,7 +76,7 @@ def build(prog: str = "vq build") -> Parser:
     p.add_argument("--data", type=Path, required=True, help=f"the vectors: {VECTOR_FILES}")
     p.add_argument("--index", required=True, help='faiss-style description, e.g. "IVF1024,PQ16"')
     p.add_argument("-o", "--output", type=Path, required=True, help="where to save the index")
-    p.add_argument("--metric", choices=METRICS, default=None, help=_METRIC_HELP)
+    p.add_argument("--metric", choices=METRICS, default=None, help=METRIC_HELP)
     p.add_argument(
         "--train-size",
         type=int,
@@ -148,7 +86,7 @@ def build(prog: str = "vq build") -> Parser:
     p.add_argument("--nprobe", type=int, default=None, help="IVF lists searched (stored)")
     p.add_argument("--k-factor", type=int, default=None, help="re-ranking factor (stored)")
     p.add_argument("--seed", type=int, default=0, help="seed of the training sample")
-    _threads(p, 2)
+    add_threads(p, 2)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument(
         "--no-warm-up",
@@ -160,7 +98,7 @@ def build(prog: str = "vq build") -> Parser:
 
 def check_build(args: argparse.Namespace) -> None:
     for flag in ("threads", "train_size", "nprobe", "k_factor"):
-        _positive(getattr(args, flag), "--" + flag.replace("_", "-"))
+        require_positive(getattr(args, flag), "--" + flag.replace("_", "-"))
 
 
 def search(prog: str = "vq search") -> Parser:
@@ -198,7 +136,7 @@ def search(prog: str = "vq search") -> Parser:
     p.add_argument(
         "--out", type=Path, default=None, help="write the ids found (.ivecs, .ibin or .npy)"
     )
-    _threads(p, 2)
+    add_threads(p, 2)
     return p
 
 
@@ -206,7 +144,7 @@ def check_search(args: argparse.Namespace) -> None:
     if args.k <= 0:
         raise InputError(f"-k must be positive, got {args.k}")
     for flag in ("threads", "nprobe", "k_factor"):
-        _positive(getattr(args, flag), "--" + flag.replace("_", "-"))
+        require_positive(getattr(args, flag), "--" + flag.replace("_", "-"))
     if args.radius is not None and args.gt is not None:
         raise InputError("--gt measures top-k recall; it does not apply to --radius")
     if args.out is not None:
@@ -306,7 +244,7 @@ def nsynth(prog: str = "vq nsynth") -> Parser:
     p.add_argument("--max-notes", type=int, default=None, help="use at most this many train notes")
     p.add_argument("--method", choices=["logmel", "mfcc"], default="logmel", help="embedding")
     p.add_argument("--nprobe", type=int, default=8, help="IVF lists probed (default 8)")
-    _threads(p, 2, "threads for vq and faiss alike")
+    add_threads(p, 2, "threads for vq and faiss alike")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic set")
     p.add_argument("--skip-validation", action="store_true", help="only the index table")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -318,8 +256,8 @@ def check_nsynth(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         p.error(f"--instruments must be at least 11 (one per family), got {args.instruments}")
     if args.max_notes is not None and args.max_notes < 1:
         p.error(f"--max-notes must be positive, got {args.max_notes}")
-    _positive(args.threads, "--threads")
-    _positive(args.nprobe, "--nprobe")
+    require_positive(args.threads, "--threads")
+    require_positive(args.nprobe, "--nprobe")
 
 
 def validate(prog: str = "vq validate") -> Parser:
@@ -339,7 +277,7 @@ def validate(prog: str = "vq validate") -> Parser:
     )
     p.add_argument("--n", type=int, default=50_000, help="vectors per data set (default 50000)")
     p.add_argument("--dim", type=int, default=64, help="dimension, a multiple of 8 (default 64)")
-    _threads(p, 2, "threads for vq and faiss alike")
+    add_threads(p, 2, "threads for vq and faiss alike")
     return p
 
 
@@ -348,7 +286,7 @@ def check_validate(args: argparse.Namespace, p: argparse.ArgumentParser) -> None
         p.error(f"--dim must be a positive multiple of 8, got {args.dim}")
     if args.n < 20_000:
         p.error(f"--n must be at least 20000 (PQ and RVQ training sizes), got {args.n}")
-    _positive(args.threads, "--threads")
+    require_positive(args.threads, "--threads")
 
 
 # -- vq warmup -----------------------------------------------------------------------------------
@@ -395,105 +333,8 @@ def warmup(prog: str = "vq warmup") -> Parser:
 
 
 def check_warmup(args: argparse.Namespace) -> None:
-    _positive(args.dim, "--dim")
-    _positive(args.jobs, "--jobs")
-
-
-# -- python -m vq.distributed --------------------------------------------------------------------
-
-DISTRIBUTED = "python -m vq.distributed"
-
-
-def distributed(prog: str = DISTRIBUTED) -> Parser:
-    """The torchrun program's top level (its commands: :func:`distributed_build`,
-    :func:`distributed_search`)."""
-    p = Parser(
-        prog=prog,
-        usage=f"{prog} {{build,search}} ...",
-        description="Build and search a sharded index, one shard per process, under torchrun:\n\n"
-        "  torchrun --standalone --nproc_per_node=4 -m vq.distributed build \\\n"
-        '      --data X.fvecs --index "IVF4096,PQ32" -o shards/\n'
-        "  torchrun --standalone --nproc_per_node=4 -m vq.distributed search shards/ \\\n"
-        "      --queries Q.fvecs -k 10 --nprobe 16 --gt GT.ivecs\n\n"
-        "- build: process r of W reads its own share of the rows of the data file, all the\n"
-        "processes train the index together (with checkpoints, so that a group restarted by\n"
-        "torchrun --max-restarts resumes the training), each adds its rows with their row\n"
-        "numbers as ids, and the shards and a manifest are written to the output directory.\n"
-        "- search: every process searches its shards for all the queries; rank 0 reports the\n"
-        "merged top-k.\n\n"
-        "Without torchrun both run in one process. "
-        f"`{prog} build --help` and `{prog} search --help` list the options.",
-    )
-    p.add_argument("command", choices=("build", "search"), help="what to run")
-    return p
-
-
-def distributed_build(prog: str = f"{DISTRIBUTED} build") -> Parser:
-    p = Parser(
-        prog=prog,
-        description="Train an index on the union of the processes' rows, add them, save one\n"
-        f"shard per process and a manifest.\n\nData: {VECTOR_FILES};\n"
-        "of an .hdf5 file, its train set.",
-    )
-    p.add_argument("--data", type=Path, required=True, help=f"the vectors: {VECTOR_FILES}")
-    p.add_argument("--index", required=True, help='faiss-style description, e.g. "IVF4096,PQ32"')
-    p.add_argument("-o", "--output", type=Path, required=True, help="directory for the shards")
-    p.add_argument("--metric", choices=METRICS, default=None, help=_METRIC_HELP)
-    p.add_argument(
-        "--train-size", type=int, default=None, help="train on a random sample of this many vectors"
-    )
-    p.add_argument("--nprobe", type=int, default=None, help="IVF lists searched (stored)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the training sample")
-    p.add_argument(
-        "--checkpoint-every", type=int, default=1, help="k-means iterations between checkpoints"
-    )
-    p.add_argument("--checkpoint-dir", type=Path, default=None, help="default: OUTPUT/checkpoints")
-    p.add_argument(
-        "--keep-checkpoints", action="store_true", help="keep them after a successful build"
-    )
-    _threads(p, None, "CPU threads per process")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument(
-        "--no-warm-up",
-        action="store_true",
-        help="skip compiling the search kernels (the first process that searches then does)",
-    )
-    return p
-
-
-def check_distributed_build(args: argparse.Namespace) -> None:
-    for flag in ("threads", "train_size", "nprobe", "checkpoint_every"):
-        _positive(getattr(args, flag), "--" + flag.replace("_", "-"))
-
-
-def distributed_search(prog: str = f"{DISTRIBUTED} search") -> Parser:
-    p = Parser(
-        prog=prog,
-        description="Search a sharded index for the global top-k; rank 0 prints the queries\n"
-        f"per second and the recall.\n\nQueries: {VECTOR_FILES};\n"
-        f"of an .hdf5 file, its test set.\nGround truth: {NEIGHBOR_FILES}.",
-    )
-    p.add_argument("index", type=Path, help="a directory written by build (ShardedIndex.save)")
-    p.add_argument("--queries", type=Path, required=True, help=f"the queries: {VECTOR_FILES}")
-    p.add_argument("-k", type=int, default=10, help="neighbours per query (default 10)")
-    p.add_argument("--nprobe", type=int, default=None, help="IVF lists searched")
-    p.add_argument(
-        "--gt", type=Path, default=None, help="exact neighbours (.ivecs, .ibin, .npy or .hdf5)"
-    )
-    p.add_argument(
-        "--out", type=Path, default=None, help="write the ids found (.ivecs, .ibin or .npy)"
-    )
-    _threads(p, None, "CPU threads per process")
-    return p
-
-
-def check_distributed_search(args: argparse.Namespace) -> None:
-    if args.k <= 0:
-        raise InputError(f"-k must be positive, got {args.k}")
-    _positive(args.threads, "--threads")
-    _positive(args.nprobe, "--nprobe")
-    if args.out is not None and args.out.suffix.lower() not in ID_FILES:
-        raise InputError(f"--out {args.out}: write ids as {', '.join(ID_FILES)}")
+    require_positive(args.dim, "--dim")
+    require_positive(args.jobs, "--jobs")
 
 
 #: each program's parser and its checks: (parser builder, checks needing the parser or None,

@@ -24,6 +24,7 @@ from pathlib import Path
 from vq._version import __version__
 from vq.apps import arguments
 from vq.apps.errors import InputError, run_command
+from vq.apps.parser import NEIGHBOR_FILES, VECTOR_FILES, Parser
 
 
 @dataclass(frozen=True)
@@ -55,15 +56,15 @@ COMMANDS: dict[str, Command] = {
 
 _EPILOG = f"""\
 files:
-- vectors: {arguments.VECTOR_FILES}
-- ground truth: {arguments.NEIGHBOR_FILES}
+- vectors: {VECTOR_FILES}
+- ground truth: {NEIGHBOR_FILES}
 
 `vq COMMAND --help` lists a command's options. Bad input ends with one line
 "error: ..." on stderr and exit status 2."""
 
 
 def _top_parser() -> argparse.ArgumentParser:
-    p = arguments.Parser(
+    p = Parser(
         prog="vq",
         usage="vq [--version] [--help] COMMAND [ARGS ...]",
         description="vq: vector quantization and nearest-neighbour search in PyTorch.\n\n"

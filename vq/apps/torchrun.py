@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 import vq
-from vq.apps import arguments
+from vq.apps import arguments, distributed_arguments
 from vq.apps.common import (
     INPUT_ERRORS,
     InputError,
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m vq.distributed build|search ARGS``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # build or search; --help: the program's help, exit 0; anything else: usage error, exit 2
-    command = arguments.distributed().parse_args(argv[:1]).command
+    command = distributed_arguments.distributed().parse_args(argv[:1]).command
     try:
         args = arguments.parse(f"distributed {command}", argv[1:])
         status = build(args) if command == "build" else search(args)
