@@ -98,7 +98,7 @@ def test_install_is_idempotent_and_wraps_numbas_inliner_once():
 
 def test_the_environment_keeps_numbas_own_inliner():
     code = (
-        "from vq.kernels import inlining\n"
+        "from vq.kernels.jit import inlining\n"
         "from numba.core import inline_closurecall as icc\n"
         "import copy\n"
         "assert not inlining.install() and not inlining.installed()\n"

@@ -200,7 +200,7 @@ def test_the_cache_folder_is_keyed_by_version_and_cpu():
 
 @pytest.mark.parametrize("variable", ["NUMBA_CACHE_DIR", "XDG_CACHE_HOME"])
 def test_the_cache_root_follows_the_environment(tmp_path, variable):
-    code = "from vq.kernels import cache; print(cache.folder())"
+    code = "from vq.kernels.jit import cache; print(cache.folder())"
     env = {variable: str(tmp_path)}
     if variable == "XDG_CACHE_HOME":
         env["NUMBA_CACHE_DIR"] = ""  # unset: NUMBA_CACHE_DIR wins where it is set
@@ -219,7 +219,7 @@ def test_a_new_cache_folder_deletes_the_long_unused_ones(tmp_path):
     (recent / ".used").touch()
     os.utime(unrelated, (os.path.getmtime(unrelated) - month,) * 2)
     out = _child(
-        "from vq.kernels import cache; print(cache.folder())", NUMBA_CACHE_DIR=str(tmp_path)
+        "from vq.kernels.jit import cache; print(cache.folder())", NUMBA_CACHE_DIR=str(tmp_path)
     )
     assert out.returncode == 0, out.stderr
     new = out.stdout.strip()
