@@ -176,7 +176,7 @@ class LFQ(nn.Module):
             quantized = self.project_out(quantized)
         codes = torch.stack([out.codes.long() for out in outs], dim=-1)  # [..., c]
         if mask is not None:  # the anchor quantizes padding too
-            decoded = self._decode(codes).to(quantized.dtype)
+            decoded = self._output_of_codes(codes).to(quantized.dtype)
             quantized = torch.where(mask[..., None], quantized, decoded)
         if self.training:
 
@@ -199,7 +199,7 @@ class LFQ(nn.Module):
         ret = Return(quantized, codes, loss)
         return (ret, breakdown) if return_loss_breakdown else ret
 
-    def _decode(self, codes: torch.Tensor, project_out: bool = True) -> torch.Tensor:
+    def _output_of_codes(self, codes: torch.Tensor, project_out: bool = True) -> torch.Tensor:
         """Integer codes [..., num_codebooks] → float32 [..., dim] (channels last), or the
         corners [..., bits · num_codebooks] without ``project_out``."""
         corners = [
@@ -216,7 +216,7 @@ class LFQ(nn.Module):
         image_like = indices.dim() >= 3 + int(self.keep_num_codebooks_dim)
         move = image_like if self.channel_first is None else bool(self.channel_first)
         idx = indices if self.keep_num_codebooks_dim else indices[..., None]
-        codes = self._decode(idx, project_out)
+        codes = self._output_of_codes(idx, project_out)
         return codes.movedim(-1, 1) if move else codes
 
 
