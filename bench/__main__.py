@@ -1,14 +1,13 @@
 """Run the benchmark suite at its default sizes: ``python -m bench`` (``vq bench``, ``make
 bench``), or some of its benchmarks by name: ``python -m bench kmeans latency``.
 
-ann and fastscan run at n=200,000 synthetic vectors so that the whole run stays within about
-twenty minutes on two cores; ``python -m bench.ann`` and ``python -m bench.fastscan`` alone
-default to 1M (``--data nsynth`` for the NSynth embeddings, ~5 min on two cores for bench.ann,
-most of it faiss's OPQ training). coldstart starts some seventy fresh processes (each paying
-``import torch``) and compiles every kind once in an empty kernel cache: about 8 minutes on two
-cores, the compiles about 3 of them (``python -m bench.coldstart --no-cold`` skips those).
-The recall frontiers against faiss, hnswlib and ScaNN run on their own:
-``python -m bench.frontier`` (real sentence embeddings; the first run embeds them, ~20 min).
+ann and fastscan run at n=200,000 synthetic vectors here, to keep the whole run short;
+``python -m bench.ann`` and ``python -m bench.fastscan`` alone default to 1M (``--data nsynth``
+for the NSynth embeddings). coldstart starts some seventy fresh processes (each paying
+``import torch``) and compiles every kind once in an empty kernel cache
+(``python -m bench.coldstart --no-cold`` skips those compiles). The recall frontiers against
+faiss, hnswlib and ScaNN run on their own: ``python -m bench.frontier`` (real sentence
+embeddings; the first run embeds them). How long each part takes: docs/perf/bench-durations.md.
 
 The arguments are parsed before any benchmark module is imported (they import torch and
 faiss), so that ``--help`` and ``--list`` answer at once.

@@ -113,7 +113,7 @@ class NSynth(Dataset):
         keep_families = _as_indices(families, FAMILIES, "instrument family")
         keep_sources = _as_indices(sources, SOURCES, "instrument source")
         lo, hi = _check_pitch_range(pitch_range)
-        with _no_gc():  # the train split makes ~600k small objects; collecting them halves speed
+        with _no_gc():  # the train split makes ~600k small objects for the collector to walk
             notes = _read_examples(self.json_path, self.root, split)
         self.metadata: list[dict[str, Any]] = [
             m

@@ -118,8 +118,8 @@ def synthesize_nsynth(
         The directory holding examples.json and audio/ (``root`` or ``root/split``): pass it to
         ``NSynth(path)``, or pass ``root`` and ``split`` to ``NSynth(root, split=split)``.
 
-    Notes are 4 s of 16 kHz mono 16-bit PCM (128 kB on disk each); synthesis and writing take
-    about 5 ms a note (3,000 notes in 15 s on two cores, 30 s when they are busy).
+    Notes are 4 s of 16 kHz mono 16-bit PCM (128 kB on disk each), synthesized and written one
+    at a time (docs/perf/datasets.md has the measured rate).
     """
     pitch_set, velocity_set = _check_arguments(
         n_instruments, split, seed, pitches, velocities, notes_per_instrument

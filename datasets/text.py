@@ -147,7 +147,7 @@ def local_sentences(
         n: how many; a ValueError says how many there are when fewer exist.
         seed: the shuffle that picks them (the same installed files and seed give the same list).
         files: the files to read (default: all of the above, as ``_source_files()`` lists them).
-        verbose: progress bar over the files (reading them takes about 2 minutes).
+        verbose: progress bar over the files (every installed text file is read).
     Returns:
         list of ``n`` str.
     """
@@ -227,11 +227,9 @@ def sentence_embeddings(
     """The real-embedding benchmark set: ``n`` database and ``nq`` held-out query vectors.
 
     The first ``nq`` sentences of :func:`local_sentences` (``n + nq`` of them) are the queries,
-    the rest the database. The first call reads the text (about 2 minutes) and embeds it (about
-    20 minutes for 300,000 sentences on 2 cores of an AVX-512 Xeon, 51 on 2 Zen 3 cores with a
-    test run beside it for a third of that time; far longer on older CPUs: on 2 Zen 1 cores,
-    with other work beside it, the first of its 1,176 batches, which hold the longest
-    sentences, took about 28 s each); the vectors and the sentences are cached in
+    the rest the database. The first call reads the text and embeds it (a transformer forward
+    per sentence on the CPU, the longest sentences first: minutes, or hours on old CPUs; the
+    measured times are in docs/perf/datasets.md); the vectors and the sentences are cached in
     ``cache_dir`` (:func:`default_cache_dir` by default) under a key made of the source files'
     names and sizes (within their roots), ``n``, ``nq`` and ``seed``, and later calls read the
     cache.

@@ -40,16 +40,15 @@ def numpy_path() -> bool:
 
 
 #: below this much work (estimated single-threaded nanoseconds) the kernels run on the
-#: calling thread alone: waking the thread pool costs tens of µs per parallel kernel, more
-#: than such a call gains from a second thread
+#: calling thread alone: waking the thread pool (once per parallel kernel) costs more than
+#: such a call gains from a second thread (docs/perf/threads.md)
 SERIAL_WORK = 200_000
 
 
 @contextmanager
 def serial_if_small(work: float) -> Iterator[None]:
     """Run the numba kernels inside on the calling thread alone when ``work`` is below
-    :data:`SERIAL_WORK` (a single query took ~1 ms with the pool, ~0.1 ms without); other
-    threads are unaffected."""
+    :data:`SERIAL_WORK`; other threads are unaffected."""
     if work >= SERIAL_WORK:
         yield
         return
@@ -77,5 +76,6 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype:
 
 def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """An uninitialised CPU tensor backed by numpy memory: numpy asks for huge pages on large
-    arrays, which makes first-touch writes several times faster than ``torch.empty``."""
+    arrays, so that first-touch writes fault once per huge page rather than once per 4 KiB
+    page, as into ``torch.empty``'s memory."""
     return torch.from_numpy(np.empty(shape, dtype=_NUMPY_DTYPES[dtype]))

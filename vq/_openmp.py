@@ -2,10 +2,9 @@
 
 torch runs its CPU operations (the matrix products of the coarse step, of Flat search and of
 k-means) on OpenMP threads (libgomp), which spin after each parallel region before they
-sleep; libgomp's default spin (~300,000 rounds of ``pause``) lasts milliseconds on recent
-Intel cores. vq's kernels run right after such products on vq's own threads, which then wait
-for a core the spinning threads hold: an IVF fast-scan search of 1,000 queries at nprobe 16
-on 2 cores took 7.2 ms instead of 5.6 ms. ``GOMP_SPINCOUNT=10000`` keeps the threads awake
+sleep; libgomp's default spin is about 300,000 rounds of ``pause``. vq's kernels run right
+after such products on vq's own threads, which then wait for a core the spinning threads hold
+(docs/perf/threads.md has the measured cost). ``GOMP_SPINCOUNT=10000`` keeps the threads awake
 between the operations of one call and asleep between calls. libgomp reads it when it loads,
 so it acts only when vq is imported before torch (and before faiss, which brings its own
 libgomp); an explicit ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` is left as it is.

@@ -119,7 +119,7 @@ def _lloyd_fused(
     """Plain Lloyd on CPU float32 rows, each iteration one matrix product and one kernel
     (:func:`vq.kernels.assign_accumulate`: nearest centroids, cluster sums, counts and errors
     at once): for small jobs, where the per-iteration steps of the general loop, not the
-    product, took most of the time. The same assignments as :func:`nearest`.
+    product, dominate. The same assignments as :func:`nearest`.
 
     Once an iteration changes no assignment (on any process) and leaves no cluster empty, the
     centroids are a fixed point: every later iteration would compute the same ones, so they

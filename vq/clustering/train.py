@@ -104,9 +104,9 @@ def kmeans(
             device; n >= k. Under ``torch.distributed``: this process's shard (see below).
         k: number of centroids.
         niter: Lloyd iterations.
-        init: "random" (k distinct training vectors, as faiss starts: after 20 iterations
-            within 0.3% of k-means++'s objective, at 0.6x its time here) or "k-means++"
-            (greedy D² sampling: a better start when there are few iterations).
+        init: "random" (k distinct training vectors, as faiss starts) or "k-means++"
+            (greedy D² sampling, k sequential steps: a better start when there are few
+            iterations; docs/perf/clustering.md compares the two).
         seed: seeds every random choice; the same seed gives the same centroids.
         max_points_per_centroid: train on a random subset of ``k * max_points_per_centroid``
             vectors when there are more (faiss's subsampling); assignments still cover all of x.

@@ -119,8 +119,8 @@ def _program(module: ExportModule, batch_size: int, dynamic_batch: bool, opset: 
 
 def _export(module: torch.nn.Module, args: tuple, **options):
     """``torch.onnx.export(module, args, dynamo=True, **options)``, with the exporter's table of
-    ONNX translations built once per process and opset: torch rebuilds it on every call (about
-    2 s, from the source of ~500 functions), more than exporting a vq graph takes. Falls back to
+    ONNX translations built once per process and opset: torch rebuilds it on every call (from
+    the source of ~500 functions), which costs more than exporting a vq graph. Falls back to
     the public call when torch's internals differ from 2.11's."""
     try:
         from torch.onnx._internal.exporter import _constants, _core, _registration

@@ -280,8 +280,8 @@ class CodebookLearner(nn.Module):
         if is_eager():  # a Python branch: torch.cond would trace both functions on every call
             if bool(done):
                 return
-            # the function itself: the custom op's eager call imports torch._dynamo, 1.6 s of a
-            # new process's first training step
+            # the function itself: the custom op's eager call imports torch._dynamo, which a
+            # new process would pay for on its first training step
             new = new_state(*kmeans_init(x, weight, k, niter, self.cosine, synced))
         else:  # one graph before and after initialisation
             new = torch.cond(done, current, fresh, (x, weight, *state))
