@@ -5,23 +5,13 @@ from __future__ import annotations
 import re
 
 from vq.index.core.base import Index
-from vq.index.flat.flat_index import FlatIndex
-from vq.index.flat.pq_index import PQIndex
-from vq.index.flat.sq_index import SQIndex
-from vq.index.graph.hnsw import HNSW
-from vq.index.graph.hnsw_sq import HNSWSQ
-from vq.index.ivf.ivfflat import IVFFlat
-from vq.index.ivf.ivfpq import IVFPQ
-from vq.index.ivf.ivfsq import IVFSQ
+from vq.index.core.registry import FactoryRefusal, kind, kinds
 from vq.index.wrappers.refine import Refine
 from vq.index.wrappers.transform import PreTransform
 from vq.quantizers import OPQ, PCA
 
-SUPPORTED = (
-    "Flat | PQ<M>[x<nbits>] | PQ<M>x4fs | SQ8|SQ6|SQ4|SQfp16|SQbf16 | "
-    "HNSW<M>[,Flat|,SQ8|,SQ6|,SQ4|,SQfp16|,SQbf16] | "
-    "IVF<nlist>,Flat[(sketch)] | IVF<nlist>,PQ<M>[x<nbits>|x4fs|x4fsr] | "
-    "IVF<nlist>,SQ<8|6|4|fp16|bf16>, "
+#: what the factory reads around the kinds' own descriptions
+_AROUND = (
     "IVF<nlist>(soar[=<λ>]) for spilled lists, IVF<nlist>_HNSW<M> for graph-routed lists, "
     "optionally preceded by OPQ<M>[_<dim_out>] or PCA<dim_out>, and before that by L2norm "
     "(vectors scaled to unit norm) and IDMap / IDMap2 (no-ops: every kind takes ids), "
@@ -32,22 +22,18 @@ SUPPORTED = (
     "'HNSW32,SQ8,Refine(SQfp16)'"
 )
 
+
+def supported() -> str:
+    """What :func:`index_factory` reads: each registered kind's description, then the
+    prefixes, transforms and re-rankings around them (its error messages list it)."""
+    own = " | ".join(k.syntax for k in kinds() if k.syntax)
+    return f"{own}, {_AROUND}"
+
+
 # (re.ASCII: \d is 0-9 alone, not every script's digits, "IVF٤" included)
 _OPQ = re.compile(r"OPQ(\d+)(?:_(\d+))?", re.ASCII)
 # "PCA64": faiss's PCAMatrix to 64 dimensions (eigen power 0, no random rotation)
 _PCA = re.compile(r"PCA(\d+)", re.ASCII)
-# "np" (no polysemous training) is a no-op here; "x4fs" is 4-bit fast-scan, which in an IVF
-# encodes the vectors themselves unless "x4fsr" asks for residuals (faiss's defaults)
-_PQ = re.compile(r"PQ(\d+)(?:x(\d+)(fsr?)?)?(?:np)?", re.ASCII)
-# "IVF1024(soar)" / "IVF1024(soar=0.5)": spilled lists (SOAR, λ 1 unless given);
-# "IVF65536_HNSW32": the coarse quantizer routed by an HNSW graph over the centroids
-_IVF = re.compile(r"IVF(\d+)(?:_HNSW(\d+))?(?:\((soar)(?:=(\d+(?:\.\d*)?))?\))?", re.ASCII)
-_SQ = re.compile(r"SQ(8|6|4|fp16|bf16)")
-_HNSW = re.compile(r"HNSW(\d+)", re.ASCII)
-
-
-def _sq_bits(match: re.Match) -> int | str:
-    return match[1] if match[1].startswith(("fp", "bf")) else int(match[1])
 
 
 def index_factory(dim: int, description: str, metric: str = "l2") -> Index:
@@ -88,7 +74,7 @@ def _build(dim: int, description: str, metric: str) -> Index:
 
     def fail(why: str) -> ValueError:
         where = "" if repr(description) in why else f" in {description!r}"
-        return ValueError(f"index_factory: {why}{where}; supported: {SUPPORTED}")
+        return ValueError(f"index_factory: {why}{where}; supported: {supported()}")
 
     l2norm = False
     while parts and parts[0] in _PREFIXES:
@@ -111,42 +97,27 @@ def _build(dim: int, description: str, metric: str) -> Index:
         parts = parts[:-1]
     inner_dim = opq.dim_out if opq is not None else dim
 
-    if parts == ["Flat"]:
-        index: Index = FlatIndex(inner_dim, metric)
-    elif parts and (m := _HNSW.fullmatch(parts[0])) and parts[1:] in ([], ["Flat"]):
-        index = HNSW(inner_dim, int(m[1]), metric)
-    elif len(parts) == 2 and (m := _HNSW.fullmatch(parts[0])) and (s := _SQ.fullmatch(parts[1])):
-        index = HNSWSQ(inner_dim, int(m[1]), _sq_bits(s), metric)
-    elif len(parts) == 1 and (m := _SQ.fullmatch(parts[0])):
-        index = SQIndex(inner_dim, _sq_bits(m), metric)
-    elif len(parts) == 1 and (m := _PQ.fullmatch(parts[0])) and m[3] != "fsr":
-        index = PQIndex(inner_dim, int(m[1]), int(m[2] or 8), metric, fast_scan=bool(m[3]))
-    elif len(parts) == 2 and (ivf := _IVF.fullmatch(parts[0])):
-        nlist = int(ivf[1])
-        if ivf[2] is not None and int(ivf[2]) < 2:
-            raise fail(f"_HNSW{ivf[2]}: the graph's M must be >= 2")
-        extra = {"coarse_hnsw": int(ivf[2])} if ivf[2] else {}
-        if ivf[3]:
-            extra.update(spill=True, soar_lambda=float(ivf[4] or 1.0))
-        if parts[1] in ("Flat", "Flat(sketch)"):
-            index = IVFFlat(inner_dim, nlist, metric, sketch=parts[1] != "Flat", **extra)
-        elif m := _PQ.fullmatch(parts[1]):
-            M, nbits, fs = int(m[1]), int(m[2] or 8), bool(m[3])
-            residual = m[3] != "fs"  # IndexIVFPQFastScan encodes residuals only with "x4fsr"
-            index = IVFPQ(
-                inner_dim, nlist, M, nbits, residual, metric=metric, fast_scan=fs, **extra
-            )
-        elif m := _SQ.fullmatch(parts[1]):
-            index = IVFSQ(inner_dim, nlist, _sq_bits(m), metric=metric, **extra)
-        else:
-            raise fail(f"unknown encoding {parts[1]!r} after {parts[0]!r}")
-    else:
-        raise fail(f"cannot read {','.join(parts)!r}" if parts else "no index type")
+    index = _kind_index(parts, inner_dim, metric, fail)
     if opq is not None:
         index = PreTransform(opq, index)
     index = Refine(index, storage=refine) if refine else index
     index.normalize = index.normalize or l2norm  # (the outermost index: where vectors enter)
     return index
+
+
+def _kind_index(parts: list[str], dim: int, metric: str, fail) -> Index:
+    """The index of the registered kind whose description ``parts`` are."""
+    text = ",".join(parts)
+    for k in kinds():
+        match = k.factory.fullmatch(text) if k.factory is not None else None
+        if match is not None:
+            try:
+                return k.build(match, dim, metric)
+            except FactoryRefusal as err:
+                raise fail(str(err)) from None
+    if len(parts) == 2 and any(k.family and k.family.fullmatch(parts[0]) for k in kinds()):
+        raise fail(f"unknown encoding {parts[1]!r} after {parts[0]!r}")
+    raise fail(f"cannot read {text!r}" if parts else "no index type")
 
 
 #: the parts that may come first: faiss's IDMap / IDMap2 (no-ops here) and L2norm
@@ -156,46 +127,28 @@ _PREFIXES = ("IDMap", "IDMap2", "L2norm")
 #: the re-ranking suffixes, and how each keeps the vectors
 _REFINES = {"RFlat": "float32", "Refine(Flat)": "float32", "Refine(SQfp16)": "fp16"}
 
-_CLASSES = {
-    cls.__name__: cls for cls in (FlatIndex, PQIndex, IVFFlat, IVFPQ, SQIndex, IVFSQ, HNSW, HNSWSQ)
-}
-
 
 def index_classes() -> dict[str, type]:
-    """The index kinds :func:`from_config` builds, by class name (the wrappers, PreTransform
-    and Refine, aside)."""
-    return dict(_CLASSES)
+    """The registered index kinds :func:`from_config` builds, by class name (the wrappers,
+    PreTransform and Refine, aside)."""
+    return {k.name: k.cls for k in kinds() if not k.wrapper}
 
 
 def from_config(config: dict) -> Index:
-    """An untrained index from ``{"class": name, **index.config()}`` (what ``save`` writes)."""
+    """An untrained index from ``{"class": name, **index.config()}`` (what ``save`` writes):
+    the registered kind of that name builds it."""
     args = dict(config)
     name = args.pop("class", None)
     normalize = args.pop("normalize", False)  # ("L2norm," with l2, or before a wrapper)
     if not isinstance(normalize, bool):
         raise ValueError(f"invalid {name} configuration {config!r}: normalize must be a bool")
-    index = _from_args(name, args, config)
-    index.normalize = index.normalize or normalize
-    return index
-
-
-def _from_args(name, args: dict, config: dict) -> Index:
+    found = kind(name)
+    if found is None:
+        known = ", ".join(k.name for k in kinds())
+        raise ValueError(f"unknown index class {name!r}; known: {known}")
     try:
-        if name == "PreTransform":
-            t = dict(args["transform"])
-            if t.pop("kind", "opq") == "pca":
-                transform: OPQ | PCA = PCA(t.pop("dim"), **t)
-            else:
-                transform = OPQ(t.pop("dim"), t.pop("M"), t.pop("nbits"), **t)
-            return PreTransform(transform, from_config(args["index"]), k=args.get("k"))
-        if name == "Refine":
-            inner = from_config(args["index"])
-            storage = args.get("storage", "float32")  # (files before fp16 storage: float32)
-            return Refine(inner, args["k_factor"], k=args.get("k"), storage=storage)
-        if name in _CLASSES:
-            return _CLASSES[name](**args)
+        index = found.config_index(args, from_config)
     except (KeyError, TypeError) as err:
         raise ValueError(f"invalid {name} configuration {config!r}: {err}") from err
-    raise ValueError(
-        f"unknown index class {name!r}; known: {', '.join([*_CLASSES, 'PreTransform', 'Refine'])}"
-    )
+    index.normalize = index.normalize or normalize
+    return index

@@ -126,7 +126,7 @@ def _guard_mapped(index: Index) -> None:
     if guard.holds():
         for m in index.modules():
             if isinstance(m, Index):
-                m._lock = GuardedLock(guard)
+                m.lock = GuardedLock(guard)
 
 
 def _converted(name: str, t: torch.Tensor, dtype, config: dict, path: Path) -> torch.Tensor:

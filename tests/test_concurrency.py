@@ -153,7 +153,7 @@ def test_modifying_an_index_from_inside_its_own_search_is_refused(data):
     x, _ = data
     index = vq.FlatIndex(32)
     index.add(x[:10])
-    with index._lock.read(), pytest.raises(RuntimeError, match="from inside one of its own"):
+    with index.lock.read(), pytest.raises(RuntimeError, match="from inside one of its own"):
         index.add(x[:1])
     index.add(x[:1])  # fine afterwards
     assert index.ntotal == 11
@@ -211,8 +211,8 @@ def test_lock_is_reentrant_and_copies_get_their_own():
         pass
     index = vq.FlatIndex(4)
     twin = copy.deepcopy(index)
-    assert twin._lock is not index._lock
-    with index._lock.write():  # the copy is not locked with it
+    assert twin.lock is not index.lock
+    with index.lock.write():  # the copy is not locked with it
         twin.add(np.zeros((1, 4), np.float32))
     assert twin.ntotal == 1
 

@@ -77,7 +77,7 @@ def _only(index, allowed_ids):
             sorter = np.argsort(before)
             rank = sorter[np.searchsorted(before, _row_keys(m), sorter=sorter)]
             order = torch.from_numpy(np.argsort(rank))
-            for name in (*m._row_buffers, "ids"):
+            for name in (*m.row_buffers, "ids"):
                 setattr(m, name, getattr(m, name)[order].contiguous())
     return sub
 

@@ -76,7 +76,7 @@ def test_small_searches_give_the_general_paths_results(data, description, metric
     x, q = data
     ids = np.arange(len(x), dtype=np.int64) * 3 + 11  # ids that are not the rows
     index = _build(description, metric, x, ids)
-    assert index._lean() is not None  # this kind has a lean path
+    assert index.lean_search() is not None  # this kind has a lean path
     want_dist, want_ids = _general(index, q[:5], 10)
     for n in (1, 5):
         dist, found = index.search(q[:n], 10)
@@ -107,15 +107,15 @@ def test_the_lean_path_uses_no_torch_search(data, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the general search path ran")
 
-    monkeypatch.setattr(Index, "_search_ids", refuse)
-    monkeypatch.setattr(type(index), "_search_ids", refuse)
+    monkeypatch.setattr(Index, "search_ids", refuse)
+    monkeypatch.setattr(type(index), "search_ids", refuse)
     np.testing.assert_array_equal(index.search(q[:3], 5)[1], want)
 
 
 def test_a_refine_around_an_ivf_index_searches_in_the_ivf_kernel_call(data):
     x, q = data
     index = _build("IVF16,PQ8x4fs,RFlat", "l2", x, np.arange(len(x), dtype=np.int64) * 5 + 2)
-    assert "ivf_lean" in index._lean().__qualname__  # the fused search, not Refine's composition
+    assert "ivf_lean" in index.lean_search().__qualname__  # the fused search, not Refine's composition
     for k_factor in (1, 3):
         want_dist, want_ids = _general(index, q[:4], 7, k_factor=k_factor)
         dist, ids = index.search(q[:4], 7, k_factor=k_factor)

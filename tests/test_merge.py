@@ -65,7 +65,7 @@ def test_graph_merge_from_numbers_sequential_rows_after_this_index(desc, data):
     whole.add(x[:N1])
     whole.add(x[N1:1500])
     a.merge_from(b)
-    assert a.ntotal == 1500 and a._sequential_ids()
+    assert a.ntotal == 1500 and a.has_sequential_ids()
     for name, t in whole.state_dict().items():  # the very graph of adding the second part
         np.testing.assert_array_equal(a.state_dict()[name].numpy(), t.numpy(), err_msg=name)
     np.testing.assert_array_equal(a.reconstruct_n(N1, 300), b.reconstruct_n(0, 300))

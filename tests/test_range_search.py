@@ -61,7 +61,7 @@ def test_range_search_refuses_bad_radii_and_kinds(blobs):
         index.range_search(x[:2], "1.0")
     lean = vq.index.Index(32)  # a kind without one says so
     with pytest.raises(NotImplementedError, match="no range_search"):
-        lean._range_hits(x[:2], 1.0, None)
+        lean.range_hits(x[:2], 1.0, None)
     lims, D, I = index.range_search(
         x[:3], 1e-2
     )  # each query finds itself (0, give or take rounding)

@@ -160,8 +160,8 @@ def test_the_torch_path_reads_no_numpy(data, monkeypatch):
     # the search past the input checks (which view CPU queries as numpy: device-specific)
     monkeypatch.setattr(torch.Tensor, "numpy", refuse)
     with torch_only(), torch.no_grad():
-        D, I = index._search_ids(qt, K, k_factor=4, efSearch=24)
-        D, I = index._search_ids(qt, K, k_factor=4)
+        D, I = index.search_ids(qt, K, k_factor=4, efSearch=24)
+        D, I = index.search_ids(qt, K, k_factor=4)
     monkeypatch.undo()
     np.testing.assert_array_equal(I.numpy(), expected[1].numpy())
     np.testing.assert_array_equal(D.numpy(), expected[0].numpy())
@@ -203,7 +203,7 @@ def test_the_torch_refine_reads_fp16_vectors_in_place(data):
 
     x, q = data
     index = _built("HNSW16,SQ8,Refine(SQfp16)", x)
-    searcher = RefineSearch(index, index.index._torch_searcher(), copy=False)
+    searcher = RefineSearch(index, index.index.torch_searcher(), copy=False)
     assert searcher.vectors.dtype == torch.float16
     assert searcher.vectors.data_ptr() == index.vectors.data_ptr()
     cand = torch.from_numpy(np.random.default_rng(3).integers(-1, len(x), (len(q), 24)))

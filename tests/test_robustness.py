@@ -491,7 +491,7 @@ def test_search_runs_in_chunks_with_the_same_results(env, monkeypatch, which):
     monkeypatch.setattr(lean, "SPLIT_BATCH", lean.SMALL_BATCH)  # (one general batch)
     D, I = index.search(queries, 6)
     seen: list[int] = []
-    spy(monkeypatch, index, "_search_ids", seen)
+    spy(monkeypatch, index, "search_ids", seen)
     monkeypatch.setattr(index, "search_batch_size", 50)
     Dc, Ic = index.search(queries.astype(np.float64), 6)  # converted a chunk at a time
     assert seen == [50] * 5 + [36]

@@ -44,7 +44,7 @@ def _general(index: Index, q: np.ndarray, k: int, **params):
 def test_a_split_batch_gives_the_general_paths_results(data, description, metric):
     x, q = data
     index = _index(description, metric, x)
-    assert index._lean().splits  # 32 lists of 32 dims: a coarse step small enough to split
+    assert index.lean_search().splits  # 32 lists of 32 dims: a coarse step small enough to split
     want_dist, want_ids = _general(index, q, 10)
     for threads in (1, 2):
         vq.set_num_threads(threads)
@@ -75,7 +75,7 @@ def test_a_split_graph_or_refine_batch_gives_the_general_paths_results(data, des
     params = {"nprobe": 5} if "IVF" in description else {"efSearch": 24}
     if "RFlat" in description:
         params["k_factor"] = 3
-    assert index._lean().splits
+    assert index.lean_search().splits
     want_dist, want_ids = _general(index, q, 10, **params)
     for threads in (1, 2):
         vq.set_num_threads(threads)
@@ -100,7 +100,7 @@ def test_a_split_batch_runs_no_torch_search(data, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the general search path ran")
 
-    monkeypatch.setattr(type(index), "_search_ids", refuse)
+    monkeypatch.setattr(type(index), "search_ids", refuse)
     np.testing.assert_array_equal(index.search(q, 5)[1], want)
     monkeypatch.setattr(lean, "SPLIT_COARSE", 32 * 32 - 1)  # a coarse step too large now
     index._lean_cache = None

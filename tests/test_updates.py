@@ -69,7 +69,7 @@ def _by_list(index):
         if isinstance(m, IVFIndex):
             lists = np.repeat(np.arange(m.nlist), m.list_sizes().numpy())
             order = torch.from_numpy(np.lexsort((m.ids.numpy(), lists)))
-            for name in (*m._row_buffers, "ids"):
+            for name in (*m.row_buffers, "ids"):
                 key = f"{prefix}.{name}" if prefix else name
                 out[key] = out[key][order]
     return out
@@ -154,7 +154,7 @@ def test_removals_in_several_calls_then_adds_equal_an_index_built_with_what_is_l
 def test_remove_ids_moves_rows_in_place_and_add_fills_the_room_left(trained, data, name):
     x, _ = data
     index = _filled(trained, name, x, np.arange(N))
-    buf = index._row_buffers[0]
+    buf = index.row_buffers[0]
     ptr = getattr(index, buf).data_ptr()
     index.remove_ids(np.arange(0, N, 2))
     assert getattr(index, buf).data_ptr() == ptr  # compacted in place, not copied
@@ -173,7 +173,7 @@ def test_adds_in_many_calls_store_what_one_add_stores_with_few_reallocations(tra
     for s in range(0, N, 50):
         many.add(x[s : s + 50])
         inner = many.index if isinstance(many, Refine) else many
-        ptrs.add(getattr(inner, inner._row_buffers[0]).data_ptr())
+        ptrs.add(getattr(inner, inner.row_buffers[0]).data_ptr())
     _assert_same_storage(many, one)
     assert len(ptrs) <= 16  # 1.25x growth: ~log(40)/log(1.25) reallocations, not 40
     np.testing.assert_array_equal(many.search(q, K)[1], one.search(q, K)[1])
@@ -198,7 +198,7 @@ def test_an_add_that_fails_midway_leaves_the_index_as_it_was(trained, data, name
     before = _storage(index)
     calls = []
     kind = type(index)
-    hook = "_encode_rows" if hasattr(kind, "_encode_rows") else "_encode_batch"
+    hook = "_encode_rows" if hasattr(kind, "_encode_rows") else "encode_batch"
     original = getattr(kind, hook)
 
     def failing(self, *args):
@@ -284,7 +284,7 @@ def test_merge_from_numbers_sequential_rows_after_this_index_as_faiss_flat(train
     a.add(x[:100])
     b.add(x[100:150])
     a.merge_from(b)
-    assert a._sequential_ids() and a.ntotal == 150
+    assert a.has_sequential_ids() and a.ntotal == 150
     np.testing.assert_array_equal(a.reconstruct_n(100, 50), b.reconstruct_n(0, 50))
 
 

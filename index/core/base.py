@@ -49,7 +49,6 @@ from vq.index.core.searching import (
     MAX_K,
     check_k,
     check_options,
-    derived,
     drop_derived,
     filtered_params,
     one_query_as_rows,
@@ -57,6 +56,9 @@ from vq.index.core.searching import (
     results_by_id,
     search_steps,
     unit_rows,
+)
+from vq.index.core.searching import (
+    derived as derived_value,
 )
 from vq.index.core.storage import IdRange, check_new_ids
 from vq.index.core.updates import Updates
@@ -106,7 +108,7 @@ class Index(Updates, nn.Module):
     #: vectors encoded per step of ``add`` (bounds the temporary memory of encoding)
     add_batch_size = 1 << 14
     #: buffers with one row per stored vector besides ``ids`` (grown and shrunk in place)
-    _row_buffers: tuple[str, ...] = ()
+    row_buffers: tuple[str, ...] = ()
     #: queries per step of ``search``: beyond the results, memory does not grow with the batch
     search_batch_size = 1 << 12
 
@@ -128,21 +130,21 @@ class Index(Updates, nn.Module):
         self.normalize = metric == "cosine"  # (inner products of unit vectors)
         self.dim, self.metric, self.k = dim, "ip" if self.normalize else metric, k
         self.verbose = bool(verbose)
-        self._lock = ReadWriteLock()
+        self.lock = ReadWriteLock()
         if store_ids:  # wrappers that delegate storage (PreTransform) have none of their own
             # int64 [ntotal]; empty while the ids are the row numbers 0 … ntotal - 1 (what
             # add() gives), so sequential ids cost no memory, as in faiss's flat indexes
             self.register_buffer("ids", torch.zeros(0, dtype=torch.int64))
 
     # -- subclass hooks -------------------------------------------------------------------
-    def _train(self, x: torch.Tensor) -> None:
+    def learn(self, x: torch.Tensor) -> None:
         pass
 
-    def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    def encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """What to store for the float32 vectors ``x`` [b, dim]: named tensors with b rows."""
         raise NotImplementedError
 
-    def _search_rows(self, q: torch.Tensor, k: int, **params) -> tuple[torch.Tensor, torch.Tensor]:
+    def search_rows(self, q: torch.Tensor, k: int, **params) -> tuple[torch.Tensor, torch.Tensor]:
         """Values [nq, k], ascending: smaller is nearer (squared L2, or negated inner
         products), +inf where fewer than k results exist; and row numbers [nq, k], -1 there.
         ``params`` are the per-call search options."""
@@ -197,6 +199,23 @@ class Index(Updates, nn.Module):
             if problem is not None:
                 raise ValueError(f"{type(m).__name__} has {problem}")
 
+    @classmethod
+    def has_own_searcher(cls) -> bool:
+        """Whether the class writes its search as a static-shape graph (overrides
+        :meth:`searcher`): its torch engine, and what :mod:`vq.export` writes out."""
+        return cls.searcher is not Index.searcher
+
+    def has_searcher(self) -> bool:
+        """Whether this index has a static-shape search (a wrapper: if the index it wraps
+        has one)."""
+        return self.has_own_searcher()
+
+    def searcher(self, k: int | None = None, **options):
+        """The search as a static-shape graph over a snapshot of the stored data
+        (``copy=False``: over the index's own; see :class:`vq.index.core.searchers.Searcher`):
+        each kind that has one writes it next to its class. A TypeError here."""
+        raise TypeError(f"{type(self).__name__} has no static-shape search (no search graph)")
+
     def search_options(self) -> tuple[str, ...]:
         """Names of the per-call options ``search`` takes (e.g. ``("nprobe",)``)."""
         return tuple(sorted(option_names(type(self))))
@@ -210,14 +229,14 @@ class Index(Updates, nn.Module):
         behind a ``NormalizationTransform`` (an ``IndexPreTransform``, faiss's ``"L2norm,"``)
         where this index normalises (metric "cosine"); a ValueError for a kind without a
         faiss counterpart."""
-        out = self._to_faiss()
+        out = self.faiss_counterpart()
         if not self.normalize:
             return out
         faiss = import_faiss()
         norm = faiss.NormalizationTransform(self.dim, 2.0)
         return keep_alive(faiss.IndexPreTransform(norm, out), norm, out)
 
-    def _to_faiss(self):
+    def faiss_counterpart(self):
         """``to_faiss`` of this kind, its vectors as stored (each kind with a faiss
         counterpart implements it)."""
         raise ValueError(f"{type(self).__name__} has no faiss counterpart")
@@ -253,7 +272,7 @@ class Index(Updates, nn.Module):
         and :mod:`vq.index.core.fileformat`): atomically (a crash mid-save leaves the previous
         file), while searches go on; ``add`` and ``remove_ids`` wait for the save."""
         path = save_target(path)
-        with self._lock.read():
+        with self.lock.read():
             tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
             write_index_file(path, tensors, {"class": type(self).__name__, **self.config()})
 
@@ -271,7 +290,7 @@ class Index(Updates, nn.Module):
             return super().train(x)
         t = as_vectors(x, self.dim, "x", max_norm=MAX_NORM)
         with self._writing(), torch.no_grad():
-            if self.ntotal and self._learns():
+            if self.ntotal and self.learns():
                 name = type(self).__name__
                 raise RuntimeError(
                     f"{name}.train: the index holds {self.ntotal} vectors encoded with the "
@@ -280,12 +299,12 @@ class Index(Updates, nn.Module):
                     "index"
                 )
             t = t.to(self.device)
-            self._train(in_chunks(unit_rows, t, 1 << 16) if self.normalize else t)
+            self.learn(in_chunks(unit_rows, t, 1 << 16) if self.normalize else t)
         return self
 
-    def _learns(self) -> bool:
+    def learns(self) -> bool:
         """Whether ``train`` changes anything (False for the kinds with nothing to learn)."""
-        return type(self)._train is not Index._train
+        return type(self).learn is not Index.learn
 
     def reset(self) -> None:
         """Remove every stored vector, keeping what training learned (faiss ``reset``):
@@ -293,9 +312,9 @@ class Index(Updates, nn.Module):
         may be called again. What searches derived from the trained parameters alone is
         kept (a write of the stored rows, as ``remove_ids``)."""
         with self._writing(rows_only=True):
-            self._reset()
+            self.reset_rows()
 
-    def _reset(self) -> None:
+    def reset_rows(self) -> None:
         """``reset`` of this index's own stored data (each kind with more than rows, such as
         list offsets or a graph's entry point, or a wrapped index, extends it)."""
         for name in self.growing_buffers():
@@ -310,7 +329,7 @@ class Index(Updates, nn.Module):
         with self._writing(rows_only=True):
             ids = IdRange(self.ntotal, t.shape[0], self.device)  # made a chunk at a time
             check_new_ids(self, ids, "add: the sequential ids")
-            self._add(t, ids, self._prepare())
+            self.add_rows(t, ids, self._prepare())
 
     def add_with_ids(self, x: Any, ids: Any) -> None:
         """Add vectors [n, dim] with caller-chosen ids [n]: integers in [0, 2**63), distinct
@@ -321,7 +340,7 @@ class Index(Updates, nn.Module):
         with self._writing(rows_only=True):
             i = i.to(self.device)
             check_new_ids(self, i, "ids")
-            self._add(t, i, self._prepare())
+            self.add_rows(t, i, self._prepare())
 
     def _prepare(self) -> Callable | None:
         """What ``add`` does to each chunk of vectors before the index sees them: scale them
@@ -333,7 +352,7 @@ class Index(Updates, nn.Module):
         or one int; ids not stored are ignored); returns how many were removed."""
         i = as_ids(ids, None, "ids", unique=False, stored=False)
         with self._writing(rows_only=True):
-            return self._remove(i.to(self.device))
+            return self.remove_stored(i.to(self.device))
 
     def search(
         self,
@@ -402,9 +421,9 @@ class Index(Updates, nn.Module):
         """The general path of ``search`` for checked queries ``q``: ``(D, I)`` tensors (and
         probed with ``return_probed``), in steps of ``search_batch_size`` queries."""
         filtered = filtered_params(self, params, allowed, return_probed, q.shape[0])
-        work = self._search_work(min(q.shape[0], self.search_batch_size), k, **params)
+        work = self.search_work(min(q.shape[0], self.search_batch_size), k, **params)
         small = serial_if_small(work)
-        with self._lock.read(), torch.no_grad(), small:
+        with self.lock.read(), torch.no_grad(), small:
             dist, ids = search_steps(self, q, k, filtered)
         return (dist, ids, filtered["probed"]) if return_probed else (dist, ids)
 
@@ -439,7 +458,7 @@ class Index(Updates, nn.Module):
         ``search``'s (metric "cosine": the vectors of similarity above ``radius``)."""
         return range_search(self, queries, radius, allowed, params)
 
-    def _range_hits(self, q: torch.Tensor, radius: float, allowed, **params) -> list:
+    def range_hits(self, q: torch.Tensor, radius: float, allowed, **params) -> list:
         """The hits: ``(queries, rows, values)`` per kernel call (Flat, IVFFlat, wrappers)."""
         raise NotImplementedError(f"{type(self).__name__} has no range_search yet")
 
@@ -448,7 +467,7 @@ class Index(Updates, nn.Module):
         return self.search(queries, self.k)
 
     # -- ids --------------------------------------------------------------------------------
-    def _sequential_ids(self) -> bool:
+    def has_sequential_ids(self) -> bool:
         """Whether the stored ids are the row numbers 0 … ntotal - 1 (kept implicit)."""
         return self.ids.shape[0] != self.ntotal
 
@@ -459,7 +478,7 @@ class Index(Updates, nn.Module):
         them). ``rows_only``: a write of stored rows alone (``add``, ``remove_ids``), which
         keeps the derived arrays whose sources it left as they were (those of the codebooks:
         the first search after it rebuilds nothing that does not depend on the rows)."""
-        with self._lock.write():
+        with self.lock.write():
             try:
                 yield
             finally:
@@ -467,7 +486,7 @@ class Index(Updates, nn.Module):
                 drop_derived(self, stale_only=rows_only)
 
     # -- the lean path of small searches (see vq.index.core.lean) ---------------------------------
-    def _lean(self):
+    def lean_search(self):
         """The lean search of the index as it is now (the contract: :mod:`vq.index.core.lean`), or
         None where it has none (untrained, empty, not on CPU, or a kind without one). Built by
         ``_lean_search`` over numpy views of the buffers and kept until anything in the module
@@ -477,46 +496,46 @@ class Index(Updates, nn.Module):
 
     def _build_lean(self):
         usable = self.is_trained and self.ntotal > 0 and self.device.type == "cpu"
-        search = self._lean_search() if usable else None
+        search = self.build_lean_search() if usable else None
         if search is not None:
             search.options = frozenset(self.search_options())
         return search
 
-    def _lean_search(self):
+    def build_lean_search(self):
         """``_lean``'s search for this index as it is: None (no lean path) unless overridden."""
         return None
 
-    def _lean_search_refined(self, vectors: Any, ids: Any, k_factor: Callable):
+    def build_refined_lean_search(self, vectors: Any, ids: Any, k_factor: Callable):
         """A re-ranking wrapper's lean search fused with this index's (candidates re-ranked on
         ``vectors`` [n, dim], mapped to ``ids`` [n]; see ivf.py): None unless overridden."""
         return None
 
     # -- the general path -------------------------------------------------------------------
-    def _search_work(self, nq: int, k: int, **params) -> float:
+    def search_work(self, nq: int, k: int, **params) -> float:
         """Rough single-threaded ns of a CPU search of ``nq`` queries (small ones run on one
         thread: ``vq._cpu.serial_if_small``): here, a pass over every vector per query."""
-        return nq * (self.ntotal * self._vector_ns() + 2000)
+        return nq * (self.ntotal * self.vector_ns() + 2000)
 
-    def _vector_ns(self) -> float:  # rough ns to compare one query with one stored vector
+    def vector_ns(self) -> float:  # rough ns to compare one query with one stored vector
         return self.dim / 16
 
-    def _derived(self, name: str, sources: tuple[torch.Tensor, ...], compute):
+    def derived(self, name: str, sources: tuple[torch.Tensor, ...], compute):
         """``compute()``, kept until a ``sources`` tensor changes (see ``searching.derived``)."""
-        return derived(self, name, sources, compute)
+        return derived_value(self, name, sources, compute)
 
-    def _search_ids(self, q: torch.Tensor, k: int, **params) -> tuple[torch.Tensor, torch.Tensor]:
+    def search_ids(self, q: torch.Tensor, k: int, **params) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 distances and int64 ids [nq, k] of checked float32 queries on the device."""
         if self.ntotal == 0:
             val = torch.empty(q.shape[0], 0, device=self.device)
             rows = torch.empty(q.shape[0], 0, dtype=torch.int64, device=self.device)
         else:
-            val, rows = self._search_rows(q, min(k, self.ntotal), **params)
+            val, rows = self.search_rows(q, min(k, self.ntotal), **params)
         return self._finish(val, rows, k)
 
-    def _candidate_ids(self, q: torch.Tensor, k: int, **params) -> torch.Tensor:
+    def candidate_ids(self, q: torch.Tensor, k: int, **params) -> torch.Tensor:
         """int64 [nq, k]: the ids of the k nearest in any order (-1 padding), the candidates a
         re-ranking wrapper asks for."""
-        return self._search_ids(q, k, **params)[1]
+        return self.search_ids(q, k, **params)[1]
 
     def _finish(self, val: torch.Tensor, rows: torch.Tensor, k: int):
         """Results by stored row (``_search_rows``'s) → distances and ids [nq, k] (see

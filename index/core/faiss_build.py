@@ -1,9 +1,9 @@
 """What the indexes' ``to_faiss`` methods share (``pip install 'vq[faiss]'``).
 
-Each index kind converts itself to faiss (``to_faiss``, next to its class, importing faiss only
-when called); :func:`vq.index.from_faiss`, which must know every kind, sits above them in
-:mod:`vq.index.faiss_interop`. This module knows no index kind: it is below them all, and
-faiss is imported only inside its functions.
+Each index kind converts itself both ways, next to its class (``faiss_counterpart`` and the
+classmethod ``from_faiss``, importing faiss only when called); :func:`vq.index.from_faiss`
+finds the kind of a faiss index in the registry (:mod:`vq.index.core.registry`). This module
+knows no index kind: it is below them all, and faiss is imported only inside its functions.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vq.faiss_interop import pack_codes
+from vq.faiss_interop import pack_codes, unpack_codes
 
 
 def import_faiss():
@@ -62,6 +62,38 @@ def code_bytes(codes: torch.Tensor, nbits: int) -> np.ndarray:
     return pack_codes(codes.cpu().numpy(), nbits)
 
 
+def metric_of(findex) -> str:
+    """ "l2" or "ip": the metric of a faiss index (ValueError for any other)."""
+    faiss = import_faiss()
+    if findex.metric_type == faiss.METRIC_L2:
+        return "l2"
+    if findex.metric_type == faiss.METRIC_INNER_PRODUCT:
+        return "ip"
+    raise ValueError(
+        f"only L2 and inner-product faiss indexes convert, got metric {findex.metric_type}"
+    )
+
+
+def faiss_bytes(ptr, n: int) -> np.ndarray:
+    """A copy of ``n`` bytes at a faiss (SWIG) pointer: uint8 [n]."""
+    return import_faiss().rev_swig_ptr(ptr, n).copy() if n else np.zeros(0, np.uint8)
+
+
+def fast_scan_M(fpq) -> int:
+    """The M of a fast-scan ``faiss.ProductQuantizer`` (ValueError for an odd one: vq's
+    fast-scan packs sub-quantizers in pairs)."""
+    if fpq.M % 2:
+        raise ValueError(
+            f"vq's fast-scan packs sub-quantizers in pairs; this faiss index has M={fpq.M}"
+        )
+    return fpq.M
+
+
+def pq_codes_from_faiss(raw: np.ndarray, fpq) -> torch.Tensor:
+    """faiss's packed PQ codes (uint8, ``fpq.code_size`` bytes a vector) → [n, M] codes."""
+    return torch.from_numpy(unpack_codes(raw, fpq.M, fpq.nbits))
+
+
 def fill_inverted_lists(findex, data: np.ndarray, offsets: np.ndarray, ids: np.ndarray) -> None:
     """Add CSR inverted lists to an empty faiss ``IndexIVF`` (whose ``ntotal`` the caller
     sets): list l holds rows ``offsets[l]:offsets[l + 1]`` of ``data`` (uint8 [ntotal,
@@ -73,24 +105,3 @@ def fill_inverted_lists(findex, data: np.ndarray, offsets: np.ndarray, ids: np.n
         if e > s:
             block = np.ascontiguousarray(data[s:e])
             findex.invlists.add_entries(lst, e - s, faiss.swig_ptr(ids[s:e]), faiss.swig_ptr(block))
-
-
-def ivf_to_faiss(index):
-    """The faiss IVF index of an IVF ``index`` of any kind: a flat coarse quantizer holding the
-    same centroids (or the faiss twin of its graph-routed one), the same lists, ids and
-    nprobe; the kind's ``_empty_faiss`` says which faiss class and what each row stores."""
-    if index.spill:
-        raise ValueError(
-            "a spilled IVF index has no faiss counterpart (faiss stores each vector once); "
-            "build it with spill=False to convert"
-        )
-    quantizer = import_faiss().IndexFlat(index.dim, faiss_metric(index.metric))
-    quantizer.add(index.quantizer.codebook.float().cpu().numpy())
-    quantizer = index.coarse_graph.to_faiss() if index.coarse_hnsw else quantizer
-    out, data = index._empty_faiss(quantizer)
-    keep_alive(out, quantizer)
-    out.is_trained = True
-    out.nprobe = index.nprobe
-    fill_inverted_lists(out, data, index.offsets.cpu().numpy(), index.ids.cpu().numpy())
-    out.ntotal = index.ntotal
-    return out

@@ -146,7 +146,7 @@ def pq_search(queries, codebooks: tuple, inner_product: bool, packed: PackedCode
 
 
 def pq_lean_search(codebooks_t, norms, packed: PackedCodes, n: int, ids, inner_product, work):
-    """The lean search of a flat fast-scan index (see ``Index._lean``): one kernel call for a
+    """The lean search of a flat fast-scan index (see ``Index.lean_search``): one kernel call for a
     few queries on the calling thread (:func:`vq.kernels.fastscan.fastscan_scans.flat_lean`), or
     None for a call whose estimated ``work(nq, k)`` is not small (the general path splits it between
     the threads)."""

@@ -107,7 +107,7 @@ class IdFilter:
         with self._lock:
             if self._cache and self._cache[0] == key:
                 return self._cache[1]
-        if index._sequential_ids():
+        if index.has_sequential_ids():
             if self.mask is not None:
                 self.contains(np.arange(n - 1, n) if n else np.zeros(0, np.int64))  # its length
                 mask = np.ascontiguousarray(self.mask[:n]).view(np.uint8)
@@ -289,7 +289,7 @@ def probes_for_filter(index, q, k, coarse, lists, allowed, max_codes, torch_rank
             c, lst = index._probe_numba(q[torch.from_numpy(rows)], index.nlist)
             return c.numpy(), lst.numpy()
         picked = q[torch.from_numpy(rows).to(q.device)]
-        c, lst = index._torch_searcher().probe(picked, index.nlist)
+        c, lst = index.torch_searcher().probe(picked, index.nlist)
         return c.cpu().numpy(), lst.cpu().numpy()
 
     sizes = index.list_sizes().cpu().numpy()

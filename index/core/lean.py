@@ -4,7 +4,7 @@ kernels on the calling thread over numpy views of the index's buffers: no torch 
 thread-pool wake-up where the work is small (a service answering one query at a time).
 
 Each index kind builds its lean search in ``_lean_search`` (a closure over those views, see
-``Index._lean``); the index keeps it until anything in its module tree changes, or the index
+``Index.lean_search``); the index keeps it until anything in its module tree changes, or the index
 is written to. :func:`search_small` is what ``Index.search`` tries first: it answers None
 wherever the lean path does not apply (the general path then serves the call, and raises any
 error), so the two paths give the same results and the same errors.
@@ -95,10 +95,10 @@ def search_small(index, queries: Any, k: Any, params: dict):
         return None  # a NaN, an infinity or a norm past MAX_NORM: the general path says
     if index.normalize:  # (metric "cosine", "L2norm,": as the general path's query_rows)
         q = unit_rows_np(q)
-    lock = index._lock
+    lock = index.lock
     token = None if lock.try_read() else lock.acquire_read()
     try:
-        search = index._lean()
+        search = index.lean_search()
         if search is None or (params and not params.keys() <= search.options):
             found = None  # (an unknown option: the general path says which)
         elif shape[0] > SMALL_BATCH and not getattr(search, "splits", False):
@@ -119,14 +119,14 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
     """The lean search of an IVF index (``index._lean_kernel``: the coarse step, the scan of
     the probed lists and ids in one kernel call on the calling thread), and with ``refine`` =
     (vectors, ids, k_factor) that of a re-ranking wrapper around it, in the same call (see
-    ``Index._lean_search_refined``). The closure returns None for a call whose estimated
+    ``Index.build_refined_lean_search``). The closure returns None for a call whose estimated
     work is not small (the general, parallel path)."""
     mapped = refine is None and index.rows_mapped()
     kernel, args = (None, ()) if mapped else index._lean_kernel(index)
     ip = kernel_metric(index.metric == "ip")  # (a static: each metric compiles its own kernel)
     norms = _NO_NORMS if ip else index._centroid_norms()
     c = index.quantizer.codebook
-    centroids_t = index._derived("centroids_t", (c,), lambda: c.float().T.contiguous().numpy())
+    centroids_t = index.derived("centroids_t", (c,), lambda: c.float().T.contiguous().numpy())
     bound = _NO_BOUND if ip else index._coarse_bound()  # (L2: see probe_bounded)
     coarse = (centroids_t, norms, *bound)
     # spilled lists: the best k distinct ids among the best 2 k rows (made unique below),
@@ -141,13 +141,13 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
         row_ids = None if mapped else index.ids.numpy()
     if mapped:  # the lists the kernel may probe read from the file first (see ivf.py)
         c_sq = norms if not ip else (centroids_t * centroids_t).sum(0)
-        rows = {name: index._buffers[name] for name in index._row_buffers}
+        rows = {name: index._buffers[name] for name in index.row_buffers}
         offsets = index.offsets.numpy()
     ref_x, ref_ids, k_factor = refine or (None, None, None)  # (None: compiled without it)
     nlist = index.nlist
     # _search_work's estimate: fixed + nprobe * per_probe per query
-    per_probe = index.ntotal / nlist * index._vector_ns()
-    fixed = index._search_work(1, 1, nprobe=1) - per_probe
+    per_probe = index.ntotal / nlist * index.vector_ns()
+    fixed = index.search_work(1, 1, nprobe=1) - per_probe
     serial_work = _cpu.SERIAL_WORK
     d, r = index.dim, bound[0].shape[1]
 

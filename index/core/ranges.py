@@ -64,9 +64,9 @@ def range_search(index, queries: Any, radius: Any, allowed: Any, params: dict):
     q = query_rows(q, torch.device("cpu"), index.normalize)
     f = IdFilter.of(allowed)
     nq = q.shape[0]
-    with index._lock.read(), torch.no_grad():
-        parts = [] if index.ntotal == 0 else index._range_hits(q, radius, f, **params)
-        stored = None if index._sequential_ids() else index.stored_ids().cpu().numpy()
+    with index.lock.read(), torch.no_grad():
+        parts = [] if index.ntotal == 0 else index.range_hits(q, radius, f, **params)
+        stored = None if index.has_sequential_ids() else index.stored_ids().cpu().numpy()
         lims, dist, ids = assemble(parts, nq, stored, index.metric == "ip")
     out = (torch.from_numpy(t) for t in (lims, dist, ids))
     return tuple(like_input(t, queries) for t in out)

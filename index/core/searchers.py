@@ -56,7 +56,7 @@ class Searcher(nn.Module):
         self.k = index.k if k is None else int(k)
         self.metric, self.dim, self.ntotal = index.metric, index.dim, index.ntotal
         self.normalize = index.normalize
-        self.sequential = not ids or index._sequential_ids()
+        self.sequential = not ids or index.has_sequential_ids()
         if not self.sequential:
             self.register_buffer("id_table", kept(index.stored_ids(), copy))
 

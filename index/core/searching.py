@@ -76,12 +76,12 @@ _OPTIONS: dict[type, frozenset[str]] = {}
 
 
 def option_names(cls: type) -> frozenset[str]:
-    """Keyword options of ``cls._search_rows`` and ``cls._search_ids`` (besides q and k): the
+    """Keyword options of ``cls.search_rows`` and ``cls.search_ids`` (besides q and k): the
     per-call search options of an index class (kept per class)."""
     names = _OPTIONS.get(cls)
     if names is None:
         found = set()
-        for method in (cls._search_rows, cls._search_ids):
+        for method in (cls.search_rows, cls.search_ids):
             for p in list(inspect.signature(method).parameters.values())[3:]:  # self, q, k
                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in INTERNAL:
                     found.add(p.name)
@@ -102,7 +102,7 @@ def check_options(index, params: dict) -> None:
 
 
 def filtered_params(index, params: dict, allowed, return_probed: bool, nq: int) -> dict:
-    """The keywords of ``index._search_ids`` for a ``search`` call: its options, the filter as
+    """The keywords of ``index.search_ids`` for a ``search`` call: its options, the filter as
     an :class:`IdFilter` (``allowed``) and, with ``return_probed``, the int64 [nq] tensor that
     IVF scans write how many lists each query probed into (``probed``)."""
     out = dict(params)
@@ -121,18 +121,18 @@ def filtered_params(index, params: dict, allowed, return_probed: bool, nq: int) 
 
 
 def search_steps(index, q: torch.Tensor, k: int, params: dict):
-    """``index._search_ids`` over checked queries [nq, dim], ``index.search_batch_size`` at a
+    """``index.search_ids`` over checked queries [nq, dim], ``index.search_batch_size`` at a
     time (bounded memory: per-chunk tables and buffers, results written in place)."""
     nq, step, device = q.shape[0], index.search_batch_size, index.device
     if nq <= step:
-        return index._search_ids(query_rows(q, device, index.normalize), k, **params)
+        return index.search_ids(query_rows(q, device, index.normalize), k, **params)
     dist = torch.empty(nq, k, device=device)
     ids = torch.empty(nq, k, dtype=torch.int64, device=device)
     probed = params.get("probed")
     for s in range(0, nq, step):
         part = params if probed is None else {**params, "probed": probed[s : s + step]}
         chunk = query_rows(q[s : s + step], device, index.normalize)
-        dist[s : s + step], ids[s : s + step] = index._search_ids(chunk, k, **part)
+        dist[s : s + step], ids[s : s + step] = index.search_ids(chunk, k, **part)
     return dist, ids
 
 

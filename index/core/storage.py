@@ -52,7 +52,7 @@ def check_new_ids(index, ids: torch.Tensor | IdRange, what: str) -> None:
     if not index.ntotal or not ids.shape[0]:
         return
     if isinstance(ids, IdRange):  # a range: compare the stored ids with its ends
-        if index._sequential_ids() and ids.start >= index.ntotal:
+        if index.has_sequential_ids() and ids.start >= index.ntotal:
             return
         stored = index.stored_ids()
         inside = (stored >= ids.start) & (stored < ids.start + ids.n)
@@ -63,7 +63,7 @@ def check_new_ids(index, ids: torch.Tensor | IdRange, what: str) -> None:
                 f"{first}); remove_ids them first, or add with new ids (add_with_ids)"
             )
         return
-    if index._sequential_ids():  # the stored ids are 0 … ntotal - 1: no search needed
+    if index.has_sequential_ids():  # the stored ids are 0 … ntotal - 1: no search needed
         taken = ids < index.ntotal
     else:
         taken = torch.isin(ids, index.stored_ids())
@@ -153,7 +153,7 @@ def marked_rows(index, ids: torch.Tensor) -> tuple[np.ndarray, int, int]:
     n = index.n_rows
     drop = np.zeros(n, np.uint8)
     wanted = np.unique(ids.cpu().numpy())
-    if index._sequential_ids():  # ids are the row numbers
+    if index.has_sequential_ids():  # ids are the row numbers
         hit = wanted[(wanted >= 0) & (wanted < n)]
         drop[hit] = 1
         return drop, int(hit[0]) if hit.size else n, int(hit.size)

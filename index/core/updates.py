@@ -34,7 +34,7 @@ class Updates:
     """The mixin of :class:`vq.index.Index` holding its writes to the stored rows (the kinds
     override ``_decode_rows``, and the IVF kinds ``_add``, ``_drop_rows`` and ``_merge``)."""
 
-    _row_buffers: tuple[str, ...]
+    row_buffers: tuple[str, ...]
 
     # -- reading stored vectors back ------------------------------------------------------------
     def reconstruct(self, ids: Any) -> Any:
@@ -55,8 +55,8 @@ class Updates:
         """
         one = isinstance(ids, int | np.integer) and not isinstance(ids, bool)
         i = as_ids([int(ids)] if one else ids, None, "ids", unique=False, stored=False)
-        with self._lock.read(), torch.no_grad():
-            x = self._decode_rows(self._rows_of(i, "reconstruct"))
+        with self.lock.read(), torch.no_grad():
+            x = self.decode_rows(self._rows_of(i, "reconstruct"))
         x = x[0] if one else x
         return x if isinstance(ids, torch.Tensor) else x.cpu().numpy()
 
@@ -68,13 +68,13 @@ class Updates:
     def _rows_of(self, ids: torch.Tensor, what: str) -> torch.Tensor:
         """int64 [len(ids)]: the stored row of each id (ValueError naming one not stored)."""
         n, wanted = self.n_rows, ids.cpu().numpy()
-        if self._sequential_ids():
+        if self.has_sequential_ids():
             rows = wanted
             found = (wanted >= 0) & (wanted < n)
         else:
             stored = self.stored_ids()
             s = stored.cpu().numpy()
-            order = self._derived("id_order", (stored,), lambda: np.argsort(s, kind="stable"))
+            order = self.derived("id_order", (stored,), lambda: np.argsort(s, kind="stable"))
             pos = np.searchsorted(s, wanted, sorter=order).clip(0, max(n - 1, 0))
             rows = order[pos] if n else pos
             found = (s[rows] == wanted) if n else np.zeros(wanted.shape, bool)
@@ -86,7 +86,7 @@ class Updates:
             )
         return torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
 
-    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+    def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """float32 [len(rows), dim]: the stored rows decoded (each kind that can)."""
         raise ValueError(f"{type(self).__name__} cannot reconstruct its stored vectors")
 
@@ -109,8 +109,8 @@ class Updates:
         problem = merge_problem(self, other)
         if problem is not None:
             raise ValueError(f"merge_from: {problem}")
-        with other._lock.read(), self._writing(), torch.no_grad():
-            self._merge(other, 0)
+        with other.lock.read(), self._writing(), torch.no_grad():
+            self.merge_rows(other, 0)
 
     @property
     def n_rows(self) -> int:
@@ -125,18 +125,18 @@ class Updates:
     def _merged_ids(self, other, shift: int) -> torch.Tensor:
         """The ids ``other``'s rows take here (``shift`` added: a wrapper's row numbers)."""
         n0, m = self.ntotal, other.ntotal
-        if not shift and self._sequential_ids() and other._sequential_ids():
+        if not shift and self.has_sequential_ids() and other.has_sequential_ids():
             return torch.arange(n0, n0 + m, device=self.device)
         ids = other.stored_ids().to(self.device) + shift
         check_new_ids(self, ids, "merge_from: other's ids")
         return ids
 
-    def _merge(self, other, shift: int) -> None:
+    def merge_rows(self, other, shift: int) -> None:
         ids = self._merged_ids(other, shift)
-        before = {name: self._buffers[name] for name in (*self._row_buffers, "ids")}
+        before = {name: self._buffers[name] for name in (*self.row_buffers, "ids")}
         try:
             self._append_ids(ids)
-            for name in self._row_buffers:
+            for name in self.row_buffers:
                 append_rows(self, name, other._buffers[name].to(self.device))
         except BaseException:
             self._buffers.update(before)
@@ -157,18 +157,18 @@ class Updates:
         explicit_ids(self, n0 + ids.shape[0])
         append_rows(self, "ids", ids.to(self.ids.device))
 
-    def _renumber(self, mapping: torch.Tensor) -> None:  # id i → mapping[i] (see Refine)
+    def renumber(self, mapping: torch.Tensor) -> None:  # id i → mapping[i] (see Refine)
         self.ids = mapping[self.stored_ids()]
 
     # -- adding and removing (in place: see vq.index.core.storage) ---------------------------------
-    def _add(self, x: torch.Tensor, ids, prepare: Callable | None = None) -> None:
+    def add_rows(self, x: torch.Tensor, ids, prepare: Callable | None = None) -> None:
         """Encode ``add_batch_size`` rows at a time (``prepare``d first: a wrapper's
         transform, a chunk at a time) straight into room reserved for all of them; on an
         error, the index as it was (nothing half-added)."""
         self._require_trained("add")
         n0, n, step = self.ntotal, x.shape[0], self.add_batch_size
-        before = {name: self._buffers[name] for name in (*self._row_buffers, "ids")}
-        for name in self._row_buffers:
+        before = {name: self._buffers[name] for name in (*self.row_buffers, "ids")}
+        for name in self.row_buffers:
             reserve(self, name, n0 + n)
         desc = f"{type(self).__name__}.add"
         bar = tqdm(total=n, desc=desc, disable=not self.verbose, leave=False, unit="vec")
@@ -176,7 +176,7 @@ class Updates:
             try:
                 for s in range(0, n, step):
                     chunk = x[s : s + step].to(self.device)
-                    encoded = self._encode_batch(chunk if prepare is None else prepare(chunk))
+                    encoded = self.encode_batch(chunk if prepare is None else prepare(chunk))
                     self._store(encoded, ids[s : s + step])
                     bar.update(min(step, n - s))
             except BaseException:
@@ -186,10 +186,10 @@ class Updates:
     def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
         """Append a chunk of encoded rows (``_row_buffers``) and their ids."""
         self._append_ids(ids)
-        for name in self._row_buffers:
+        for name in self.row_buffers:
             append_rows(self, name, encoded[name])
 
-    def _remove(self, ids: torch.Tensor) -> int:
+    def remove_stored(self, ids: torch.Tensor) -> int:
         drop, first, removed = marked_rows(self, ids)
         if removed:
             self._drop_rows(drop, first, removed)
@@ -199,7 +199,7 @@ class Updates:
         """Remove the ``removed`` rows ``drop`` marks (uint8 [n_rows], the first at ``first``)."""
         explicit_ids(self, self.n_rows)
         rows = np.flatnonzero(drop[first:]) + first
-        remove_rows(self, (*self._row_buffers, "ids"), rows.astype(np.int64, copy=False))
+        remove_rows(self, (*self.row_buffers, "ids"), rows.astype(np.int64, copy=False))
 
 
 def _settings(config: dict, prefix: str = "") -> dict:

@@ -11,6 +11,7 @@ from vq.index.core.base import Index
 from vq.index.core.faiss_build import faiss_metric, import_faiss, with_id_map
 from vq.index.core.filters import IdFilter, kernel_mask, torch_mask
 from vq.index.core.ranges import RANGE_SLOTS, counted
+from vq.index.core.registry import register
 from vq.index.core.searchers import Searcher, kept, search_in_chunks
 from vq.index.core.searching import NO_IDS, shape_problem
 from vq.kernels.common import threads
@@ -31,20 +32,20 @@ class FlatIndex(Index):
         vectors: float32 [ntotal, dim]; ids: int64 [ntotal].
     """
 
-    _row_buffers = ("vectors",)
+    row_buffers = ("vectors",)
 
     def __init__(self, dim: int, metric: str = "l2", k: int = 10, verbose: bool = False):
         super().__init__(dim, metric, k, verbose)
         self.register_buffer("vectors", torch.zeros(0, dim))
 
-    def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    def encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"vectors": x.float()}
 
     @property
     def ntotal(self) -> int:
         return int(self.vectors.shape[0])
 
-    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+    def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         return self.vectors[rows.to(self.device)].float()
 
     def growing_buffers(self) -> tuple[str, ...]:
@@ -54,30 +55,39 @@ class FlatIndex(Index):
         problem = super().consistency_problem()
         return problem or shape_problem("vectors", self.vectors, (self.ntotal, self.dim))
 
-    def _to_faiss(self):
+    def faiss_counterpart(self):
         """faiss ``IndexFlat`` (L2 or IP) holding the same vectors, in an ``IndexIDMap`` unless
         the ids are 0 … ntotal - 1."""
         out = import_faiss().IndexFlat(self.dim, faiss_metric(self.metric))
         out.add(self.vectors.float().cpu().numpy())
         return with_id_map(out, self.stored_ids())
 
+    @classmethod
+    def from_faiss(cls, f, metric: str) -> FlatIndex:
+        """The FlatIndex of a faiss ``IndexFlat`` ``f``: the same vectors (``metric``, "l2" or
+        "ip", is ``f``'s)."""
+        out = cls(f.d, metric)
+        data = f.reconstruct_n(0, f.ntotal) if f.ntotal else np.zeros((0, f.d), np.float32)
+        out.vectors = torch.from_numpy(data)
+        return out
+
     def searcher(self, k: int | None = None) -> FlatSearch:
         """The search as a static-shape graph over a snapshot of the stored vectors (see
         :class:`FlatSearch`; what :mod:`vq.export` writes out)."""
         return FlatSearch(self, k)
 
-    def _search_ids(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
+    def search_ids(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
         if self.ntotal == 0 or fast_path(q):
-            return super()._search_ids(q, k, allowed=allowed)
-        return search_in_chunks(self._torch_searcher(), q, k, allowed=torch_mask(self, allowed))
+            return super().search_ids(q, k, allowed=allowed)
+        return search_in_chunks(self.torch_searcher(), q, k, allowed=torch_mask(self, allowed))
 
-    def _torch_searcher(self) -> FlatSearch:
+    def torch_searcher(self) -> FlatSearch:
         """The torch path: the static search over the index's own vectors, kept until they
         change."""
         sources = (self.vectors, self.ids)
-        return self._derived("searcher", sources, lambda: FlatSearch(self, copy=False))
+        return self.derived("searcher", sources, lambda: FlatSearch(self, copy=False))
 
-    def _search_rows(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
+    def search_rows(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
         # (CPU tensors in eager mode: see _search_ids)
         return self._search_numba(q, k, kernel_mask(self, allowed))
 
@@ -85,9 +95,9 @@ class FlatIndex(Index):
         """float32 [ntotal]: the stored vectors' squared norms, kept until they change (each
         search recomputing them was half of a one-query search at 50,000 vectors)."""
         x = self.vectors
-        return self._derived("norms", (x,), lambda: (x * x).sum(dim=1).numpy())
+        return self.derived("norms", (x,), lambda: (x * x).sum(dim=1).numpy())
 
-    def _lean_search(self):
+    def build_lean_search(self):
         """One kernel call for a few queries on the calling thread (``flat_lean``), or, when
         one thread would take long, the rows split between the threads (``flat_parts``) and
         the parts merged by one more kernel."""
@@ -96,7 +106,7 @@ class FlatIndex(Index):
         norms = _NO_NORMS if ip else self._norms()
         ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else NO_IDS
         n = x.shape[0]
-        work = self._search_work
+        work = self.search_work
 
         def search(q: np.ndarray, k: int, ranked: bool, params: dict):
             nq = q.shape[0]
@@ -119,7 +129,7 @@ class FlatIndex(Index):
 
         return search
 
-    def _range_hits(self, q: torch.Tensor, radius: float, allowed: IdFilter | None) -> list:
+    def range_hits(self, q: torch.Tensor, radius: float, allowed: IdFilter | None) -> list:
         """BLAS blocks, as ``_search_numba``, whose hits a kernel keeps."""
         ip, x, mask = self.metric == "ip", self.vectors, kernel_mask(self, allowed)
         norms = _NO_NORMS if ip else self._norms()
@@ -205,3 +215,13 @@ class FlatSearch(Searcher):
 
     def chunk_rows(self, k: int) -> int:
         return max(1, (1 << 26) // max(1, self.ntotal))
+
+
+register(
+    FlatIndex,
+    example="Flat",
+    factory=r"Flat",
+    build=lambda match, dim, metric: FlatIndex(dim, metric),
+    syntax="Flat",
+    faiss=("IndexFlat",),
+)

@@ -7,22 +7,27 @@ import torch
 
 from vq import _cpu, kernels
 from vq._checks import check_int, check_seed
+from vq.faiss_interop import pq_from_faiss
 from vq.index.core import fastscan_codes as fastscan
 from vq.index.core.base import Index
 from vq.index.core.faiss_build import (
     code_bytes,
     copy_codebooks,
     faiss_metric,
+    fast_scan_M,
     import_faiss,
     keep_alive,
+    pq_codes_from_faiss,
     with_id_map,
 )
 from vq.index.core.fastscan_codes import PackedCodes, check_fast_scan
 from vq.index.core.filters import IdFilter, kernel_mask, torch_mask
 from vq.index.core.ranges import probed_hits
+from vq.index.core.registry import register
 from vq.index.core.searchers import Searcher, kept, search_in_chunks, top_rows
 from vq.index.core.searching import NO_IDS, shape_problem
 from vq.kernels.common.constants import metric as kernel_metric
+from vq.kernels.fastscan import fastscan_scans as packed4
 from vq.quantizers import ProductQuantizer
 from vq.quantizers.product import lookup_tables, pq_decode
 
@@ -49,7 +54,7 @@ class PQIndex(Index):
         ids: int64 [ntotal].
     """
 
-    _row_buffers = ("codes",)
+    row_buffers = ("codes",)
 
     def __init__(
         self,
@@ -77,17 +82,17 @@ class PQIndex(Index):
         config = {**super().config(), **self.pq.config()}
         return {**config, "fast_scan": True} if self.fast_scan else config
 
-    def _train(self, x: torch.Tensor) -> None:
+    def learn(self, x: torch.Tensor) -> None:
         self.pq.fit(x)
 
-    def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    def encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"codes": self.pq.encode_rows(x)}
 
     @property
     def ntotal(self) -> int:
         return int(self.codes.shape[0])
 
-    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+    def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         return pq_decode(self.codes[rows.to(self.device)], self.pq.codebooks.float())
 
     def growing_buffers(self) -> tuple[str, ...]:
@@ -96,7 +101,7 @@ class PQIndex(Index):
     def consistency_problem(self) -> str | None:
         return super().consistency_problem() or codes_problem(self.codes, self.ntotal, self.pq)
 
-    def _to_faiss(self):
+    def faiss_counterpart(self):
         """faiss ``IndexPQ`` (``IndexPQFastScan`` for fast-scan) with the same codebooks and
         codes, in an ``IndexIDMap`` unless the ids are 0 … ntotal - 1."""
         faiss = import_faiss()
@@ -109,7 +114,23 @@ class PQIndex(Index):
             out = keep_alive(faiss.IndexPQFastScan(out), out)
         return with_id_map(out, self.stored_ids())
 
-    def _vector_ns(self) -> float:
+    @classmethod
+    def from_faiss(cls, f, metric: str) -> PQIndex:
+        """The PQIndex of a faiss ``IndexPQ`` or ``IndexPQFastScan`` ``f`` (even M): the same
+        codebooks and codes."""
+        faiss = import_faiss()
+        if isinstance(f, faiss.IndexPQFastScan):
+            out = cls(f.d, f.pq.M, f.pq.nbits, metric, fast_scan=fast_scan_M(f.pq) > 0)
+            raw = faiss.vector_to_array(f.codes).reshape(-1, f.M2 // 2, 32)
+            codes = torch.from_numpy(packed4.unpack_codes(raw, f.ntotal))
+        else:
+            out = cls(f.d, f.pq.M, f.pq.nbits, metric)
+            codes = pq_codes_from_faiss(faiss.vector_to_array(f.codes), f.pq)
+        out.pq = pq_from_faiss(f.pq)
+        out.codes = codes
+        return out
+
+    def vector_ns(self) -> float:
         return self.pq.M / (64 if self.fast_scan else 4)
 
     def searcher(self, k: int | None = None, *, code_dtype: torch.dtype | None = None):
@@ -117,18 +138,18 @@ class PQIndex(Index):
         :class:`PQSearch`; what :mod:`vq.export` writes out)."""
         return PQSearch(self, k, code_dtype)
 
-    def _search_ids(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
+    def search_ids(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
         if self.ntotal == 0 or _cpu.fast_path(q):
-            return super()._search_ids(q, k, allowed=allowed)
-        return search_in_chunks(self._torch_searcher(), q, k, allowed=torch_mask(self, allowed))
+            return super().search_ids(q, k, allowed=allowed)
+        return search_in_chunks(self.torch_searcher(), q, k, allowed=torch_mask(self, allowed))
 
-    def _torch_searcher(self) -> PQSearch:
+    def torch_searcher(self) -> PQSearch:
         """The torch path (fast-scan indexes too, with float tables): the static search over
         the index's own codes, kept until they change."""
         sources = (self.codes, self.ids, self.pq.codebooks)
-        return self._derived("searcher", sources, lambda: PQSearch(self, copy=False))
+        return self.derived("searcher", sources, lambda: PQSearch(self, copy=False))
 
-    def _search_rows(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
+    def search_rows(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
         # CPU tensors in eager mode (see _search_ids)
         ip, mask = self.metric == "ip", kernel_mask(self, allowed)
         if self.fast_scan and _cpu.fast_path(q):  # tables built by the kernel
@@ -146,7 +167,7 @@ class PQIndex(Index):
         kernels.adc_scanner(self.pq.M, words)(flat, codes, mask, dist.numpy(), rows.numpy())
         return dist, rows
 
-    def _range_hits(self, q: torch.Tensor, radius: float, allowed: IdFilter | None = None):
+    def range_hits(self, q: torch.Tensor, radius: float, allowed: IdFilter | None = None):
         """The hits by ADC values (fast-scan indexes too, with float tables: exact ADC
         distances, not the quantized ones): the IVF-PQ hits kernel over one list of every
         code, a block of queries at a time."""
@@ -169,13 +190,13 @@ class PQIndex(Index):
 
         return probed_hits(radius, ip, lists, np.array([n], np.int64), call)
 
-    def _lean_search(self):
+    def build_lean_search(self):
         """One kernel call for a few queries on the calling thread: tables, scan, ids (the
         fast-scan layout: see :func:`vq.index.core.fastscan_codes.pq_lean_search`)."""
         ip = kernel_metric(self.metric == "ip")
         codebooks_t, norms = self._codebook_arrays()
         ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else NO_IDS
-        work, n = self._search_work, self.ntotal
+        work, n = self.search_work, self.ntotal
         if self.fast_scan:
             packed = self._packed.get(self.codes)
             return fastscan.pq_lean_search(codebooks_t, norms, packed, n, ids, ip, work)
@@ -203,7 +224,7 @@ class PQIndex(Index):
             cbf = cb.float()
             return cbf.transpose(1, 2).contiguous().numpy(), (cbf * cbf).sum(-1).numpy()
 
-        return self._derived("codebook_arrays", (cb,), compute)
+        return self.derived("codebook_arrays", (cb,), compute)
 
 
 def pq_quantizer(dim: int, M: int, nbits: int, **options) -> ProductQuantizer:
@@ -300,3 +321,15 @@ class PQSearch(Searcher):
 
     def chunk_rows(self, k: int) -> int:
         return max(1, (1 << 26) // max(1, self.ntotal))
+
+
+register(
+    PQIndex,
+    example="PQ8",
+    factory=r"PQ(\d+)(?:x(\d+)(fs)?)?(?:np)?",
+    build=lambda m, dim, metric: PQIndex(
+        dim, int(m[1]), int(m[2] or 8), metric, fast_scan=bool(m[3])
+    ),
+    syntax="PQ<M>[x<nbits>] | PQ<M>x4fs",
+    faiss=("IndexPQ", "IndexPQFastScan"),
+)

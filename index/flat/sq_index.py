@@ -15,12 +15,13 @@ import torch
 
 from vq import _cpu, kernels
 from vq._checks import check_real, is_integer
-from vq.faiss_interop import SQ_TYPES
+from vq.faiss_interop import SQ_TYPES, sq_from_faiss
 from vq.index.core.base import Index
 from vq.index.core.faiss_build import faiss_metric, import_faiss, with_id_map
 from vq.index.core.filters import NO_FILTER, IdFilter, kernel_mask, torch_mask
 from vq.index.core.mapped import read_chunks
 from vq.index.core.ranges import probed_hits
+from vq.index.core.registry import register
 from vq.index.core.searchers import Searcher, kept, search_in_chunks
 from vq.index.core.searching import NO_IDS, shape_problem
 from vq.kernels.common.constants import metric as kernel_metric
@@ -28,6 +29,14 @@ from vq.kernels.exact.range_scans import sq_hits
 from vq.kernels.sq import sq_scans as sq_kernels
 from vq.quantizers import ScalarQuantizer
 from vq.quantizers.scalar_codes import decode_stored, stored_values
+
+#: the scalar-quantizer part of a factory description ("SQ8", "SQfp16"): the bits in group "bits"
+SQ_FACTORY = r"SQ(?P<bits>8|6|4|fp16|bf16)"
+
+
+def sq_bits(name: str) -> int | str:
+    """The ``bits`` argument of a factory description's "8", "6", "4", "fp16" or "bf16"."""
+    return name if name.startswith(("fp", "bf")) else int(name)
 
 
 def sq_faiss_type(sq: ScalarQuantizer) -> int:
@@ -57,7 +66,7 @@ def kernel_arrays(index: Index, sq: ScalarQuantizer) -> tuple:
         kind = {8: sq_kernels.SQ8, 6: sq_kernels.SQ6, 4: sq_kernels.SQ4}[sq.bits]
         return offset, scale.numpy(), sq_kernels.sq_kind(kind)
 
-    return index._derived(f"sq_arrays/{sq.bits}", (sq.vmin, sq.vdiff), compute)
+    return index.derived(f"sq_arrays/{sq.bits}", (sq.vmin, sq.vdiff), compute)
 
 
 def sq_quantizer(dim: int, bits, margin) -> ScalarQuantizer:
@@ -131,19 +140,19 @@ class SQIndex(Index):
     def config(self) -> dict:
         return {**super().config(), **self.sq.config()}
 
-    _row_buffers = ("codes",)
+    row_buffers = ("codes",)
 
-    def _train(self, x: torch.Tensor) -> None:
+    def learn(self, x: torch.Tensor) -> None:
         self.sq.fit(x)
 
-    def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    def encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"codes": self.sq.encode_rows(x)}
 
     @property
     def ntotal(self) -> int:
         return int(self.codes.shape[0])
 
-    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+    def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         return self.sq.decode(self.codes[rows.to(self.device)])
 
     def growing_buffers(self) -> tuple[str, ...]:
@@ -152,7 +161,7 @@ class SQIndex(Index):
     def consistency_problem(self) -> str | None:
         return super().consistency_problem() or codes_problem(self.codes, self.ntotal, self.sq)
 
-    def _to_faiss(self):
+    def faiss_counterpart(self):
         """faiss ``IndexScalarQuantizer`` with the same ranges and codes, in an
         ``IndexIDMap`` unless the ids are 0 … ntotal - 1."""
         faiss = import_faiss()
@@ -164,7 +173,16 @@ class SQIndex(Index):
         out.ntotal = self.ntotal
         return with_id_map(out, self.stored_ids())
 
-    def _vector_ns(self) -> float:
+    @classmethod
+    def from_faiss(cls, f, metric: str) -> SQIndex:
+        """The SQIndex of a faiss ``IndexScalarQuantizer`` ``f``: the same ranges and codes."""
+        out = cls(f.d, 8, metric)
+        out.sq = sq_from_faiss(f.sq)
+        codes = import_faiss().vector_to_array(f.codes).reshape(-1, f.code_size)
+        out.codes = torch.from_numpy(codes)
+        return out
+
+    def vector_ns(self) -> float:
         return self.dim / (8 if self.bits == 8 else 3)
 
     # -- search -------------------------------------------------------------------------------
@@ -173,17 +191,17 @@ class SQIndex(Index):
         :class:`SQSearch`; what :mod:`vq.export` writes out)."""
         return SQSearch(self, k)
 
-    def _search_ids(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
+    def search_ids(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
         if self.ntotal == 0 or _cpu.fast_path(q):
-            return super()._search_ids(q, k, allowed=allowed)
-        return search_in_chunks(self._torch_searcher(), q, k, allowed=torch_mask(self, allowed))
+            return super().search_ids(q, k, allowed=allowed)
+        return search_in_chunks(self.torch_searcher(), q, k, allowed=torch_mask(self, allowed))
 
-    def _torch_searcher(self) -> SQSearch:
+    def torch_searcher(self) -> SQSearch:
         """The torch path: the static search over the index's codes, kept until they change."""
         sources = (self.codes, self.ids, self.sq.vmin, self.sq.vdiff)
-        return self._derived("searcher", sources, lambda: SQSearch(self, copy=False))
+        return self.derived("searcher", sources, lambda: SQSearch(self, copy=False))
 
-    def _search_rows(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
+    def search_rows(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
         dist = _cpu.empty((q.shape[0], k))
         rows = _cpu.empty((q.shape[0], k), torch.int64)
         sq_kernels.sq_flat_scan(
@@ -197,7 +215,7 @@ class SQIndex(Index):
         )
         return dist, rows
 
-    def _range_hits(self, q: torch.Tensor, radius: float, allowed: IdFilter | None = None):
+    def range_hits(self, q: torch.Tensor, radius: float, allowed: IdFilter | None = None):
         """The hits by the scan's distances on the codes
         (:func:`vq.kernels.exact.range_scans.sq_hits`, the code array as one list), a block of
         queries at a time."""
@@ -212,13 +230,13 @@ class SQIndex(Index):
 
         return probed_hits(radius, ip, lists, np.array([n], np.int64), call)
 
-    def _lean_search(self):
+    def build_lean_search(self):
         """A few queries on the calling thread: the scan (``sq_flat_range``), then ids."""
         ip = kernel_metric(self.metric == "ip")
         arrays = kernel_arrays(self, self.sq)
         codes = self.codes.numpy()
         ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else NO_IDS
-        work, n = self._search_work, self.ntotal
+        work, n = self.search_work, self.ntotal
         fill = np.float32(-np.inf if ip else np.inf)
 
         def search(q: np.ndarray, k: int, ranked: bool, params: dict):
@@ -264,3 +282,13 @@ class SQSearch(Searcher):
 
     def chunk_rows(self, k: int) -> int:
         return max(1, (1 << 26) // max(1, self.ntotal))
+
+
+register(
+    SQIndex,
+    example="SQ8",
+    factory=SQ_FACTORY,
+    build=lambda m, dim, metric: SQIndex(dim, sq_bits(m["bits"]), metric),
+    syntax="SQ8|SQ6|SQ4|SQfp16|SQbf16",
+    faiss=("IndexScalarQuantizer",),
+)

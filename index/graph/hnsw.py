@@ -46,11 +46,13 @@ from vq.index.core.faiss_build import faiss_metric, import_faiss, with_id_map
 from vq.index.core.filters import IdFilter
 from vq.index.core.lean import SMALL_BATCH
 from vq.index.core.ranges import by_query
+from vq.index.core.registry import register
 from vq.index.core.searchers import search_in_chunks
 from vq.index.core.searching import NO_IDS, shape_problem
 from vq.index.graph.hnsw_graph import (
     SeenPool,
     filtered_search,
+    graph_from_faiss,
     graph_problem,
     graph_to_faiss,
     insertion_codes,
@@ -65,7 +67,7 @@ from vq.kernels.graph import graph_search as graph
 _TRAVERSALS = ("float", "int8")
 #: the largest M (2M neighbours a node on level 0, int32 node numbers)
 MAX_M = 1 << 15
-#: the least beam of a range search (see ``HNSW._range_hits``)
+#: the least beam of a range search (see ``HNSW.range_hits``)
 RANGE_EF = 256
 
 #: a split lean search's threads claim its queries this many at a time (a few µs each: the
@@ -153,12 +155,12 @@ class HNSW(Index):
     def data_buffers(self) -> tuple[str, ...]:
         return (*super().data_buffers(), "entry_point")  # (a node: stored data, not training)
 
-    def _reset(self) -> None:
-        super()._reset()
+    def reset_rows(self) -> None:
+        super().reset_rows()
         self.upper_offsets = self.upper_offsets.new_zeros(1)
         self.entry_point = torch.full_like(self.entry_point, -1)
 
-    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+    def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         return self.vectors[rows.to(self.device)].float()
 
     def _stored_rows(self) -> dict[str, torch.Tensor]:
@@ -166,7 +168,7 @@ class HNSW(Index):
         ``merge_from`` inserts into another graph."""
         return {"vectors": self.vectors}
 
-    def _merge(self, other, shift: int) -> None:
+    def merge_rows(self, other, shift: int) -> None:
         """``other``'s nodes inserted into this graph as an ``add`` of their stored vectors
         (codes) would insert them, ``add_batch_size`` at a time, with the ids they had there
         (``shift`` added: a wrapper's rows); the same graph as adding them here after the
@@ -183,7 +185,7 @@ class HNSW(Index):
             raise
 
     # -- storage ------------------------------------------------------------------------------
-    def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    def encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"vectors": x.float()}
 
     def _build_vectors(self, encoded: dict[str, torch.Tensor]) -> np.ndarray:
@@ -272,9 +274,9 @@ class HNSW(Index):
         return next((p for p in problems if p), None)
 
     # -- search -------------------------------------------------------------------------------
-    def _search_work(self, nq: int, k: int, efSearch: int | None = None, **params) -> float:
+    def search_work(self, nq: int, k: int, efSearch: int | None = None, **params) -> float:
         ef = max(self.efSearch if efSearch is None else efSearch, k)
-        return nq * (ef * 2 * self.M * self._vector_ns() + 2000)
+        return nq * (ef * 2 * self.M * self.vector_ns() + 2000)
 
     def _arrays(self) -> tuple:
         """numpy views of the graph (CPU), kept until a buffer changes."""
@@ -285,7 +287,7 @@ class HNSW(Index):
             data, *codes = self._search_store()
             return (data, *(t.cpu().contiguous().numpy() for t in graph_arrays), *codes)
 
-        return self._derived("graph_arrays", sources, compute)
+        return self.derived("graph_arrays", sources, compute)
 
     def _search_store(self) -> tuple:
         """What :func:`vq.kernels.graph.graph_search.hnsw_search` reads of the nodes, numpy: the
@@ -331,22 +333,22 @@ class HNSW(Index):
         :mod:`vq.export` writes out)."""
         return self.static_search(self, k, efSearch, steps, width, upper_steps, copy)
 
-    def _torch_searcher(self) -> HNSWSearch:
+    def torch_searcher(self) -> HNSWSearch:
         """The torch path (a re-ranking wrapper's too): the static search over the index's own
         graph (``searcher(copy=False)``), kept until a buffer changes; a beam of efSearch."""
         shared = partial(self.searcher, copy=False)
-        searcher = self._derived("searcher", tuple(self.buffers()), shared)
+        searcher = self.derived("searcher", tuple(self.buffers()), shared)
         searcher.efSearch = self.efSearch
         return searcher
 
-    def _search_ids(self, q: torch.Tensor, k: int, efSearch: int | None = None, allowed=None):
+    def search_ids(self, q: torch.Tensor, k: int, efSearch: int | None = None, allowed=None):
         # a filtered search runs the numba kernels (on CPU copies off the CPU), which scan the
         # allowed rows where the walk meets too few: k results wherever k ids are allowed
         if self.ntotal == 0 or _cpu.fast_path(q) or allowed is not None:
-            return super()._search_ids(q, k, efSearch=efSearch, allowed=allowed)
-        return search_in_chunks(self._torch_searcher(), q, k, efSearch=efSearch)
+            return super().search_ids(q, k, efSearch=efSearch, allowed=allowed)
+        return search_in_chunks(self.torch_searcher(), q, k, efSearch=efSearch)
 
-    def _search_rows(self, q: torch.Tensor, k: int, efSearch: int | None = None,
+    def search_rows(self, q: torch.Tensor, k: int, efSearch: int | None = None,
                      allowed: IdFilter | None = None):  # fmt: skip
         """The k nearest rows; under a filter (``allowed``), the graph walks every node and
         only allowed ones are returned (faiss's HNSW with an ``IDSelector``), and where
@@ -361,7 +363,7 @@ class HNSW(Index):
             dist, rows = self._rows_filtered(qn, k, ef, slots, allowed)
         return torch.from_numpy(dist).to(q.device), torch.from_numpy(rows).to(q.device)
 
-    def _range_hits(self, q: torch.Tensor, radius: float, allowed, efSearch: int | None = None):
+    def range_hits(self, q: torch.Tensor, radius: float, allowed, efSearch: int | None = None):
         """Approximate, as faiss's HNSW range search: the results of a search with a beam of
         efSearch (default max(self.efSearch, :data:`RANGE_EF`)) that lie within the radius;
         a vector the beam does not reach is missed, and a query has at most efSearch hits
@@ -385,9 +387,9 @@ class HNSW(Index):
         quantizer routes (faiss's IVF over an ``IndexHNSWFlat`` quantizer): values float32
         [n, k], ascending (squared L2, or negated inner products) and rows int64 [n, k]; a
         beam of max(efSearch, k)."""
-        return self._search_rows(x, min(k, self.ntotal))
+        return self.search_rows(x, min(k, self.ntotal))
 
-    def _lean_search(self):
+    def build_lean_search(self):
         """A few queries: one kernel call on the calling thread, to ids. The graph's arrays,
         entry point and top level are read once here (the lean search is rebuilt when the
         index changes), so that a single query costs the kernel and little else."""
@@ -437,7 +439,7 @@ class HNSW(Index):
         return search
 
     # -- faiss ----------------------------------------------------------------------------------
-    def _to_faiss(self):
+    def faiss_counterpart(self):
         """faiss ``IndexHNSWFlat`` with the same graph, vectors, entry point and efSearch (in
         an ``IndexIDMap`` unless the ids are 0 … ntotal - 1): it returns the same ids."""
         faiss = import_faiss()
@@ -447,8 +449,34 @@ class HNSW(Index):
         out.ntotal = self.ntotal
         return with_id_map(out, self.stored_ids())
 
+    @classmethod
+    def from_faiss(cls, f, metric: str) -> HNSW:
+        """An HNSW with the graph, vectors, entry point, efConstruction and efSearch of the
+        faiss ``IndexHNSWFlat`` ``f`` (its ``storage`` an ``IndexFlat``)."""
+        faiss = import_faiss()
+        storage = faiss.downcast_index(f.storage)
+        if not isinstance(storage, faiss.IndexFlat):
+            raise ValueError(f"only IndexHNSWFlat converts, got storage {type(storage).__name__}")
+        M, nbr0, levels, up_off, up_nbr, entry = graph_from_faiss(faiss, f)
+        h = f.hnsw
+        out = cls(f.d, M, metric, efConstruction=int(h.efConstruction), efSearch=int(h.efSearch))
+        data = storage.reconstruct_n(0, f.ntotal) if f.ntotal else np.zeros((0, f.d), np.float32)
+        out._set_graph(data, nbr0, levels, up_off, up_nbr, entry, torch.device("cpu"))
+        out.check_consistent()
+        return out
+
     def _graph_to_faiss(self, faiss, h) -> None:
         h.efConstruction, h.efSearch = self.efConstruction, self.efSearch
         levels = self.levels.cpu().numpy()
         nbr0, up_nbr = self.neighbors.cpu().numpy(), self.upper_neighbors.cpu().numpy()
         graph_to_faiss(faiss, h, levels, nbr0, up_nbr, int(self.entry_point[0]), self.max_level)
+
+
+register(
+    HNSW,
+    example="HNSW16",
+    factory=r"HNSW(\d+)(?:,Flat)?",
+    build=lambda m, dim, metric: HNSW(dim, int(m[1]), metric),
+    syntax="HNSW<M>[,Flat]",
+    faiss=("IndexHNSWFlat",),
+)

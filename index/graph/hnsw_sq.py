@@ -18,11 +18,14 @@ import torch
 
 from vq.faiss_interop import sq_from_faiss
 from vq.index.core.faiss_build import faiss_metric, import_faiss, with_id_map
+from vq.index.core.registry import register
 from vq.index.core.searchers import kept
 from vq.index.flat.sq_index import (
+    SQ_FACTORY,
     codes_problem,
     copy_ranges,
     kernel_arrays,
+    sq_bits,
     sq_faiss_type,
     sq_quantizer,
 )
@@ -106,10 +109,10 @@ class HNSWSQ(HNSW):
     def growing_buffers(self) -> tuple[str, ...]:
         return (*super().growing_buffers(), "codes")
 
-    def _train(self, x: torch.Tensor) -> None:
+    def learn(self, x: torch.Tensor) -> None:
         self.sq.fit(x)
 
-    def _encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    def encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"codes": self.sq.encode_rows(x).to(torch.uint8)}
 
     def _build_vectors(self, encoded: dict[str, torch.Tensor]) -> np.ndarray:
@@ -122,7 +125,7 @@ class HNSWSQ(HNSW):
     def _stored_rows(self) -> dict[str, torch.Tensor]:
         return {"codes": self.codes}
 
-    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+    def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         return self.sq.decode(self.codes[rows.to(self.device)]).float()
 
     def _storage_problem(self) -> str | None:
@@ -135,10 +138,10 @@ class HNSWSQ(HNSW):
         offset, scale, kind = kernel_arrays(self, self.sq)
         return empty, self.codes.cpu().contiguous().numpy(), offset, scale, kind
 
-    def _vector_ns(self) -> float:
+    def vector_ns(self) -> float:
         return self.dim / 8
 
-    def _to_faiss(self):
+    def faiss_counterpart(self):
         """faiss ``IndexHNSWSQ`` with the same graph, ranges and codes (in an ``IndexIDMap``
         unless the ids are 0 … ntotal - 1)."""
         faiss = import_faiss()
@@ -151,6 +154,21 @@ class HNSWSQ(HNSW):
         faiss.copy_array_to_vector(self.codes.cpu().numpy().ravel(), storage.codes)
         storage.ntotal = out.ntotal = self.ntotal
         return with_id_map(out, self.stored_ids())
+
+    @classmethod
+    def from_faiss(cls, f, metric: str) -> HNSWSQ:
+        """The HNSWSQ of a faiss ``IndexHNSWSQ`` (see :func:`hnswsq_from_faiss`)."""
+        return hnswsq_from_faiss(f, metric)
+
+
+register(
+    HNSWSQ,
+    example="HNSW16,SQ8",
+    factory=r"HNSW(\d+)," + SQ_FACTORY,
+    build=lambda m, dim, metric: HNSWSQ(dim, int(m[1]), sq_bits(m["bits"]), metric),
+    syntax="HNSW<M>,SQ8|SQ6|SQ4|SQfp16|SQbf16",
+    faiss=("IndexHNSWSQ",),
+)
 
 
 def hnswsq_from_faiss(f, metric: str) -> HNSWSQ:

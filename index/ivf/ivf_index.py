@@ -31,13 +31,14 @@ from vq._checks import (
 )
 from vq.clustering import kmeans
 from vq.index.core.base import Index, ids_problem
-from vq.index.core.faiss_build import ivf_to_faiss
 from vq.index.core.filters import kernel_mask, probes_for_filter, torch_mask
 from vq.index.core.lean import ivf_lean_search
 from vq.index.core.mapped import file_range
+from vq.index.core.registry import FactoryRefusal
 from vq.index.core.searchers import search_in_chunks
 from vq.index.core.searching import results_by_id
 from vq.index.graph.hnsw import HNSW, MAX_M
+from vq.index.ivf.ivf_faiss import ivf_to_faiss
 from vq.index.ivf.ivf_lists import IVFStorage
 from vq.index.ivf.ivf_searchers import IVFSearch, padded_rows, probe
 from vq.index.ivf.spill import SPILL_COPIES
@@ -50,6 +51,24 @@ _NO_NORMS = np.zeros(0, np.float32)
 KMEANSPP_MAX_NLIST = 2048
 #: the most inverted lists (list numbers are int32 nodes in a graph-routed coarse quantizer)
 MAX_NLIST = (1 << 31) - 1
+#: the IVF part of a factory description (the kinds' patterns go on from it): "IVF1024";
+#: "IVF1024(soar)" / "IVF1024(soar=0.5)" spilled lists (SOAR, λ 1 unless given);
+#: "IVF65536_HNSW32" the coarse quantizer routed by an HNSW graph over the centroids
+IVF_FACTORY = (
+    r"IVF(?P<nlist>\d+)(?:_HNSW(?P<graph>\d+))?(?:\((?P<soar>soar)(?:=(?P<lam>\d+(?:\.\d*)?))?\))?"
+)
+
+
+def ivf_arguments(match) -> dict:
+    """``nlist`` and the IVF options (``coarse_hnsw``, ``spill``, ``soar_lambda``) of a
+    description's IVF part (:data:`IVF_FACTORY`)."""
+    graph = match["graph"]
+    if graph is not None and int(graph) < 2:
+        raise FactoryRefusal(f"_HNSW{graph}: the graph's M must be >= 2")
+    extra = {"coarse_hnsw": int(graph)} if graph else {}
+    if match["soar"]:
+        extra.update(spill=True, soar_lambda=float(match["lam"] or 1.0))
+    return {"nlist": int(match["nlist"]), **extra}
 
 
 class IVFIndex(IVFStorage, Index):
@@ -82,7 +101,7 @@ class IVFIndex(IVFStorage, Index):
         2 ntotal when spilled: a copy's id is its vector's).
     """
 
-    _row_buffers: tuple[str, ...] = ()
+    row_buffers: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -159,7 +178,7 @@ class IVFIndex(IVFStorage, Index):
         """int64 [n_rows]: the id of every stored row, in storage order (copies included)."""
         return self.ids
 
-    def _sequential_ids(self) -> bool:
+    def has_sequential_ids(self) -> bool:
         return False  # ids in list order, always held
 
     def _finish(self, val: torch.Tensor, rows: torch.Tensor, k: int):
@@ -168,11 +187,11 @@ class IVFIndex(IVFStorage, Index):
         at, stored = self._ids_of(rows.contiguous().numpy())
         return results_by_id(val, torch.from_numpy(at), k, self.metric, torch.from_numpy(stored))
 
-    def _remove(self, ids: torch.Tensor) -> int:
-        return super()._remove(ids) // self.copies  # vectors removed, not rows
+    def remove_stored(self, ids: torch.Tensor) -> int:
+        return super().remove_stored(ids) // self.copies  # vectors removed, not rows
 
-    def _reset(self) -> None:
-        super()._reset()
+    def reset_rows(self) -> None:
+        super().reset_rows()
         self.offsets = torch.zeros_like(self.offsets)
         self.__dict__.pop("_id_lists", None)  # (the id → list map of remove_ids)
 
@@ -186,7 +205,7 @@ class IVFIndex(IVFStorage, Index):
         return self.offsets.diff()
 
     def growing_buffers(self) -> tuple[str, ...]:
-        return (*super().growing_buffers(), *self._row_buffers)
+        return (*super().growing_buffers(), *self.row_buffers)
 
     def consistency_problem(self) -> str | None:
         problem = ids_problem(self.ids)
@@ -207,8 +226,8 @@ class IVFIndex(IVFStorage, Index):
         """``consistency_problem`` of the kind's per-vector buffers (``_row_buffers``)."""
         return None
 
-    def _to_faiss(self):
-        """The faiss IVF index of this kind (see :func:`vq.index.core.faiss_build.ivf_to_faiss`)."""
+    def faiss_counterpart(self):
+        """The faiss IVF index of this kind (see :func:`vq.index.ivf.ivf_faiss.ivf_to_faiss`)."""
         return ivf_to_faiss(self)
 
     def _empty_faiss(self, quantizer) -> tuple:
@@ -249,26 +268,26 @@ class IVFIndex(IVFStorage, Index):
             return self.quantizer.encode_rows(x).long()
         return (x @ self.quantizer.codebook.float().T).argmax(dim=1)
 
-    def _search_work(self, nq: int, k: int, nprobe: int | None = None, **params) -> float:
+    def search_work(self, nq: int, k: int, nprobe: int | None = None, **params) -> float:
         nprobe = min(self.nprobe if nprobe is None else nprobe, self.nlist)
-        scanned = nprobe * self.ntotal / self.nlist * self._vector_ns()
+        scanned = nprobe * self.ntotal / self.nlist * self.vector_ns()
         return nq * (self.nlist * self.dim / 16 + scanned + 2000)
 
     def _centroid_norms(self) -> np.ndarray:
         """float32 [nlist]: the squared norms of the coarse centroids."""
         c = self.quantizer.codebook
-        return self._derived("centroid_norms", (c,), lambda: (c.float() ** 2).sum(1).numpy())
+        return self.derived("centroid_norms", (c,), lambda: (c.float() ** 2).sum(1).numpy())
 
     def _centroid_array(self) -> np.ndarray:
         """float32 [nlist, dim], C-contiguous: the coarse centroids as the kernels read them."""
         c = self.quantizer.codebook
-        return self._derived("centroids", (c,), lambda: c.float().contiguous().numpy())
+        return self.derived("centroids", (c,), lambda: c.float().contiguous().numpy())
 
     def _coarse_bound(self) -> tuple:
         """The lean coarse step's bound (:func:`coarse_bound` of the centroids, L2), kept
         until the centroids change."""
         c = self.quantizer.codebook
-        return self._derived("coarse_bound", (c,), lambda: coarse_bound(c.float().numpy()))
+        return self.derived("coarse_bound", (c,), lambda: coarse_bound(c.float().numpy()))
 
     def _probe_numba(self, q: torch.Tensor, nprobe: int) -> tuple[torch.Tensor, torch.Tensor]:
         """:func:`probe` on CPU: BLAS inner products, then a numba kernel keeps each row's
@@ -290,20 +309,20 @@ class IVFIndex(IVFStorage, Index):
         return torch.from_numpy(scores), torch.from_numpy(lists)
 
     # -- search ---------------------------------------------------------------------------
-    def _torch_searcher(self) -> IVFSearch:
+    def torch_searcher(self) -> IVFSearch:
         """The torch path: the kind's static search over the index's own storage
         (``searcher(copy=False)``), kept until a buffer changes; it probes ``nprobe`` lists
         unless a search says otherwise."""
         shared = partial(self.searcher, copy=False)
-        searcher = self._derived("searcher", tuple(self.buffers()), shared)
+        searcher = self.derived("searcher", tuple(self.buffers()), shared)
         searcher.nprobe = min(self.nprobe, self.nlist)
         return searcher
 
     def probes_lists(self) -> bool:
         return True
 
-    def _search_ids(self, q, k, nprobe=None, max_codes=None, allowed=None, probed=None):
-        """``Index._search_ids`` with the IVF options: ``nprobe`` lists at least; under a
+    def search_ids(self, q, k, nprobe=None, max_codes=None, allowed=None, probed=None):
+        """``Index.search_ids`` with the IVF options: ``nprobe`` lists at least; under a
         filter (``allowed``) further lists, nearest first, until k allowed vectors are among
         the probed ones, all lists are, or the next list would pass ``max_codes`` stored
         vectors in all (None: no cap); ``probed`` int64 [nq] receives how many lists each
@@ -312,38 +331,38 @@ class IVFIndex(IVFStorage, Index):
             check_positive(max_codes, "max_codes")
         if self.ntotal == 0 or _cpu.fast_path(q):
             options = {"max_codes": max_codes, "allowed": allowed, "probed": probed}
-            return super()._search_ids(q, k, nprobe=nprobe, **options)
-        nprobe = self._nprobe(nprobe)
+            return super().search_ids(q, k, nprobe=nprobe, **options)
+        nprobe = self.effective_nprobe(nprobe)
         mask = torch_mask(self, allowed)
         limit = None
         if mask is not None:  # how many lists each query needs: then the widest, cut per query
-            coarse, lists = self._torch_searcher().probe(q, nprobe)
+            coarse, lists = self.torch_searcher().probe(q, nprobe)
             _, lists, need = probes_for_filter(self, q, min(k, self.ntotal), coarse, lists,
                                               allowed, max_codes, torch_ranking=True)  # fmt: skip
             nprobe, limit = lists.shape[1], torch.from_numpy(need).to(q.device)
         if probed is not None:
             probed.copy_(torch.full_like(probed, nprobe) if limit is None else limit.cpu())
-        searcher = self._torch_searcher()
+        searcher = self.torch_searcher()
         return search_in_chunks(searcher, q, k, nprobe=nprobe, allowed=mask, limit=limit)
 
-    def _search_rows(self, q, k, nprobe=None, max_codes=None, allowed=None, probed=None):
+    def search_rows(self, q, k, nprobe=None, max_codes=None, allowed=None, probed=None):
         return self._probe_and_scan(q, k, nprobe, True, max_codes, allowed, probed)
 
-    def _candidate_ids(self, q, k, nprobe=None, max_codes=None, allowed=None, probed=None):
+    def candidate_ids(self, q, k, nprobe=None, max_codes=None, allowed=None, probed=None):
         options = {"max_codes": max_codes, "allowed": allowed, "probed": probed}
         if self.ntotal == 0 or not _cpu.fast_path(q):
-            return self._search_ids(q, k, nprobe, **options)
+            return self.search_ids(q, k, nprobe, **options)
         dist, rows = self._probe_and_scan(q, min(k, self.ntotal), nprobe, False, **options)
         return self._finish(dist, rows, k)[1]
 
-    def _nprobe(self, nprobe) -> int:
+    def effective_nprobe(self, nprobe) -> int:
         return min(check_positive(self.nprobe if nprobe is None else nprobe, "nprobe"), self.nlist)
 
     def _probe_and_scan(self, q, k, nprobe, ranked, max_codes=None, allowed=None, probed=None):
         """Values (smaller is nearer: squared L2, or negated inner products) and rows [nq, k]
         of the k nearest, ascending, or in any order where that is cheaper if not ``ranked``
         (CPU tensors in eager mode: see ``_search_ids``)."""
-        nprobe = self._nprobe(nprobe)
+        nprobe = self.effective_nprobe(nprobe)
         coarse, lists = self._probe_numba(q, nprobe)
         if allowed is not None:
             c, lst, need = probes_for_filter(self, q, k, coarse, lists, allowed, max_codes)
@@ -386,7 +405,7 @@ class IVFIndex(IVFStorage, Index):
         :class:`vq.index.core.mapped.LocalLists` of rows read from its file)."""
         raise NotImplementedError
 
-    def _lean_search(self):
+    def build_lean_search(self):
         """The whole search of a few queries as one kernel call on the calling thread (the
         coarse step, the scan of the probed lists, ids: the kind's ``_lean_kernel``); a call
         whose estimated work is not small returns None (the general, parallel path). Spilled
@@ -394,7 +413,7 @@ class IVFIndex(IVFStorage, Index):
         or the k rows of a scan that keeps ids distinct (:meth:`scans_distinct_ids`)."""
         return self._lean_closure(None)
 
-    def _lean_search_refined(self, vectors: np.ndarray, ids: np.ndarray, k_factor: Callable):
+    def build_refined_lean_search(self, vectors: np.ndarray, ids: np.ndarray, k_factor: Callable):
         """None when spilled (a re-ranking of spilled lists runs the general path, which
         keeps each id once before re-ranking)."""
         return None if self.spill else self._lean_closure((vectors, ids, k_factor))

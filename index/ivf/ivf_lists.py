@@ -75,7 +75,7 @@ class IVFStorage:
         first = self._assign(x)
         return torch.stack([first, spill_lists(x, c, first, self.soar_lambda)], dim=1)
 
-    def _add(self, x: torch.Tensor, ids, prepare: Callable | None = None) -> None:
+    def add_rows(self, x: torch.Tensor, ids, prepare: Callable | None = None) -> None:
         """Route every vector (int64 [n] lists, the only array of the whole call), make room
         at the ends of the lists, then encode a chunk at a time into its rows (``prepare``:
         a wrapper's transform, applied a chunk at a time, twice)."""
@@ -105,11 +105,11 @@ class IVFStorage:
 
             self._insert(rows.view(-1), encode, copies)
 
-    def _merge(self, other, shift: int) -> None:
+    def merge_rows(self, other, shift: int) -> None:
         ids = self._merged_ids(other, shift)
         sizes = other.list_sizes().to(self.device)
         lists = torch.repeat_interleave(torch.arange(self.nlist, device=self.device), sizes)
-        buffers = {name: other._buffers[name] for name in self._row_buffers}
+        buffers = {name: other._buffers[name] for name in self.row_buffers}
         self._insert(lists, lambda s, e: {k: v[s:e] for k, v in buffers.items()}, ids)
 
     def _insert(self, lists: torch.Tensor, rows: Callable, ids: torch.Tensor) -> None:
@@ -124,7 +124,7 @@ class IVFStorage:
         old = self.offsets
         new = old.clone()
         new[1:] += torch.cumsum(torch.bincount(lists, minlength=self.nlist), 0)
-        names = (*self._row_buffers, "ids")
+        names = (*self.row_buffers, "ids")
         before = {name: self._buffers[name] for name in names}
         full = {name: reserve(self, name, n0 + n) for name in names}
         for name in names:
@@ -149,7 +149,7 @@ class IVFStorage:
         if new.device.type == "cpu":  # the lists that grew hold new rows at their ends
             self._rows_moved({**before, "offsets": old}, (new.diff() != old.diff()).numpy())
 
-    def _remove(self, ids: torch.Tensor) -> int:
+    def remove_stored(self, ids: torch.Tensor) -> int:
         """Remove the rows holding ``ids``; returns how many rows. On the CPU: the lists that
         hold them found through the id → list map (:class:`vq.index.ivf.idlists.IdLists`, built
         on the first removal and kept across removals), only those lists read (each until its
@@ -157,7 +157,7 @@ class IVFStorage:
         place by few copies (:func:`vq.index.core.storage.remove_list_rows`: swap-with-last within
         a list, the later lists moved down by as many rows as were removed before them)."""
         if self.ids.device.type != "cpu":
-            return super()._remove(ids)
+            return super().remove_stored(ids)
         wanted = np.sort(ids.cpu().numpy().astype(np.int64))  # (np.unique hashes: far slower)
         distinct = np.ones(wanted.shape, dtype=bool)
         np.not_equal(wanted[1:], wanted[:-1], out=distinct[1:])
@@ -175,8 +175,8 @@ class IVFStorage:
             row_kernels.rows_of_ids(0, lists.shape[0], *scan)
         if int(per_list.sum()) != count:  # (the map is checked against the ids it was built for)
             raise RuntimeError("remove_ids: the id -> list map is out of date; please report this")
-        before = {name: self._buffers[name] for name in (*self._row_buffers, "offsets")}
-        new, _ = remove_list_rows(self, (*self._row_buffers, "ids"), offsets, found)
+        before = {name: self._buffers[name] for name in (*self.row_buffers, "offsets")}
+        new, _ = remove_list_rows(self, (*self.row_buffers, "ids"), offsets, found)
         self.offsets = torch.from_numpy(new)
         id_lists.forget(pos, self.ids, self.offsets)
         # a list's order changed where rows left it, or where it moved down by fewer rows
@@ -203,7 +203,7 @@ class IVFStorage:
         gone = torch.from_numpy(np.bincount(lists, minlength=self.nlist)).to(self.device)
         offsets = self.offsets.clone()
         offsets[1:] -= torch.cumsum(gone, 0)
-        remove_rows(self, (*self._row_buffers, "ids"), rows)
+        remove_rows(self, (*self.row_buffers, "ids"), rows)
         self.offsets = offsets
 
     def _row_lists(self, rows: torch.Tensor) -> torch.Tensor:  # the list of each stored row
@@ -217,7 +217,7 @@ class IVFStorage:
         of the buffers held in memory (see :func:`vq.index.core.mapped.read_lists`), and never
         scan through the mapping; the ids of the results come from the file where ``ids`` is
         mapped (:meth:`_ids_of`), whether or not the rows are."""
-        return any(file_range(self._buffers[name]) is not None for name in self._row_buffers)
+        return any(file_range(self._buffers[name]) is not None for name in self.row_buffers)
 
     def _scan_from_file(self, q, coarse, lists, dist, rows, ranked, mask) -> bool:
         """``_scan_numba`` for an index whose row buffers are mapped from its file
@@ -227,7 +227,7 @@ class IVFStorage:
         freed; False, having done nothing, for any other index."""
         if not self.rows_mapped():
             return False
-        buffers = {name: self._buffers[name] for name in self._row_buffers}
+        buffers = {name: self._buffers[name] for name in self.row_buffers}
         offsets, probes = self.offsets.numpy(), lists.numpy()
         row_bytes = sum(t[0].numel() * t.element_size() for t in buffers.values())
         per_query = probes.shape[1] * row_bytes * self.n_rows / self.nlist + 1

@@ -14,9 +14,11 @@ from vq.index.core.faiss_build import faiss_metric, import_faiss
 from vq.index.core.filters import kernel_mask
 from vq.index.core.mapped import file_range
 from vq.index.core.ranges import probed_hits
+from vq.index.core.registry import register
 from vq.index.core.searchers import kept
 from vq.index.core.searching import shape_problem
-from vq.index.ivf.ivf_index import IVFIndex, IVFSearch
+from vq.index.ivf.ivf_faiss import lists_from_faiss
+from vq.index.ivf.ivf_index import IVF_FACTORY, IVFIndex, IVFSearch, ivf_arguments
 from vq.index.ivf.sketches import sketch_ranges, sketch_rows
 from vq.kernels.common.rowdist import MIN_SPLIT, head_dims
 from vq.kernels.exact.exact_scans import NO_ROW_IDS, NO_SKETCH
@@ -55,7 +57,7 @@ class IVFFlat(IVFIndex):
     sketches uint8 [n_rows, width], sketch_factors float32 [n_rows, 4].
     """
 
-    _row_buffers = ("vectors",)
+    row_buffers = ("vectors",)
 
     def __init__(
         self,
@@ -72,7 +74,7 @@ class IVFFlat(IVFIndex):
         self.register_buffer("vectors", torch.zeros(0, dim))
         self.sketch = check_flag(sketch, "sketch")
         if self.sketch:
-            self._row_buffers = ("vectors", "sketches", "sketch_factors")
+            self.row_buffers = ("vectors", "sketches", "sketch_factors")
             self.register_buffer("sketch_low", torch.zeros(dim))
             self.register_buffer("sketch_step", torch.ones(dim))
             self.register_buffer("sketches", torch.zeros(0, sketch_width(dim), dtype=torch.uint8))
@@ -81,7 +83,7 @@ class IVFFlat(IVFIndex):
     def config(self) -> dict:
         return {**super().config(), **({"sketch": True} if self.sketch else {})}
 
-    def _train(self, x: torch.Tensor) -> None:
+    def learn(self, x: torch.Tensor) -> None:
         self._train_coarse(x)
         if self.sketch:
             low, step = sketch_ranges(x)
@@ -98,7 +100,7 @@ class IVFFlat(IVFIndex):
         if self.metric != "l2" or self.dim < MIN_SPLIT:
             return False
         c = self.quantizer.codebook
-        return self._derived("prunes", (c,), lambda: head_share(c) >= PRUNE_SHARE)
+        return self.derived("prunes", (c,), lambda: head_share(c) >= PRUNE_SHARE)
 
     def _encode_rows(self, x: torch.Tensor, lists: torch.Tensor) -> dict[str, torch.Tensor]:
         if not self.sketch:
@@ -107,7 +109,7 @@ class IVFFlat(IVFIndex):
         codes, factors = sketch_rows(x, centroids, self.sketch_low, self.sketch_step)
         return {"vectors": x, "sketches": codes, "sketch_factors": factors}
 
-    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+    def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         return self.vectors[rows.to(self.device)].float()
 
     def _rows_problem(self) -> str | None:
@@ -125,6 +127,15 @@ class IVFFlat(IVFIndex):
         out = faiss.IndexIVFFlat(quantizer, self.dim, self.nlist, faiss_metric(self.metric))
         data = self.vectors.float().cpu().numpy().view(np.uint8).reshape(self.ntotal, -1)
         return out, data
+
+    @classmethod
+    def from_faiss(cls, f, metric: str) -> IVFFlat:
+        """The IVFFlat of a faiss ``IndexIVFFlat`` ``f``: the same centroids (or graph),
+        lists, vectors, ids and nprobe."""
+        lists = lists_from_faiss(f, metric)
+        out = cls(f.d, f.nlist, metric, nprobe=f.nprobe, **lists.routed)
+        out.vectors = torch.from_numpy(lists.joined().view(np.float32).reshape(-1, f.d))
+        return lists.fill(out)
 
     def searcher(self, k=None, *, nprobe=None, capacity=None, copy=True) -> IVFFlatSearch:
         """The search as a static-shape graph over a snapshot of the lists (``copy=False``:
@@ -165,10 +176,10 @@ class IVFFlat(IVFIndex):
         args = (x, offsets, self.prunes(), self._row_ids(store), self._sketch(store))
         return kernels.ivf_flat_lean, args
 
-    def _range_hits(self, q, radius: float, allowed=None, nprobe=None, max_codes=None) -> list:
+    def range_hits(self, q, radius: float, allowed=None, nprobe=None, max_codes=None) -> list:
         """The probed lists' hits, a block of queries (bounded probed rows) at a time."""
         ip, mask = self.metric == "ip", kernel_mask(self, allowed)
-        lists = self._probe_numba(q, self._nprobe(nprobe))[1].numpy()
+        lists = self._probe_numba(q, self.effective_nprobe(nprobe))[1].numpy()
         x, offsets, qn = self.vectors.numpy(), self.offsets.numpy(), q.contiguous().numpy()
 
         def call(s, e, starts, t, rows, vals, counts):
@@ -218,3 +229,19 @@ class IVFFlatSearch(IVFSearch):
 
     def chunk_rows(self, k: int, nprobe: int | None = None) -> int:
         return max(1, (1 << 25) // (self.lists_probed(nprobe) * self.capacity * self.dim))
+
+
+def _from_description(match, dim: int, metric: str) -> IVFFlat:
+    args = ivf_arguments(match)
+    return IVFFlat(dim, args.pop("nlist"), metric, sketch=bool(match["sketch"]), **args)
+
+
+register(
+    IVFFlat,
+    example="IVF16,Flat",
+    factory=IVF_FACTORY + r",Flat(?P<sketch>\(sketch\))?",
+    build=_from_description,
+    syntax="IVF<nlist>,Flat[(sketch)]",
+    family=IVF_FACTORY,
+    faiss=("IndexIVFFlat",),
+)

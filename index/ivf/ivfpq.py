@@ -17,19 +17,24 @@ import torch
 
 from vq import kernels
 from vq._checks import check_flag
+from vq.faiss_interop import pq_from_faiss
 from vq.index.core.faiss_build import (
     code_bytes,
     copy_codebooks,
     faiss_metric,
+    fast_scan_M,
     import_faiss,
     keep_alive,
+    pq_codes_from_faiss,
 )
 from vq.index.core.fastscan_codes import PackedCodes, check_fast_scan
 from vq.index.core.filters import block_bits, kernel_mask, row_bits
 from vq.index.core.ranges import probed_hits
+from vq.index.core.registry import register
 from vq.index.core.searchers import INF, kept
 from vq.index.flat.pq_index import codes_problem, pq_quantizer, stored_codes
-from vq.index.ivf.ivf_index import IVFIndex, IVFSearch
+from vq.index.ivf.ivf_faiss import lists_from_faiss
+from vq.index.ivf.ivf_index import IVF_FACTORY, IVFIndex, IVFSearch, ivf_arguments
 from vq.index.ivf.ivfpq_tables import ListTables, filled_table
 from vq.kernels.fastscan import fastscan_scans as fastscan_kernels
 from vq.kernels.fastscan.fastscan_ivf import ivf_fastscan_lean, ivf_fastscan_lists
@@ -63,7 +68,7 @@ class IVFPQ(IVFIndex):
         started anew when the codebooks change).
     """
 
-    _row_buffers = ("codes",)
+    row_buffers = ("codes",)
     #: above this size the per-list term is not precomputed (faiss's limit, 2 GiB)
     precomputed_table_max_bytes = 1 << 31
 
@@ -108,16 +113,16 @@ class IVFPQ(IVFIndex):
         config = {**super().config(), **pq, "by_residual": self.by_residual}
         return {**config, "fast_scan": True} if self.fast_scan else config
 
-    def _vector_ns(self) -> float:
+    def vector_ns(self) -> float:
         return self.pq.M / (64 if self.fast_scan else 4)
 
     def _rows_problem(self) -> str | None:
         return codes_problem(self.codes, self.n_rows, self.pq)
 
-    def _to_faiss(self):
+    def faiss_counterpart(self):
         """faiss ``IndexIVFPQ`` (``IndexIVFPQFastScan`` for fast-scan; precomputed tables
         where vq uses them) with the same centroids, codebooks, lists, ids and nprobe."""
-        out = super()._to_faiss()
+        out = super().faiss_counterpart()
         if self._uses_precomputed():
             out.use_precomputed_table = 1
             out.precompute_table()
@@ -134,6 +139,22 @@ class IVFPQ(IVFIndex):
         copy_codebooks(self.pq, out.pq)
         return out, code_bytes(self.codes, nbits).reshape(self.ntotal, out.code_size)
 
+    @classmethod
+    def from_faiss(cls, f, metric: str) -> IVFPQ:
+        """The IVFPQ of a faiss ``IndexIVFPQ`` or ``IndexIVFPQFastScan`` ``f`` (even M): the
+        same centroids (or graph), codebooks, lists, codes, ids and nprobe."""
+        fast_scan = isinstance(f, import_faiss().IndexIVFPQFastScan)
+        lists = lists_from_faiss(f, metric, fast_scan)
+        fs = fast_scan and fast_scan_M(f.pq) > 0
+        out = cls(f.d, f.nlist, f.pq.M, f.pq.nbits, f.by_residual, metric, nprobe=f.nprobe,
+                  fast_scan=fs, **lists.routed)  # fmt: skip
+        out.pq = pq_from_faiss(f.pq)
+        if fast_scan:
+            out.codes = torch.from_numpy(np.concatenate(lists.codes)[:, : f.pq.M])
+        else:
+            out.codes = pq_codes_from_faiss(lists.joined(), f.pq)
+        return lists.fill(out)
+
     @property
     def M(self) -> int:
         return self.pq.M
@@ -143,7 +164,7 @@ class IVFPQ(IVFIndex):
         return self.pq.nbits
 
     # -- training and adding --------------------------------------------------------------
-    def _train(self, x: torch.Tensor) -> None:
+    def learn(self, x: torch.Tensor) -> None:
         self._train_coarse(x)
         self.pq.fit(self._residuals(x, self._assign(x)) if self.by_residual else x)
 
@@ -159,7 +180,7 @@ class IVFPQ(IVFIndex):
             old = (before["codes"], before["offsets"])
             self._packed.moved(old, self.codes, self.offsets, changed)
 
-    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+    def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         rows = rows.to(self.device)
         x = pq_decode(self.codes[rows], self.pq.codebooks.float())
         if self.by_residual:
@@ -195,7 +216,7 @@ class IVFPQ(IVFIndex):
             centroids = c.detach().float().cpu().contiguous().numpy()
             return centroids, cbf.transpose(1, 2).contiguous().numpy(), (cbf * cbf).sum(-1).numpy()
 
-        return self._derived("table_inputs", (c, cb), compute)
+        return self.derived("table_inputs", (c, cb), compute)
 
     # -- the torch path: the static search ---------------------------------------------------
     def searcher(
@@ -229,7 +250,7 @@ class IVFPQ(IVFIndex):
             return arrays, False, kernels.RESIDUAL_L2_TABLE, np.float32(-1.0), False
 
         variant = f"kernel_args/{self.metric}/{self.by_residual}"  # attributes, not tensors
-        arrays, precomputed, kind, alpha, coarse_base = self._derived(variant, (c, cb), compute)
+        arrays, precomputed, kind, alpha, coarse_base = self.derived(variant, (c, cb), compute)
         if precomputed:
             list_tables = self._list_table(lists).view(self.nlist, -1).numpy()
         else:
@@ -273,11 +294,11 @@ class IVFPQ(IVFIndex):
             out_rows.numpy(),
         )
 
-    def _range_hits(self, q, radius: float, allowed=None, nprobe=None, max_codes=None) -> list:
+    def range_hits(self, q, radius: float, allowed=None, nprobe=None, max_codes=None) -> list:
         """The probed lists' hits by the ADC values of the top-k scan (fast-scan indexes too,
         with float tables: exact ADC distances, not the quantized ones), a block of queries
         at a time."""
-        coarse, lists = self._probe_numba(q, self._nprobe(nprobe))
+        coarse, lists = self._probe_numba(q, self.effective_nprobe(nprobe))
         args, coarse_base = self._kernel_args(_NO_LISTS)
         terms = np.zeros(0, np.float32)
         if args[3].shape[0]:  # L2 by residual: a term per row, not a table per probe
@@ -299,7 +320,7 @@ class IVFPQ(IVFIndex):
         (range search reads a term per row instead of a list's table per probe: 4 bytes a
         vector, where the table of a probe is M * ksub floats read from nlist of them)."""
         sources = (self.codes, self.quantizer.codebook, self.pq.codebooks)
-        return self._derived("row_terms", sources, lambda: residual_terms(self).numpy())
+        return self.derived("row_terms", sources, lambda: residual_terms(self).numpy())
 
     def _lean_kernel(self, store) -> tuple:
         args, coarse_base = self._kernel_args(_NO_LISTS)  # the lean kernel probes by itself
@@ -403,3 +424,22 @@ class IVFPQSearch(IVFSearch):
 
     def chunk_rows(self, k: int, nprobe: int | None = None) -> int:
         return max(1, (1 << 23) // (self.lists_probed(nprobe) * self.capacity))
+
+
+def _from_description(match, dim: int, metric: str) -> IVFPQ:
+    args, fs = ivf_arguments(match), match["fs"]
+    M, nbits = int(match["M"]), int(match["nbits"] or 8)
+    residual = fs != "fs"  # IndexIVFPQFastScan encodes residuals only with "x4fsr"
+    return IVFPQ(dim, args.pop("nlist"), M, nbits, residual, metric=metric, fast_scan=bool(fs),
+                 **args)  # fmt: skip
+
+
+register(
+    IVFPQ,
+    example="IVF16,PQ8",
+    factory=IVF_FACTORY + r",PQ(?P<M>\d+)(?:x(?P<nbits>\d+)(?P<fs>fsr?)?)?(?:np)?",
+    build=_from_description,
+    syntax="IVF<nlist>,PQ<M>[x<nbits>|x4fs|x4fsr]",
+    family=IVF_FACTORY,
+    faiss=("IndexIVFPQ", "IndexIVFPQFastScan"),
+)

@@ -14,18 +14,23 @@ from __future__ import annotations
 import torch
 
 from vq._checks import check_flag
+from vq.faiss_interop import sq_from_faiss
 from vq.index.core.faiss_build import faiss_metric, import_faiss
 from vq.index.core.filters import kernel_mask
 from vq.index.core.ranges import probed_hits
+from vq.index.core.registry import register
 from vq.index.core.searchers import kept
 from vq.index.flat.sq_index import (
+    SQ_FACTORY,
     codes_problem,
     copy_ranges,
     kernel_arrays,
+    sq_bits,
     sq_faiss_type,
     sq_quantizer,
 )
-from vq.index.ivf.ivf_index import IVFIndex, IVFSearch
+from vq.index.ivf.ivf_faiss import lists_from_faiss
+from vq.index.ivf.ivf_index import IVF_FACTORY, IVFIndex, IVFSearch, ivf_arguments
 from vq.kernels.exact.range_scans import sq_hits
 from vq.kernels.sq import sq_scans as sq_kernels
 from vq.quantizers.scalar_codes import decode_stored, stored_values
@@ -49,7 +54,7 @@ class IVFSQ(IVFIndex):
         sq: the :class:`vq.ScalarQuantizer`; codes: uint8 [n_rows, code_size], in list order.
     """
 
-    _row_buffers = ("codes",)
+    row_buffers = ("codes",)
 
     def __init__(
         self,
@@ -88,7 +93,7 @@ class IVFSQ(IVFIndex):
     def config(self) -> dict:
         return {**super().config(), **self.sq.config(), "by_residual": self.by_residual}
 
-    def _vector_ns(self) -> float:
+    def vector_ns(self) -> float:
         return self.dim / (8 if self.bits == 8 else 3)
 
     def _rows_problem(self) -> str | None:
@@ -103,8 +108,18 @@ class IVFSQ(IVFIndex):
         copy_ranges(self.sq, out.sq)
         return out, self.codes.cpu().numpy()
 
+    @classmethod
+    def from_faiss(cls, f, metric: str) -> IVFSQ:
+        """The IVFSQ of a faiss ``IndexIVFScalarQuantizer`` ``f``: the same centroids (or
+        graph), ranges, lists, codes, ids and nprobe."""
+        lists = lists_from_faiss(f, metric)
+        out = cls(f.d, f.nlist, 8, f.by_residual, metric, nprobe=f.nprobe, **lists.routed)
+        out.sq = sq_from_faiss(f.sq)
+        out.codes = torch.from_numpy(lists.joined().reshape(-1, f.code_size))
+        return lists.fill(out)
+
     # -- training and adding --------------------------------------------------------------
-    def _train(self, x: torch.Tensor) -> None:
+    def learn(self, x: torch.Tensor) -> None:
         self._train_coarse(x)
         self.sq.fit(self._residuals(x, self._assign(x)) if self.by_residual else x)
 
@@ -115,7 +130,7 @@ class IVFSQ(IVFIndex):
         target = self._residuals(x, lists) if self.by_residual else x
         return {"codes": self.sq.encode_rows(target)}
 
-    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+    def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         rows = rows.to(self.device)
         x = self.sq.decode(self.codes[rows])
         if self.by_residual:
@@ -144,12 +159,12 @@ class IVFSQ(IVFIndex):
             out_rows.numpy(),
         )
 
-    def _range_hits(self, q, radius: float, allowed=None, nprobe=None, max_codes=None) -> list:
+    def range_hits(self, q, radius: float, allowed=None, nprobe=None, max_codes=None) -> list:
         """The probed lists' hits by the scan's distances on the codes
         (:func:`vq.kernels.exact.range_scans.sq_hits`), a block of queries (bounded probed rows) at
         a time."""
         ip, mask = self.metric == "ip", kernel_mask(self, allowed)
-        lists = self._probe_numba(q, self._nprobe(nprobe))[1].numpy()
+        lists = self._probe_numba(q, self.effective_nprobe(nprobe))[1].numpy()
         qn, codes, offsets = q.contiguous().numpy(), self.codes.numpy(), self.offsets.numpy()
         arrays = (self._centroid_array(), self.by_residual, *kernel_arrays(self, self.sq))
 
@@ -214,3 +229,19 @@ class IVFSQSearch(IVFSearch):
 
     def chunk_rows(self, k: int, nprobe: int | None = None) -> int:
         return max(1, (1 << 25) // (self.lists_probed(nprobe) * self.capacity * self.dim))
+
+
+def _from_description(match, dim: int, metric: str) -> IVFSQ:
+    args = ivf_arguments(match)
+    return IVFSQ(dim, args.pop("nlist"), sq_bits(match["bits"]), metric=metric, **args)
+
+
+register(
+    IVFSQ,
+    example="IVF16,SQ8",
+    factory=IVF_FACTORY + "," + SQ_FACTORY,
+    build=_from_description,
+    syntax="IVF<nlist>,SQ<8|6|4|fp16|bf16>",
+    family=IVF_FACTORY,
+    faiss=("IndexIVFScalarQuantizer",),
+)

@@ -15,6 +15,7 @@ from vq.index.core.faiss_build import import_faiss, keep_alive, with_id_map
 from vq.index.core.filters import IdFilter, torch_mask
 from vq.index.core.lean import SMALL_BATCH
 from vq.index.core.ranges import by_query, query_numbers
+from vq.index.core.registry import register
 from vq.index.core.searchers import INF, Searcher, kept, search_in_chunks, top_rows
 from vq.index.core.searching import NO_IDS, shape_problem
 from vq.index.core.storage import IdRange, append_rows, reserve
@@ -49,7 +50,7 @@ class Refine(Wrapper):
         index; vectors: float32 (or float16) [ntotal, dim]; ids: int64 [ntotal].
     """
 
-    _row_buffers = ("vectors",)
+    row_buffers = ("vectors",)
 
     def __init__(
         self, index: Index, k_factor: int = 1, k: int | None = None, storage: str = "float32"
@@ -97,11 +98,11 @@ class Refine(Wrapper):
             problem = "a wrapped index whose rows do not match the stored vectors"
         return problem
 
-    def _to_faiss(self):
+    def faiss_counterpart(self):
         """faiss ``IndexRefineFlat`` (fp16 storage: ``IndexRefine`` around an ``SQfp16``
         index holding the same bytes) around the wrapped index's ``to_faiss()``, with the same
         vectors and k_factor, in an ``IndexIDMap`` unless the ids are 0 … ntotal - 1."""
-        base = self.index._to_faiss()
+        base = self.index.faiss_counterpart()
         faiss = import_faiss()
         if self.storage == "fp16":
             metric = faiss.METRIC_INNER_PRODUCT if self.metric == "ip" else faiss.METRIC_L2
@@ -116,39 +117,39 @@ class Refine(Wrapper):
         out.k_factor = self.k_factor
         return with_id_map(out, self.stored_ids())
 
-    def _train(self, x: torch.Tensor) -> None:
+    def learn(self, x: torch.Tensor) -> None:
         self.index.train(x)
 
-    def _learns(self) -> bool:
-        return self.index._learns()
+    def learns(self) -> bool:
+        return self.index.learns()
 
-    def _reset(self) -> None:
-        super()._reset()
-        self.index._reset()
+    def reset_rows(self) -> None:
+        super().reset_rows()
+        self.index.reset_rows()
 
-    def _add(self, x: torch.Tensor, ids, prepare=None) -> None:
+    def add_rows(self, x: torch.Tensor, ids, prepare=None) -> None:
         self._require_trained("add")
         n0, step = self.ntotal, self.add_batch_size
-        self.index._add(x, IdRange(n0, x.shape[0], self.device), prepare)  # ids: our rows
+        self.index.add_rows(x, IdRange(n0, x.shape[0], self.device), prepare)  # ids: our rows
         self._append_ids(ids if isinstance(ids, IdRange) else ids.to(self.device))
         reserve(self, "vectors", n0 + x.shape[0])
         for s in range(0, x.shape[0], step):
             chunk = x[s : s + step].to(self.device)
             append_rows(self, "vectors", chunk if prepare is None else prepare(chunk))
 
-    def _merge(self, other, shift: int) -> None:
+    def merge_rows(self, other, shift: int) -> None:
         ids = self._merged_ids(other, shift)
-        self.index._merge(other.index, self.ntotal)  # its ids: this index's new rows
+        self.index.merge_rows(other.index, self.ntotal)  # its ids: this index's new rows
         self._append_ids(ids)
         append_rows(self, "vectors", other.vectors.to(self.device))
 
     def _drop_rows(self, drop: np.ndarray, first: int, removed: int) -> None:
-        self.index._remove(torch.from_numpy(np.flatnonzero(drop)).to(self.device))
+        self.index.remove_stored(torch.from_numpy(np.flatnonzero(drop)).to(self.device))
         keep = torch.from_numpy(drop == 0).to(self.device)
-        self.index._renumber(torch.cumsum(keep, 0) - 1)  # old row -> new row
+        self.index.renumber(torch.cumsum(keep, 0) - 1)  # old row -> new row
         super()._drop_rows(drop, first, removed)
 
-    def _range_hits(self, q, radius: float, allowed=None, k_factor=None, **params) -> list:
+    def range_hits(self, q, radius: float, allowed=None, k_factor=None, **params) -> list:
         """The wrapped index's hits at the same radius (its approximate distances), kept where
         the exact distance is within it too, with the exact distances (faiss's
         ``IndexRefineFlat`` has no range search): a vector whose approximate distance is past
@@ -157,7 +158,7 @@ class Refine(Wrapper):
         inner_filter = None if allowed is None else IdFilter(allowed.row_mask(self).view(bool))
         mine_of = self.index.stored_ids().cpu()  # the wrapped index's ids are this one's rows
         parts, step = [], 1 << 16
-        for inner in self.index._range_hits(q, radius, inner_filter, **params):
+        for inner in self.index.range_hits(q, radius, inner_filter, **params):
             qs_all = query_numbers(inner)
             for s in range(0, qs_all.shape[0], step):  # [hits, dim] temporaries, bounded
                 qi = torch.from_numpy(qs_all[s : s + step])
@@ -168,7 +169,7 @@ class Refine(Wrapper):
                 parts.append(by_query(qi.numpy()[keep], mine.numpy()[keep], d.numpy()[keep]))
         return parts
 
-    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+    def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         return self.vectors[rows.to(self.device)].float()
 
     def kernel_vectors(self) -> np.ndarray:
@@ -179,9 +180,9 @@ class Refine(Wrapper):
             return x.numpy()
         return x.view(torch.int16).numpy().view(np.uint16)
 
-    def _search_work(self, nq: int, k: int, k_factor: int | None = None, **params) -> float:
+    def search_work(self, nq: int, k: int, k_factor: int | None = None, **params) -> float:
         candidates = k * (self.k_factor if k_factor is None else k_factor)
-        inner = self.index._search_work(nq, candidates, **params)
+        inner = self.index.search_work(nq, candidates, **params)
         return inner + nq * candidates * (self.dim / 16 + 50)  # a cache miss per candidate
 
     def searcher(self, k: int | None = None, *, k_factor: int | None = None, **options):
@@ -192,22 +193,22 @@ class Refine(Wrapper):
         k_factor = self.k_factor if k_factor is None else _check_k_factor(k_factor)
         return RefineSearch(self, self.index.searcher(k * k_factor, **options), k, k_factor)
 
-    def _search_ids(self, q: torch.Tensor, k: int, k_factor: int | None = None, **params):
+    def search_ids(self, q: torch.Tensor, k: int, k_factor: int | None = None, **params):
         k_factor = _check_k_factor(self.k_factor if k_factor is None else k_factor)
         if self.ntotal == 0:
-            return super()._search_ids(q, k)
+            return super().search_ids(q, k)
         allowed = params.get("allowed")
         if not fast_path(q):  # the torch path: the static search over the index's own tensors
             # (a filter masks the wrapped index's probed lists: no probing further here)
-            searcher = RefineSearch(self, self.index._torch_searcher(), copy=False)
+            searcher = RefineSearch(self, self.index.torch_searcher(), copy=False)
             probed, _ = params.pop("probed", None), params.pop("max_codes", None)
             if probed is not None:
-                probed.fill_(self.index._nprobe(params.get("nprobe")))
+                probed.fill_(self.index.effective_nprobe(params.get("nprobe")))
             params["allowed"] = torch_mask(self, allowed)
             return search_in_chunks(searcher, q, k, k_factor=k_factor, **params)
         if allowed is not None:  # the wrapped index's ids are this index's rows
             params["allowed"] = IdFilter(allowed.row_mask(self).view(bool))
-        cand = self.index._candidate_ids(q, k * k_factor, **params)  # [nq, k * k_factor]
+        cand = self.index.candidate_ids(q, k * k_factor, **params)  # [nq, k * k_factor]
         kk = min(k, cand.shape[1])
         dist, rows = empty((q.shape[0], kk)), empty((q.shape[0], kk), torch.int64)
         kernels.refine_scan(
@@ -220,17 +221,17 @@ class Refine(Wrapper):
         )
         return self._finish(dist, rows, k)
 
-    def _lean_search(self):
+    def build_lean_search(self):
         """The wrapped index's lean search for ``k * k_factor`` candidates, re-ranked and
         mapped to ids in one more kernel call — or in the wrapped index's own kernel call where
         it can re-rank (``_lean_search_refined``); None where the wrapped index has none."""
         ip = kernel_metric(self.metric == "ip")
         x = self.kernel_vectors()
         ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else NO_IDS
-        fused = self.index._lean_search_refined(x, ids, lambda: self.k_factor)
+        fused = self.index.build_refined_lean_search(x, ids, lambda: self.k_factor)
         if fused is not None:
             return fused
-        candidates = self.index._lean()
+        candidates = self.index.lean_search()
         if candidates is None:
             return None
 
@@ -315,3 +316,13 @@ _STORAGE = {"float32": torch.float32, "fp16": torch.float16}
 
 def _check_k_factor(k_factor) -> int:
     return check_positive(k_factor, "k_factor", "an integer >= 1")
+
+
+def _from_config(args: dict, build) -> Refine:
+    """The Refine of a saved configuration (files before fp16 storage: float32)."""
+    inner = build(args["index"])
+    storage = args.get("storage", "float32")
+    return Refine(inner, args["k_factor"], k=args.get("k"), storage=storage)
+
+
+register(Refine, example="HNSW16,RFlat", from_config=_from_config, wrapper=True)

@@ -9,6 +9,7 @@ import torch
 from vq.index.core.base import Index
 from vq.index.core.faiss_build import import_faiss, keep_alive
 from vq.index.core.lean import SMALL_BATCH
+from vq.index.core.registry import register
 from vq.index.core.searchers import Searcher, kept
 from vq.index.wrappers.wrapper import Wrapper
 from vq.kernels.common.threads import parallel_for
@@ -72,10 +73,10 @@ class PreTransform(Wrapper):
     def stored_ids(self) -> torch.Tensor:
         return self.index.stored_ids()
 
-    def _sequential_ids(self) -> bool:
-        return self.index._sequential_ids()
+    def has_sequential_ids(self) -> bool:
+        return self.index.has_sequential_ids()
 
-    def _to_faiss(self):
+    def faiss_counterpart(self):
         """faiss ``IndexPreTransform`` of an ``OPQMatrix`` holding the rotation (or the PCA's
         ``PCAMatrix``), in front of the wrapped index's ``to_faiss()``."""
         faiss, t = import_faiss(), self.transform
@@ -86,7 +87,7 @@ class PreTransform(Wrapper):
             faiss.copy_array_to_vector(t.rotation.float().cpu().numpy().ravel(), matrix.A)
             matrix.is_trained = True
             matrix.is_orthonormal = True
-        inner = self.index._to_faiss()
+        inner = self.index.faiss_counterpart()
         return keep_alive(faiss.IndexPreTransform(matrix, inner), matrix, inner)
 
     def config(self) -> dict:
@@ -129,54 +130,54 @@ class PreTransform(Wrapper):
         ``searcher(k, **options)`` (see :class:`PreTransformSearch`)."""
         return PreTransformSearch(self, self.index.searcher(self.k if k is None else k, **options))
 
-    def _train(self, x: torch.Tensor) -> None:
+    def learn(self, x: torch.Tensor) -> None:
         if not bool(self.transform.trained):
             self.transform.fit(x)
         self.index.train(self.apply(x))
 
-    def _learns(self) -> bool:
-        return not bool(self.transform.trained) or self.index._learns()
+    def learns(self) -> bool:
+        return not bool(self.transform.trained) or self.index.learns()
 
-    def _reset(self) -> None:
-        self.index._reset()
+    def reset_rows(self) -> None:
+        self.index.reset_rows()
 
-    def _add(self, x: torch.Tensor, ids, prepare=None) -> None:
+    def add_rows(self, x: torch.Tensor, ids, prepare=None) -> None:
         self._require_trained("add")
         with torch.no_grad():
             rotate = self.apply if prepare is None else lambda c: self.apply(prepare(c))
-            self.index._add(x, ids, rotate)  # rotated a chunk at a time
+            self.index.add_rows(x, ids, rotate)  # rotated a chunk at a time
 
-    def _remove(self, ids: torch.Tensor) -> int:
-        return self.index._remove(ids)
+    def remove_stored(self, ids: torch.Tensor) -> int:
+        return self.index.remove_stored(ids)
 
-    def _merge(self, other, shift: int) -> None:
-        self.index._merge(other.index, shift)
+    def merge_rows(self, other, shift: int) -> None:
+        self.index.merge_rows(other.index, shift)
 
-    def _decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+    def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """The wrapped index's reconstructions mapped back, ``x̂ R`` (R orthonormal; plus the
         mean for PCA)."""
-        back = self.index._decode_rows(rows) @ self.transform.rotation.float()
+        back = self.index.decode_rows(rows) @ self.transform.rotation.float()
         return back + self.transform.mean if isinstance(self.transform, PCA) else back
 
-    def _renumber(self, mapping: torch.Tensor) -> None:
-        self.index._renumber(mapping)
+    def renumber(self, mapping: torch.Tensor) -> None:
+        self.index.renumber(mapping)
 
-    def _search_work(self, nq: int, k: int, **params) -> float:
-        return self.index._search_work(nq, k, **params) + nq * self.dim * self.index.dim / 16
+    def search_work(self, nq: int, k: int, **params) -> float:
+        return self.index.search_work(nq, k, **params) + nq * self.dim * self.index.dim / 16
 
-    def _search_ids(self, q: torch.Tensor, k: int, **params):
-        return self.index._search_ids(self.apply(q), k, **params)  # (its torch path too)
+    def search_ids(self, q: torch.Tensor, k: int, **params):
+        return self.index.search_ids(self.apply(q), k, **params)  # (its torch path too)
 
-    def _range_hits(self, q: torch.Tensor, radius: float, allowed, **params) -> list:
-        return self.index._range_hits(self.apply(q), radius, allowed, **params)
+    def range_hits(self, q: torch.Tensor, radius: float, allowed, **params) -> list:
+        return self.index.range_hits(self.apply(q), radius, allowed, **params)
 
-    def _torch_searcher(self) -> PreTransformSearch:
+    def torch_searcher(self) -> PreTransformSearch:
         """The torch path: the rotation, then the wrapped index's static search, over the
         index's own tensors."""
-        return PreTransformSearch(self, self.index._torch_searcher(), copy=False)
+        return PreTransformSearch(self, self.index.torch_searcher(), copy=False)
 
-    def _lean_search(self):
-        inner = self.index._lean()
+    def build_lean_search(self):
+        inner = self.index.lean_search()
         if inner is None:
             return None
         rt = self.transform.rotation.float().T.contiguous().numpy()
@@ -194,8 +195,8 @@ class PreTransform(Wrapper):
 
         return search
 
-    def _candidate_ids(self, q: torch.Tensor, k: int, **params) -> torch.Tensor:
-        return self.index._candidate_ids(self.apply(q), k, **params)
+    def candidate_ids(self, q: torch.Tensor, k: int, **params) -> torch.Tensor:
+        return self.index.candidate_ids(self.apply(q), k, **params)
 
 
 def _drop_training_pq(module, state_dict, prefix, local_metadata) -> None:
@@ -234,3 +235,16 @@ class PreTransformSearch(Searcher):
 
     def chunk_rows(self, k: int, **options) -> int:
         return self.inner.chunk_rows(k, **options)
+
+
+def _from_config(args: dict, build) -> PreTransform:
+    """The PreTransform of a saved configuration: its OPQ or PCA, then the wrapped index."""
+    t = dict(args["transform"])
+    if t.pop("kind", "opq") == "pca":
+        transform: OPQ | PCA = PCA(t.pop("dim"), **t)
+    else:
+        transform = OPQ(t.pop("dim"), t.pop("M"), t.pop("nbits"), **t)
+    return PreTransform(transform, build(args["index"]), k=args.get("k"))
+
+
+register(PreTransform, example="PCA32,IVF16,Flat", from_config=_from_config, wrapper=True)
