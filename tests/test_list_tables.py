@@ -31,7 +31,7 @@ def queries(blobs):
 
 
 def _probed(index, q, nprobe):
-    return np.unique(index._probe_numba(torch.from_numpy(q), nprobe)[1].numpy())
+    return np.unique(index.nearest_lists(torch.from_numpy(q), nprobe)[1].numpy())
 
 
 def test_a_search_fills_the_rows_of_the_lists_it_probes_with_the_whole_tables_values(

@@ -1,5 +1,5 @@
 """Batches of a few hundred queries on a small IVF index: the lean kernels, the queries split
-between the threads (``vq.index.core.lean.split_queries``), give the general path's results; and
+between the threads (``vq.index.ivf.ivf_lean.split_queries``), give the general path's results; and
 the coarse-step kernels under them (``probe_lists``, the selection of the nprobe nearest)."""
 
 from unittest import mock
@@ -9,6 +9,7 @@ import pytest
 
 import vq
 from vq.index.core import lean
+from vq.index.ivf import ivf_lean
 from vq.index.core.base import Index
 from vq.index.ivf.ivf_index import coarse_bound
 from vq.kernels.common.select import smallest_k_range
@@ -102,7 +103,7 @@ def test_a_split_batch_runs_no_torch_search(data, monkeypatch):
 
     monkeypatch.setattr(type(index), "search_ids", refuse)
     np.testing.assert_array_equal(index.search(q, 5)[1], want)
-    monkeypatch.setattr(lean, "SPLIT_COARSE", 32 * 32 - 1)  # a coarse step too large now
+    monkeypatch.setattr(ivf_lean, "SPLIT_COARSE", 32 * 32 - 1)  # a coarse step too large now
     index._lean_cache = None
     with pytest.raises(AssertionError, match="general search path ran"):
         index.search(q, 5)
@@ -111,7 +112,7 @@ def test_a_split_batch_runs_no_torch_search(data, monkeypatch):
 def test_large_work_and_bad_queries_go_to_the_general_path(data):
     x, q = data
     index = _index("IVF32,Flat", "l2", x)
-    with mock.patch.object(lean, "SPLIT_WORK", 1):  # every batch above 16 is too much work
+    with mock.patch.object(ivf_lean, "SPLIT_WORK", 1):  # every batch above 16 is too much work
         assert lean.search_small(index, q, 10, {}) is None
     assert lean.search_small(index, q, 10, {}) is not None
     bad = q.copy()

@@ -52,7 +52,6 @@ from vq.index.core.searching import (
     drop_derived,
     filtered_params,
     one_query_as_rows,
-    option_names,
     results_by_id,
     search_steps,
     unit_rows,
@@ -111,6 +110,9 @@ class Index(Updates, nn.Module):
     row_buffers: tuple[str, ...] = ()
     #: queries per step of ``search``: beyond the results, memory does not grow with the batch
     search_batch_size = 1 << 12
+    #: the per-call options ``search`` takes (``search(q, k, nprobe=4)``): keywords of
+    #: ``search_rows`` / ``search_ids`` besides the filter (``allowed``) and ``probed``
+    search_params: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -218,7 +220,7 @@ class Index(Updates, nn.Module):
 
     def search_options(self) -> tuple[str, ...]:
         """Names of the per-call options ``search`` takes (e.g. ``("nprobe",)``)."""
-        return tuple(sorted(option_names(type(self))))
+        return tuple(sorted(self.search_params))
 
     def probes_lists(self) -> bool:
         return False  # whether searches probe lists (search(..., return_probed=True))

@@ -102,7 +102,7 @@ class IdFilter:
         """uint8 [ntotal]: whether each stored row of ``index`` (a :class:`vq.index.Index`)
         is allowed, in storage order; kept in the filter until the index's ids change (one
         pass over the ids per index, not per search)."""
-        ids, n = index.ids if "ids" in index._buffers else None, index.ntotal
+        ids, n = getattr(index, "ids", None), index.ntotal
         key = (id(index), n, None if ids is None else (ids.data_ptr(), ids._version, ids.shape))
         with self._lock:
             if self._cache and self._cache[0] == key:
@@ -286,7 +286,7 @@ def probes_for_filter(index, q, k, coarse, lists, allowed, max_codes, torch_rank
 
     def rank_all(rows):
         if not torch_ranking:
-            c, lst = index._probe_numba(q[torch.from_numpy(rows)], index.nlist)
+            c, lst = index.nearest_lists(q[torch.from_numpy(rows)], index.nlist)
             return c.numpy(), lst.numpy()
         picked = q[torch.from_numpy(rows).to(q.device)]
         c, lst = index.torch_searcher().probe(picked, index.nlist)

@@ -250,7 +250,7 @@ class FileGuard:
     def __init__(self, modules: Iterable[torch.nn.Module]):
         self._held, files = [], {}
         for m in modules:
-            for name, t in m._buffers.items():
+            for name, t in m.named_buffers(recurse=False):
                 found = None if t is None else file_range(t)
                 if found is not None:
                     self._held.append((weakref.ref(m), name))
@@ -278,7 +278,7 @@ class FileGuard:
         """Whether a buffer held is still mapped from ``file``."""
         for ref, name in self._held:
             module = ref()
-            found = None if module is None else file_range(module._buffers.get(name))
+            found = None if module is None else file_range(getattr(module, name, None))
             if found is not None and found.file is file:
                 return True
         return False

@@ -1,7 +1,7 @@
-"""The plumbing of the general search path that every index kind shares: the per-call options
-a kind takes (read from its method signatures), arrays derived for searching (kept until their
-sources change), queries as contiguous float32 rows, and results by stored row turned into
-results by id.
+"""The plumbing of the general search path that every index kind shares: the check of the
+per-call options a kind declares (``Index.search_params``), arrays derived for searching (kept
+until their sources change), queries as contiguous float32 rows, and results by stored row
+turned into results by id.
 
 Results by id have one implementation per engine: on CPU the numba kernel
 ``vq.kernels.rows_to_ids``, elsewhere :func:`vq.index.core.searchers.to_results`, the torch function
@@ -10,7 +10,6 @@ the static search graphs end with (and which the kernel is tested against).
 
 from __future__ import annotations
 
-import inspect
 import weakref
 from typing import Any
 
@@ -70,23 +69,6 @@ def unit_rows_np(q: np.ndarray) -> np.ndarray:
 
 #: ``rows_to_ids``'s id table where the ids are the rows themselves
 NO_IDS = np.zeros(0, dtype=np.int64)
-#: keywords of ``_search_rows``/``_search_ids`` that ``search`` fills itself (not options)
-INTERNAL = frozenset({"allowed", "probed"})
-_OPTIONS: dict[type, frozenset[str]] = {}
-
-
-def option_names(cls: type) -> frozenset[str]:
-    """Keyword options of ``cls.search_rows`` and ``cls.search_ids`` (besides q and k): the
-    per-call search options of an index class (kept per class)."""
-    names = _OPTIONS.get(cls)
-    if names is None:
-        found = set()
-        for method in (cls.search_rows, cls.search_ids):
-            for p in list(inspect.signature(method).parameters.values())[3:]:  # self, q, k
-                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in INTERNAL:
-                    found.add(p.name)
-        names = _OPTIONS[cls] = frozenset(found)
-    return names
 
 
 def check_options(index, params: dict) -> None:
@@ -158,7 +140,7 @@ def drop_derived(root, *, stale_only: bool = False) -> None:
     the tree's buffers or parameters as it was (replaced, resized, modified in place), so that
     a write of stored rows (``add``, ``remove_ids``) keeps the arrays derived from the
     codebooks, which it does not touch."""
-    tensors = [t for m in root.modules() for t in (*m._buffers.values(), *m._parameters.values())]
+    tensors = [t for m in root.modules() for t in (*m.buffers(False), *m.parameters(False))]
     own = {id(t) for t in tensors if t is not None}
     for m in root.modules():
         cache = m.__dict__.get("_derived_cache")

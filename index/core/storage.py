@@ -86,7 +86,7 @@ def byte_rows(t: torch.Tensor) -> np.ndarray:
 def _owned(index, name: str) -> torch.Tensor | None:
     """The whole tensor the index allocated behind buffer ``name`` (its capacity), or None
     where the buffer is not a prefix view of one."""
-    buf = index._buffers[name]
+    buf = getattr(index, name)
     record = index.__dict__.get("_capacity", {}).get(name)
     if record is None or buf.storage_offset() != 0 or not buf.is_contiguous():
         return None
@@ -109,7 +109,7 @@ def reserve(index, name: str, total: int, *, rows: int | None = None) -> torch.T
     """Room for ``total`` rows in buffer ``name``: the tensor behind it (the buffer is its first
     ``rows`` rows, default the buffer's), reallocated — ``max(total, 1.25 × rows)`` rows, the
     used ones copied — where it has less room or is not the index's own."""
-    buf = index._buffers[name]
+    buf = getattr(index, name)
     n = buf.shape[0] if rows is None else rows
     full = _owned(index, name)
     if full is not None and full.shape[0] >= total:
@@ -122,7 +122,7 @@ def reserve(index, name: str, total: int, *, rows: int | None = None) -> torch.T
 
 def append_rows(index, name: str, new: torch.Tensor) -> None:
     """Write ``new`` after the rows of buffer ``name`` (growing it as :func:`reserve` does)."""
-    n, m = index._buffers[name].shape[0], new.shape[0]
+    n, m = getattr(index, name).shape[0], new.shape[0]
     full = reserve(index, name, n + m)
     full[n : n + m] = new.to(full.dtype)
     _install(index, name, full, n + m)
@@ -168,7 +168,7 @@ def remove_rows(index, names: tuple[str, ...], rows: np.ndarray) -> None:
     one move down, :func:`vq.kernels.common.rows.remove_rows`, at memory speed), otherwise by a copy
     of the kept rows (which the index then owns)."""
     for name in names:
-        full, buf = _owned(index, name), index._buffers[name]
+        full, buf = _owned(index, name), getattr(index, name)
         n = buf.shape[0]
         if full is not None and full.device.type == "cpu":
             words = byte_rows(full)
@@ -192,7 +192,7 @@ def remove_list_rows(index, names: tuple[str, ...], offsets: np.ndarray, rows: n
     and how many rows of each buffer were copied."""
     new, moves = np.empty_like(offsets), 0
     for name in names:
-        buf = index._buffers[name]
+        buf = getattr(index, name)
         n = buf.shape[0]
         full = _owned(index, name)
         if full is None:  # not the index's own: copy it (exactly its rows) before writing

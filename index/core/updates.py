@@ -137,7 +137,7 @@ class Updates:
         try:
             self._append_ids(ids)
             for name in self.row_buffers:
-                append_rows(self, name, other._buffers[name].to(self.device))
+                append_rows(self, name, getattr(other, name).to(self.device))
         except BaseException:
             self._buffers.update(before)
             raise

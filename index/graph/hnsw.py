@@ -95,6 +95,7 @@ class HNSW(Index):
     """
 
     static_search = HNSWSearch  #: the class of :meth:`searcher`
+    search_params = ("efSearch",)
 
     def __init__(
         self,

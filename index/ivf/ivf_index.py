@@ -32,13 +32,13 @@ from vq._checks import (
 from vq.clustering import kmeans
 from vq.index.core.base import Index, ids_problem
 from vq.index.core.filters import kernel_mask, probes_for_filter, torch_mask
-from vq.index.core.lean import ivf_lean_search
 from vq.index.core.mapped import file_range
 from vq.index.core.registry import FactoryRefusal
 from vq.index.core.searchers import search_in_chunks
 from vq.index.core.searching import results_by_id
 from vq.index.graph.hnsw import HNSW, MAX_M
 from vq.index.ivf.ivf_faiss import ivf_to_faiss
+from vq.index.ivf.ivf_lean import ivf_lean_search
 from vq.index.ivf.ivf_lists import IVFStorage
 from vq.index.ivf.ivf_searchers import IVFSearch, padded_rows, probe
 from vq.index.ivf.spill import SPILL_COPIES
@@ -102,6 +102,7 @@ class IVFIndex(IVFStorage, Index):
     """
 
     row_buffers: tuple[str, ...] = ()
+    search_params = ("max_codes", "nprobe")
 
     def __init__(
         self,
@@ -289,7 +290,7 @@ class IVFIndex(IVFStorage, Index):
         c = self.quantizer.codebook
         return self.derived("coarse_bound", (c,), lambda: coarse_bound(c.float().numpy()))
 
-    def _probe_numba(self, q: torch.Tensor, nprobe: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def nearest_lists(self, q: torch.Tensor, nprobe: int) -> tuple[torch.Tensor, torch.Tensor]:
         """:func:`probe` on CPU: BLAS inner products, then a numba kernel keeps each row's
         ``nprobe`` best (faster than ``torch.topk`` for the small k of an nprobe)."""
         if self.coarse_hnsw:  # the graph's search instead
@@ -363,7 +364,7 @@ class IVFIndex(IVFStorage, Index):
         of the k nearest, ascending, or in any order where that is cheaper if not ``ranked``
         (CPU tensors in eager mode: see ``_search_ids``)."""
         nprobe = self.effective_nprobe(nprobe)
-        coarse, lists = self._probe_numba(q, nprobe)
+        coarse, lists = self.nearest_lists(q, nprobe)
         if allowed is not None:
             c, lst, need = probes_for_filter(self, q, k, coarse, lists, allowed, max_codes)
             coarse, lists = torch.from_numpy(c), torch.from_numpy(lst)
@@ -421,10 +422,10 @@ class IVFIndex(IVFStorage, Index):
     def _lean_closure(self, refine: tuple | None):
         """The lean search, and with ``refine`` = (vectors, ids, k_factor) that of a
         re-ranking wrapper, in the same kernel call (see
-        :func:`vq.index.core.lean.ivf_lean_search`); none with a graph-routed coarse quantizer (the
-        lean kernels scan the centroids) or
-        with rows mapped from the index file (the lean kernels read them through the mapping:
-        see ``_scan_from_file``)."""
+        :func:`vq.index.ivf.ivf_lean.ivf_lean_search`); none with a graph-routed coarse
+        quantizer (the lean kernels scan the centroids) or, re-ranked, with rows mapped from
+        the index file (the lean kernels would read them through the mapping: see
+        ``_scan_from_file``)."""
         if self.coarse_hnsw or (refine is not None and self.rows_mapped()):
             return None
         return ivf_lean_search(self, refine)

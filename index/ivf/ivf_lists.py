@@ -109,7 +109,7 @@ class IVFStorage:
         ids = self._merged_ids(other, shift)
         sizes = other.list_sizes().to(self.device)
         lists = torch.repeat_interleave(torch.arange(self.nlist, device=self.device), sizes)
-        buffers = {name: other._buffers[name] for name in self.row_buffers}
+        buffers = {name: getattr(other, name) for name in self.row_buffers}
         self._insert(lists, lambda s, e: {k: v[s:e] for k, v in buffers.items()}, ids)
 
     def _insert(self, lists: torch.Tensor, rows: Callable, ids: torch.Tensor) -> None:

@@ -179,7 +179,7 @@ class IVFFlat(IVFIndex):
     def range_hits(self, q, radius: float, allowed=None, nprobe=None, max_codes=None) -> list:
         """The probed lists' hits, a block of queries (bounded probed rows) at a time."""
         ip, mask = self.metric == "ip", kernel_mask(self, allowed)
-        lists = self._probe_numba(q, self.effective_nprobe(nprobe))[1].numpy()
+        lists = self.nearest_lists(q, self.effective_nprobe(nprobe))[1].numpy()
         x, offsets, qn = self.vectors.numpy(), self.offsets.numpy(), q.contiguous().numpy()
 
         def call(s, e, starts, t, rows, vals, counts):

@@ -298,7 +298,7 @@ class IVFPQ(IVFIndex):
         """The probed lists' hits by the ADC values of the top-k scan (fast-scan indexes too,
         with float tables: exact ADC distances, not the quantized ones), a block of queries
         at a time."""
-        coarse, lists = self._probe_numba(q, self.effective_nprobe(nprobe))
+        coarse, lists = self.nearest_lists(q, self.effective_nprobe(nprobe))
         args, coarse_base = self._kernel_args(_NO_LISTS)
         terms = np.zeros(0, np.float32)
         if args[3].shape[0]:  # L2 by residual: a term per row, not a table per probe

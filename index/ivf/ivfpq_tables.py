@@ -23,7 +23,7 @@ import threading
 import numpy as np
 import torch
 
-from vq.index.core.lean import near_lists
+from vq.index.ivf.ivf_lean import near_lists
 from vq.kernels.common.threads import parallel_for
 from vq.kernels.pq.list_tables import list_table_rows
 
@@ -88,7 +88,7 @@ class ListTables:
 
     def fill_near(self, q, centroids_t, c_norms, nprobe, table, inputs) -> None:
         """Fill the rows of every list that a lean search of ``q`` (float32 [nq, d]) may probe
-        (:func:`vq.index.core.lean.near_lists`; L2, ``c_norms`` [nlist] the centroids' squared
+        (:func:`vq.index.ivf.ivf_lean.near_lists`; L2, ``c_norms`` [nlist] the centroids' squared
         norms)."""
         if self.missing:
             self.fill(near_lists(q, centroids_t, c_norms, False, nprobe), table, inputs)

@@ -164,7 +164,7 @@ class IVFSQ(IVFIndex):
         (:func:`vq.kernels.exact.range_scans.sq_hits`), a block of queries (bounded probed rows) at
         a time."""
         ip, mask = self.metric == "ip", kernel_mask(self, allowed)
-        lists = self._probe_numba(q, self.effective_nprobe(nprobe))[1].numpy()
+        lists = self.nearest_lists(q, self.effective_nprobe(nprobe))[1].numpy()
         qn, codes, offsets = q.contiguous().numpy(), self.codes.numpy(), self.offsets.numpy()
         arrays = (self._centroid_array(), self.by_residual, *kernel_arrays(self, self.sq))
 

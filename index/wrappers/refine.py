@@ -51,6 +51,7 @@ class Refine(Wrapper):
     """
 
     row_buffers = ("vectors",)
+    search_params = ("k_factor",)
 
     def __init__(
         self, index: Index, k_factor: int = 1, k: int | None = None, storage: str = "float32"
