@@ -1,18 +1,16 @@
-"""Factory descriptions of every index kind, shared by the tests that run one behaviour over all
-of them (merge, retraining, overflow, filtered counts, cosine)."""
+"""Factory descriptions of every registered index kind (vq.index.core.registry), shared by the
+tests that run one behaviour over all of them (io, filters, concurrency, bad input, export,
+merge, retraining, overflow, filtered counts, cosine). A kind registered anywhere is in
+``KINDS``: the toy kind of tests/toy_kind.py is, so these tests cover a kind the library does
+not ship, without naming it."""
 
-#: a factory description of each class of the factory's registry, and of the wrappers
-KINDS = {
-    "FlatIndex": "Flat",
-    "PQIndex": "PQ8",
-    "SQIndex": "SQ8",
-    "IVFFlat": "IVF16,Flat",
-    "IVFPQ": "IVF16,PQ8",
-    "IVFSQ": "IVF16,SQ8",
-    "HNSW": "HNSW16",
-    "HNSWSQ": "HNSW16,SQ8",
-    "PreTransform": "PCA32,IVF16,Flat",
-    "Refine": "HNSW16,RFlat",
-}
+import toy_kind  # noqa: F401  (registers the toy kind)
+
+from vq.index.core.registry import kinds
+
+#: the example factory description of each registered kind, wrappers included, by class name
+KINDS = {kind.name: kind.example for kind in kinds()}
+#: the kinds with a static-shape search (what export writes out)
+EXPORTED = {kind.name: kind.example for kind in kinds() if kind.exports}
 #: more configurations of the same classes that store rows differently
 VARIANTS = ["IVF16(soar),Flat", "IVF16,PQ8x4fs", "IVF16,Flat,RFlat"]

@@ -12,6 +12,7 @@ import textwrap
 import threading
 import time
 
+import index_kinds
 import numpy as np
 import pytest
 import torch
@@ -22,7 +23,8 @@ from vq.index.core.locking import ReadWriteLock
 from vq.quantizers import OPQ, ProductQuantizer
 
 THREADS, SEARCHES = 8, 100
-KINDS = ["Flat", "PQ8", "IVF16,Flat", "IVF16,PQ8", "OPQ8,IVF16,PQ8,RFlat"]
+#: every registered kind (tests/index_kinds.py), and a wrapper chain
+KINDS = [*index_kinds.KINDS.values(), "OPQ8,IVF16,PQ8,RFlat"]
 
 
 @pytest.fixture(scope="module")

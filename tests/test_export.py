@@ -22,6 +22,7 @@ from export_helpers import (
     fixture_queries,  # noqa: F401 (a fixture)
     torch_path,
 )
+from index_kinds import EXPORTED
 
 import vq
 from vq.export import OnnxRunner, audit, export_module, pad_batch, to_onnx
@@ -384,3 +385,16 @@ def test_a_layer_not_yet_initialised_is_refused_with_what_to_do():
         export_module(layer, "encode")
     layer(_clustered(256, 64, seed=3))
     export_module(layer.eval(), "encode")  # now it exports
+
+
+@pytest.mark.parametrize("desc", sorted(set(EXPORTED.values())))
+def test_every_registered_kind_with_a_static_search_exports_its_torch_path(data, queries, desc):
+    """Every kind of the registry that has a static search (tests/index_kinds.py, a toy kind
+    included): its search graph gives the index's torch path."""
+    x = torch.from_numpy(np.tile(data[:600], (1, 2)))  # (32 dimensions: every example fits)
+    q = torch.from_numpy(np.tile(queries, (1, 2)))
+    index = vq.index_factory(x.shape[1], desc)
+    index.train(x)
+    index.add(x)
+    module = export_module(index, k=5)
+    assert_same_search(*module(q), *torch_path(index, "search", q, k=5))

@@ -3,12 +3,14 @@ restricted to the allowed ids, or the same index holding only the allowed vector
 path against the kernels, faiss's IDSelectorBatch / IDSelectorBitmap, the IVF probing further,
 and bad filters."""
 
+import contextlib
 import copy
 
 import numba
 import numpy as np
 import pytest
 import torch
+from index_kinds import KINDS
 
 import vq
 from vq import _cpu
@@ -287,3 +289,21 @@ def test_a_filter_kept_across_calls_follows_the_index_when_it_changes(blobs, nam
     D0, I0 = _only(index, f.ids).search(q, K, nprobe=16)
     np.testing.assert_array_equal(I, I0)
     assert np.isin(I[I >= 0], f.ids).all()
+
+
+@pytest.mark.parametrize("desc", sorted(set(KINDS.values())))
+def test_every_registered_kind_returns_only_allowed_ids_on_both_engines(blobs, desc):
+    """Every kind of the registry (tests/index_kinds.py, a toy kind included): a filtered
+    search, numba and torch, returns allowed ids alone, and some for every query."""
+    x, q = _data(blobs, n=1200, nq=8)
+    index = vq.index_factory(x.shape[1], desc)
+    index.train(x)
+    index.add_with_ids(x, np.arange(x.shape[0]) * 3 + 7)
+    ids = index.stored_ids().numpy()
+    allowed = ids[_allowed(ids.shape[0], 0.3, seed=5)]
+    for engine in (contextlib.nullcontext, _cpu.torch_only):
+        with engine():
+            _, I = index.search(torch.from_numpy(q), K, allowed=torch.from_numpy(allowed))
+        I = np.asarray(I)
+        assert np.isin(I[I >= 0], allowed).all(), desc
+        assert (I >= 0).any(axis=1).all(), desc

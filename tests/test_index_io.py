@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import safetensors.torch
 import torch
+from index_kinds import KINDS
 from safetensors import safe_open
 
 import vq
@@ -22,16 +23,12 @@ from vq.index.core.fileformat import tensors_checksum
 from vq.index.ivf.ivf_index import IVFIndex
 from vq.quantizers import OPQ, ProductQuantizer
 
-FACTORY_STRINGS = [
-    "Flat",
-    "PQ8",
-    "PQ8x6",
-    "IVF16,Flat",
-    "IVF16,PQ8",
-    "OPQ8,IVF16,PQ8",
-    "OPQ8_16,IVF16,PQ8,RFlat",
-    "PQ8,Refine(Flat)",
-]
+#: every registered kind (tests/index_kinds.py), and configurations that store rows differently
+FACTORY_STRINGS = list(
+    dict.fromkeys(
+        [*KINDS.values(), "PQ8x6", "OPQ8,IVF16,PQ8", "OPQ8_16,IVF16,PQ8,RFlat", "PQ8,Refine(Flat)"]
+    )
+)
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -152,7 +149,11 @@ def test_round_trip(tmp_path, blobs, queries, desc, metric):
     custom = 10**12 + np.random.default_rng(0).permutation(900) * 7
     index.add_with_ids(blobs[600:1500], custom)
     removed = np.concatenate([np.arange(0, 600, 3), custom[::4]])
-    assert index.remove_ids(removed) == len(removed)
+    try:
+        assert index.remove_ids(removed) == len(removed)
+    except ValueError as err:  # a kind that cannot remove (the graphs: faiss's HNSW neither)
+        assert "cannot remove" in str(err)
+        removed = removed[:0]
     loaded = reload(index, path)
     assert loaded.ntotal == 1500 - len(removed)
     assert loaded.metric == metric

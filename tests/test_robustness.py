@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from index_kinds import KINDS
 
 import vq
 from vq._checks import in_chunks
@@ -545,3 +546,29 @@ def test_queries_on_another_device(env):
     codes = env.pq.encode(q)
     assert codes.device == q.device
     np.testing.assert_array_equal(codes.cpu().numpy(), env.pq.encode(env.q))
+
+
+@pytest.mark.parametrize("desc", sorted(set(KINDS.values())))
+def test_every_registered_kind_refuses_bad_input_in_its_own_words(desc):
+    """Every kind of the registry (tests/index_kinds.py, a toy kind included) checks what it is
+    given before any kernel sees it: the wrong dimension, NaN, an unknown option, a bad k."""
+    x = clustered_vectors(800, 32, n_clusters=8, seed=11)
+    index = vq.index_factory(32, desc)
+    index.train(x)
+    index.add(x)
+    with pytest.raises(ValueError, match="dim"):
+        index.search(x[:2, :16], 3)
+    with pytest.raises(ValueError, match="dim"):
+        index.add(x[:2, :16])
+    bad = x[:2].copy()
+    bad[0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        index.search(bad, 3)
+    with pytest.raises(ValueError, match="NaN"):
+        index.add(bad)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nope'"):
+        index.search(x[:2], 3, nope=1)
+    with pytest.raises(ValueError, match="k must be"):
+        index.search(x[:2], 0)
+    with pytest.raises(ValueError, match="not in the index|cannot reconstruct"):
+        index.reconstruct(10**9)

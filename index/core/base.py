@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -36,15 +37,17 @@ from vq._checks import (
     in_chunks,
     like_input,
 )
-from vq._cpu import serial_if_small, torch_only
+from vq._cpu import fast_path, serial_if_small, torch_only
 from vq._tree_cache import cached, drop
 from vq.index.core.faiss_build import import_faiss, keep_alive
 from vq.index.core.fileformat import save_target, write_index_file
+from vq.index.core.filters import torch_mask
 from vq.index.core.lean import search_small
 from vq.index.core.locking import ReadWriteLock
 from vq.index.core.mapped import read_chunks
 from vq.index.core.memory import held_bytes
 from vq.index.core.ranges import range_search
+from vq.index.core.searchers import search_in_chunks
 from vq.index.core.searching import (
     MAX_K,
     check_k,
@@ -525,14 +528,40 @@ class Index(Updates, nn.Module):
         """``compute()``, kept until a ``sources`` tensor changes (see ``searching.derived``)."""
         return derived_value(self, name, sources, compute)
 
+    #: whether the kind's torch searcher takes a filter (``allowed``); where not (HNSW's walk,
+    #: which lacks the exact fallback), filtered searches run ``search_rows`` on CPU copies
+    torch_filters = True
+
     def search_ids(self, q: torch.Tensor, k: int, **params) -> tuple[torch.Tensor, torch.Tensor]:
-        """float32 distances and int64 ids [nq, k] of checked float32 queries on the device."""
+        """float32 distances and int64 ids [nq, k] of checked float32 queries on the device: the
+        engine switch of the general path (the lean path, tried first, is ``lean_search``).
+        CPU tensors in eager mode (``vq._cpu.fast_path``) run ``search_rows`` (the numba
+        kernels); anything else (CUDA, ``torch_only``, graph capture) runs
+        :meth:`torch_search` where the kind has a static-shape search (``searcher``), and
+        ``search_rows`` where it has none (or the call is filtered and ``torch_filters`` is
+        False)."""
         if self.ntotal == 0:
             val = torch.empty(q.shape[0], 0, device=self.device)
             rows = torch.empty(q.shape[0], 0, dtype=torch.int64, device=self.device)
-        else:
-            val, rows = self.search_rows(q, min(k, self.ntotal), **params)
+            return self._finish(val, rows, k)
+        if not fast_path(q) and self.has_searcher():
+            if self.torch_filters or params.get("allowed") is None:
+                return self.torch_search(q, k, **params)
+        val, rows = self.search_rows(q, min(k, self.ntotal), **params)
         return self._finish(val, rows, k)
+
+    def torch_search(self, q: torch.Tensor, k: int, allowed=None, **params):
+        """The torch engine: the kind's static search over its own storage
+        (:meth:`torch_searcher`), a chunk of queries at a time; the filter as a bool mask
+        over the stored rows."""
+        mask = {} if allowed is None else {"allowed": torch_mask(self, allowed)}
+        return search_in_chunks(self.torch_searcher(), q, k, **params, **mask)
+
+    def torch_searcher(self):
+        """The static search over the index's own storage (``searcher(copy=False)``), kept
+        until a buffer changes."""
+        shared = partial(self.searcher, copy=False)
+        return self.derived("searcher", tuple(self.buffers()), shared)
 
     def candidate_ids(self, q: torch.Tensor, k: int, **params) -> torch.Tensor:
         """int64 [nq, k]: the ids of the k nearest in any order (-1 padding), the candidates a

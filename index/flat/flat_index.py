@@ -6,13 +6,13 @@ import numpy as np
 import torch
 
 from vq import _cpu, kernels
-from vq._cpu import empty, fast_path
+from vq._cpu import empty
 from vq.index.core.base import Index
 from vq.index.core.faiss_build import faiss_metric, import_faiss, with_id_map
-from vq.index.core.filters import IdFilter, kernel_mask, torch_mask
+from vq.index.core.filters import IdFilter, kernel_mask
 from vq.index.core.ranges import RANGE_SLOTS, counted
 from vq.index.core.registry import register
-from vq.index.core.searchers import Searcher, kept, search_in_chunks
+from vq.index.core.searchers import Searcher, kept
 from vq.index.core.searching import NO_IDS, shape_problem
 from vq.kernels.common import threads
 from vq.kernels.common.constants import metric as kernel_metric
@@ -71,21 +71,11 @@ class FlatIndex(Index):
         out.vectors = torch.from_numpy(data)
         return out
 
-    def searcher(self, k: int | None = None) -> FlatSearch:
+    def searcher(self, k: int | None = None, *, copy: bool = True) -> FlatSearch:
         """The search as a static-shape graph over a snapshot of the stored vectors (see
-        :class:`FlatSearch`; what :mod:`vq.export` writes out)."""
-        return FlatSearch(self, k)
-
-    def search_ids(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
-        if self.ntotal == 0 or fast_path(q):
-            return super().search_ids(q, k, allowed=allowed)
-        return search_in_chunks(self.torch_searcher(), q, k, allowed=torch_mask(self, allowed))
-
-    def torch_searcher(self) -> FlatSearch:
-        """The torch path: the static search over the index's own vectors, kept until they
-        change."""
-        sources = (self.vectors, self.ids)
-        return self.derived("searcher", sources, lambda: FlatSearch(self, copy=False))
+        :class:`FlatSearch`; what :mod:`vq.export` writes out; ``copy=False``: over the
+        index's own, its torch engine)."""
+        return FlatSearch(self, k, copy)
 
     def search_rows(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
         # (CPU tensors in eager mode: see _search_ids)

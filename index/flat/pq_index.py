@@ -21,10 +21,10 @@ from vq.index.core.faiss_build import (
     with_id_map,
 )
 from vq.index.core.fastscan_codes import PackedCodes, check_fast_scan
-from vq.index.core.filters import IdFilter, kernel_mask, torch_mask
+from vq.index.core.filters import IdFilter, kernel_mask
 from vq.index.core.ranges import probed_hits
 from vq.index.core.registry import register
-from vq.index.core.searchers import Searcher, kept, search_in_chunks, top_rows
+from vq.index.core.searchers import Searcher, kept, top_rows
 from vq.index.core.searching import NO_IDS, shape_problem
 from vq.kernels.common.constants import metric as kernel_metric
 from vq.kernels.fastscan import fastscan_scans as packed4
@@ -133,21 +133,11 @@ class PQIndex(Index):
     def vector_ns(self) -> float:
         return self.pq.M / (64 if self.fast_scan else 4)
 
-    def searcher(self, k: int | None = None, *, code_dtype: torch.dtype | None = None):
+    def searcher(self, k: int | None = None, *, code_dtype=None, copy: bool = True) -> PQSearch:
         """The search as a static-shape graph over a snapshot of the codes (see
-        :class:`PQSearch`; what :mod:`vq.export` writes out)."""
-        return PQSearch(self, k, code_dtype)
-
-    def search_ids(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
-        if self.ntotal == 0 or _cpu.fast_path(q):
-            return super().search_ids(q, k, allowed=allowed)
-        return search_in_chunks(self.torch_searcher(), q, k, allowed=torch_mask(self, allowed))
-
-    def torch_searcher(self) -> PQSearch:
-        """The torch path (fast-scan indexes too, with float tables): the static search over
-        the index's own codes, kept until they change."""
-        sources = (self.codes, self.ids, self.pq.codebooks)
-        return self.derived("searcher", sources, lambda: PQSearch(self, copy=False))
+        :class:`PQSearch`; what :mod:`vq.export` writes out; ``copy=False``: over the index's
+        own codebooks, its torch engine, fast-scan indexes too with float tables)."""
+        return PQSearch(self, k, code_dtype, copy)
 
     def search_rows(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
         # CPU tensors in eager mode (see _search_ids)

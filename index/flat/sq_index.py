@@ -18,11 +18,11 @@ from vq._checks import check_real, is_integer
 from vq.faiss_interop import SQ_TYPES, sq_from_faiss
 from vq.index.core.base import Index
 from vq.index.core.faiss_build import faiss_metric, import_faiss, with_id_map
-from vq.index.core.filters import NO_FILTER, IdFilter, kernel_mask, torch_mask
+from vq.index.core.filters import NO_FILTER, IdFilter, kernel_mask
 from vq.index.core.mapped import read_chunks
 from vq.index.core.ranges import probed_hits
 from vq.index.core.registry import register
-from vq.index.core.searchers import Searcher, kept, search_in_chunks
+from vq.index.core.searchers import Searcher, kept
 from vq.index.core.searching import NO_IDS, shape_problem
 from vq.kernels.common.constants import metric as kernel_metric
 from vq.kernels.exact.range_scans import sq_hits
@@ -186,20 +186,11 @@ class SQIndex(Index):
         return self.dim / (8 if self.bits == 8 else 3)
 
     # -- search -------------------------------------------------------------------------------
-    def searcher(self, k: int | None = None) -> SQSearch:
+    def searcher(self, k: int | None = None, *, copy: bool = True) -> SQSearch:
         """The search as a static-shape graph over a snapshot of the codes (see
-        :class:`SQSearch`; what :mod:`vq.export` writes out)."""
-        return SQSearch(self, k)
-
-    def search_ids(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
-        if self.ntotal == 0 or _cpu.fast_path(q):
-            return super().search_ids(q, k, allowed=allowed)
-        return search_in_chunks(self.torch_searcher(), q, k, allowed=torch_mask(self, allowed))
-
-    def torch_searcher(self) -> SQSearch:
-        """The torch path: the static search over the index's codes, kept until they change."""
-        sources = (self.codes, self.ids, self.sq.vmin, self.sq.vdiff)
-        return self.derived("searcher", sources, lambda: SQSearch(self, copy=False))
+        :class:`SQSearch`; what :mod:`vq.export` writes out; ``copy=False``: over the index's
+        own ranges, its torch engine)."""
+        return SQSearch(self, k, copy)
 
     def search_rows(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
         dist = _cpu.empty((q.shape[0], k))

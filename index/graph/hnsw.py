@@ -34,12 +34,9 @@ results, not always equal; ``IVF…_HNSW<M>`` indexes route through :meth:`HNSW.
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 import torch
 
-from vq import _cpu
 from vq._checks import check_int, check_positive, check_seed
 from vq.index.core.base import Index
 from vq.index.core.faiss_build import faiss_metric, import_faiss, with_id_map
@@ -47,7 +44,6 @@ from vq.index.core.filters import IdFilter
 from vq.index.core.lean import SMALL_BATCH
 from vq.index.core.ranges import by_query
 from vq.index.core.registry import register
-from vq.index.core.searchers import search_in_chunks
 from vq.index.core.searching import NO_IDS, shape_problem
 from vq.index.graph.hnsw_graph import (
     SeenPool,
@@ -96,6 +92,9 @@ class HNSW(Index):
 
     static_search = HNSWSearch  #: the class of :meth:`searcher`
     search_params = ("efSearch",)
+    #: a filtered search runs the numba kernels (on CPU copies off the CPU), which scan the
+    #: allowed rows where the walk meets too few: k results wherever k ids are allowed
+    torch_filters = False
 
     def __init__(
         self,
@@ -238,15 +237,13 @@ class HNSW(Index):
         self.upper_neighbors = torch.from_numpy(up_nbr).to(device)
         self.entry_point = torch.tensor([entry], dtype=torch.int64, device=device)
 
-    def remove_ids(self, ids) -> int:
-        """Not supported, as in faiss's HNSW: a ValueError saying to rebuild the index."""
+    def remove_stored(self, ids: torch.Tensor) -> int:
+        """Not supported, as in faiss's HNSW: a ValueError saying to rebuild the index (before
+        anything changes: a wrapper removing its own rows asks this index first)."""
         raise ValueError(
             "HNSW cannot remove vectors (a graph node's links would dangle); build a new "
             "index from the vectors you keep"
         )
-
-    def _keep(self, rows: torch.Tensor) -> None:  # pragma: no cover - remove_ids refuses
-        raise ValueError("HNSW cannot remove vectors")
 
     def consistency_problem(self) -> str | None:
         n, M = self.ntotal, self.M
@@ -337,17 +334,9 @@ class HNSW(Index):
     def torch_searcher(self) -> HNSWSearch:
         """The torch path (a re-ranking wrapper's too): the static search over the index's own
         graph (``searcher(copy=False)``), kept until a buffer changes; a beam of efSearch."""
-        shared = partial(self.searcher, copy=False)
-        searcher = self.derived("searcher", tuple(self.buffers()), shared)
+        searcher = super().torch_searcher()
         searcher.efSearch = self.efSearch
         return searcher
-
-    def search_ids(self, q: torch.Tensor, k: int, efSearch: int | None = None, allowed=None):
-        # a filtered search runs the numba kernels (on CPU copies off the CPU), which scan the
-        # allowed rows where the walk meets too few: k results wherever k ids are allowed
-        if self.ntotal == 0 or _cpu.fast_path(q) or allowed is not None:
-            return super().search_ids(q, k, efSearch=efSearch, allowed=allowed)
-        return search_in_chunks(self.torch_searcher(), q, k, efSearch=efSearch)
 
     def search_rows(self, q: torch.Tensor, k: int, efSearch: int | None = None,
                      allowed: IdFilter | None = None):  # fmt: skip

@@ -15,7 +15,6 @@ This module holds what the IVF kinds share (:class:`IVFIndex`); the static-shape
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 
 import numpy as np
 import torch
@@ -314,8 +313,7 @@ class IVFIndex(IVFStorage, Index):
         """The torch path: the kind's static search over the index's own storage
         (``searcher(copy=False)``), kept until a buffer changes; it probes ``nprobe`` lists
         unless a search says otherwise."""
-        shared = partial(self.searcher, copy=False)
-        searcher = self.derived("searcher", tuple(self.buffers()), shared)
+        searcher = super().torch_searcher()
         searcher.nprobe = min(self.nprobe, self.nlist)
         return searcher
 
@@ -330,9 +328,12 @@ class IVFIndex(IVFStorage, Index):
         query probed."""
         if max_codes is not None:
             check_positive(max_codes, "max_codes")
-        if self.ntotal == 0 or _cpu.fast_path(q):
-            options = {"max_codes": max_codes, "allowed": allowed, "probed": probed}
-            return super().search_ids(q, k, nprobe=nprobe, **options)
+        options = {"max_codes": max_codes, "allowed": allowed, "probed": probed}
+        return super().search_ids(q, k, nprobe=nprobe, **options)
+
+    def torch_search(self, q, k, nprobe=None, max_codes=None, allowed=None, probed=None):
+        """The torch engine (see ``search_ids``): under a filter, as many lists as the query
+        that needs most, each query's cut to its own (``limit``)."""
         nprobe = self.effective_nprobe(nprobe)
         mask = torch_mask(self, allowed)
         limit = None

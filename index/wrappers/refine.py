@@ -9,7 +9,7 @@ import torch
 
 from vq import kernels
 from vq._checks import check_positive
-from vq._cpu import empty, fast_path
+from vq._cpu import empty
 from vq.index.core.base import Index
 from vq.index.core.faiss_build import import_faiss, keep_alive, with_id_map
 from vq.index.core.filters import IdFilter, torch_mask
@@ -194,19 +194,25 @@ class Refine(Wrapper):
         k_factor = self.k_factor if k_factor is None else _check_k_factor(k_factor)
         return RefineSearch(self, self.index.searcher(k * k_factor, **options), k, k_factor)
 
-    def search_ids(self, q: torch.Tensor, k: int, k_factor: int | None = None, **params):
+    def torch_search(self, q: torch.Tensor, k: int, k_factor: int | None = None, **params):
+        """The torch engine: the wrapped index's static search over its own tensors for the
+        candidates (a filter masks its probed lists: no probing further here), re-ranked."""
         k_factor = _check_k_factor(self.k_factor if k_factor is None else k_factor)
-        if self.ntotal == 0:
-            return super().search_ids(q, k)
+        probed, _ = params.pop("probed", None), params.pop("max_codes", None)
+        if probed is not None:
+            probed.fill_(self.index.effective_nprobe(params.get("nprobe")))
+        params["allowed"] = torch_mask(self, params.get("allowed"))
+        return search_in_chunks(self.torch_searcher(), q, k, k_factor=k_factor, **params)
+
+    def torch_searcher(self) -> RefineSearch:
+        """The re-ranking over the wrapped index's own static search (its torch engine)."""
+        return RefineSearch(self, self.index.torch_searcher(), copy=False)
+
+    def search_rows(self, q: torch.Tensor, k: int, k_factor: int | None = None, **params):
+        """The numba engine: the wrapped index's ``k * k_factor`` candidates, re-ranked by
+        their exact distances (``refine_scan``)."""
+        k_factor = _check_k_factor(self.k_factor if k_factor is None else k_factor)
         allowed = params.get("allowed")
-        if not fast_path(q):  # the torch path: the static search over the index's own tensors
-            # (a filter masks the wrapped index's probed lists: no probing further here)
-            searcher = RefineSearch(self, self.index.torch_searcher(), copy=False)
-            probed, _ = params.pop("probed", None), params.pop("max_codes", None)
-            if probed is not None:
-                probed.fill_(self.index.effective_nprobe(params.get("nprobe")))
-            params["allowed"] = torch_mask(self, allowed)
-            return search_in_chunks(searcher, q, k, k_factor=k_factor, **params)
         if allowed is not None:  # the wrapped index's ids are this index's rows
             params["allowed"] = IdFilter(allowed.row_mask(self).view(bool))
         cand = self.index.candidate_ids(q, k * k_factor, **params)  # [nq, k * k_factor]
@@ -220,7 +226,7 @@ class Refine(Wrapper):
             dist.numpy(),
             rows.numpy(),
         )
-        return self._finish(dist, rows, k)
+        return dist, rows
 
     def build_lean_search(self):
         """The wrapped index's lean search for ``k * k_factor`` candidates, re-ranked and

@@ -26,5 +26,8 @@ class Wrapper(Index):
     def search_options(self) -> tuple[str, ...]:
         return tuple(sorted(set(super().search_options()) | set(self.index.search_options())))
 
+    def has_searcher(self) -> bool:
+        return self.index.has_searcher()  # (a static search around the wrapped index's)
+
     def probes_lists(self) -> bool:
         return self.index.probes_lists()

@@ -12,7 +12,6 @@ the searches stay static (inverted lists padded to a fixed ``capacity``, +inf on
 
 from __future__ import annotations
 
-import inspect
 import json
 
 import torch
@@ -21,6 +20,7 @@ from torch import nn
 from vq._checks import check_positive
 from vq.export.base import ExportModule, TensorSpec
 from vq.index.core.base import Index
+from vq.index.core.registry import kinds
 
 #: the largest id space a filtered search graph takes as a mask (bool, one byte per id)
 MAX_ID_SPACE = 1 << 31
@@ -38,7 +38,9 @@ def search_module(
     """The search graph of a trained, filled index (wrappers recursively).
 
     Args:
-        index: FlatIndex, PQIndex, IVFFlat, IVFPQ, or PreTransform / Refine around them.
+        index: an index whose kind has a static-shape search (``index.has_searcher()``:
+            every registered kind whose ``exports`` is true, and PreTransform / Refine around
+            them).
         k: neighbours per query.
         nprobe: lists probed (IVF; default the index's ``nprobe``, at most nlist).
         k_factor: candidates per result for Refine (default the index's ``k_factor``).
@@ -56,10 +58,11 @@ def search_module(
     options = {name: check_positive(v, name) for name, v in options.items() if v is not None}
     if code_dtype is not None:
         options["code_dtype"] = code_dtype
-    if not hasattr(index, "searcher"):
+    if not (isinstance(index, Index) and index.has_searcher()):
+        supported = ", ".join(k.name for k in kinds() if k.exports and not k.wrapper)
         raise TypeError(
-            f"no search graph for {type(index).__name__}; supported: FlatIndex, PQIndex, "
-            "IVFFlat, IVFPQ, and PreTransform / Refine around them"
+            f"no search graph for {type(index).__name__}; supported: {supported}, and "
+            "PreTransform / Refine around them"
         )
     graph = index.searcher(check_positive(k, "k"), **options)
     inputs = (TensorSpec("queries", torch.float32, (index.dim,)),)
@@ -109,17 +112,13 @@ class FilteredSearch(nn.Module):
 
 
 def _takes_filter(searcher: nn.Module) -> bool:
-    """Whether ``searcher.search`` takes ``allowed`` (a wrapper: whether the searcher it wraps
-    does too), and the searcher does not refuse a filtered export (``filter_export = False``:
-    the HNSW walk, whose filter lacks the index's exact fallback)."""
+    """Whether a filtered export of ``searcher`` holds: every static search takes ``allowed``
+    (:class:`vq.index.core.searchers.Searcher`), unless it declares ``filter_export = False``
+    (the HNSW walk, whose filter lacks the index's exact fallback) or wraps one that does."""
     inner = getattr(searcher, "inner", None)
-    wraps = isinstance(inner, nn.Module)
-    if not getattr(searcher, "filter_export", True) or (wraps and not _takes_filter(inner)):
+    if not getattr(searcher, "filter_export", True):
         return False
-    params = inspect.signature(searcher.search).parameters
-    if "allowed" in params:
-        return True
-    return wraps and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    return not isinstance(inner, nn.Module) or _takes_filter(inner)
 
 
 def _metadata(index: Index, graph: torch.nn.Module) -> dict[str, str]:
