@@ -31,6 +31,12 @@ def results(tmp_path, monkeypatch):
     return tmp_path
 
 
+def one_thread(argv):
+    """``argv`` with ``--threads 1``: the test workers already fill the cores, and OpenMP teams
+    of two spin against each other there."""
+    return [*argv, "--threads", "1"]
+
+
 def read_csv(path, columns):
     """The rows of ``path``, after checking it has ``columns`` and sane numbers: recalls and
     fractions in [0, 1], throughputs, times, sizes and ratios finite and > 0 (memory increases,
@@ -55,26 +61,32 @@ def read_csv(path, columns):
 
 
 def test_kmeans(results):
-    kmeans.main(["--n", "2000", "--dim", "16", "--k", "16", "--niter", "3", "--rounds", "1"])
+    kmeans.main(
+        one_thread(["--n", "2000", "--dim", "16", "--k", "16", "--niter", "3", "--rounds", "1"])
+    )
     rows = read_csv(results / "kmeans.csv", ["system", "seconds", "time / faiss", "objective"])
     assert {r["system"] for r in rows} >= {"faiss.Kmeans", "vq.kmeans (random)", "vq.lbg"}
     assert (results / "kmeans.png").exists()
 
 
 def test_encode(results):
-    encode.main(["--n", "1000", "--dim", "8", "--M", "2", "--rvq-stages", "1", "--rounds", "1"])
+    encode.main(
+        one_thread(["--n", "1000", "--dim", "8", "--M", "2", "--rvq-stages", "1", "--rounds", "1"])
+    )
     read_csv(results / "encode.csv", ["operation", "vq vectors/s", "faiss vectors/s", "vq / faiss"])
 
 
 def test_pq_search(results):
-    pq_search.main(["--n", "2000", "--dim", "16", "--M", "4", "--nq", "20", "--rounds", "1"])
+    pq_search.main(
+        one_thread(["--n", "2000", "--dim", "16", "--M", "4", "--nq", "20", "--rounds", "1"])
+    )
     rows = read_csv(results / "pq_search.csv", ["vq QPS", "faiss QPS", "identical top-k rows"])
     assert float(rows[0]["identical top-k rows"]) > 0.5  # same codebooks and codes
 
 
 def test_sketch(results):
     argv = "--data synthetic --n 3000 --dim 40 --nlist 16 --nq 50 --nprobe 1 4 --rounds 1"
-    rows = sketch.main([*argv.split(), "--min-seconds", "0.01"])
+    rows = sketch.main(one_thread([*argv.split(), "--min-seconds", "0.01"]))
     read_csv(results / "sketch.csv", ["QPS sketch", "QPS plain", "QPS faiss", "sketch / faiss"])
     # the same lists and exact distances: the same ids as the plain scan and as faiss
     assert all(r["same ids as plain"] == 1.0 and r["same ids as faiss"] > 0.99 for r in rows)
@@ -82,14 +94,14 @@ def test_sketch(results):
 
 def test_spill(results):
     argv = "--n 3000 --dim 16 --nlist 32 --nq 50 --nprobe 1 4 --rounds 1"
-    rows = spill.main(argv.split())
+    rows = spill.main(one_thread(argv.split()))
     read_csv(results / "spill.csv", ["recall_plain", "recall_soar", "qps_plain", "qps_soar"])
     assert all(row["recall_soar"] >= row["recall_plain"] for row in rows)
 
 
 def test_ivf_search(results):
     argv = "--n 2000 --dim 16 --nlist 8 --M 8 --nq 20 --ntrain 2000 --nprobe 1 4 --rounds 1"
-    ivf_search.main(argv.split())
+    ivf_search.main(one_thread(argv.split()))
     rows = read_csv(results / "ivf_search.csv", ["nprobe", "vq QPS", "faiss QPS", "recall@10"])
     assert [int(r["nprobe"]) for r in rows] == [1, 4]
     read_csv(results / "ivf_add.csv", ["vq add vec/s", "faiss add vec/s", "file vq / faiss"])
@@ -100,7 +112,7 @@ def test_ann(results):
         "--n 2000 --nq 20 --dim 16 --nlist 8 --M 8 --ntrain 1000 --nprobe 1 4 16 --k-factor 1 4 "
         "--rounds 1 --min-seconds 0.01 --index Flat IVF8,PQ8 IVF8,PQ8,RFlat"
     )
-    rows = ann.main(argv.split())
+    rows = ann.main(one_thread(argv.split()))
     columns = ["data", "index", "system", "param", "recall@1", "recall@10", "recall@100", "QPS"]
     csv_rows = read_csv(results / "ann.csv", [*columns, "vq / faiss"])
     assert len(csv_rows) == len(rows) == 2 * (1 + 3 + 2)  # Flat; nprobe 1, 4, 16 -> 8; RFlat
@@ -126,7 +138,7 @@ def test_frontier(results):
         "--k-factor 2 8 --ef 16 64 --rounds 1 --min-seconds 0.01 --systems vq faiss "
         "--vq HNSW16 HNSW16:int8:efc64 IVF16,PQ16x4fs,Refine(SQfp16)"
     )
-    rows = frontier.main(argv.split())
+    rows = frontier.main(one_thread(argv.split()))
     columns = ["system", "index", "param", "recall@10", "QPS", "B/vector"]
     points = read_csv(results / "frontier.csv", columns)
     assert len(points) == len(rows)
@@ -158,7 +170,7 @@ def test_fastscan(results):
         "--n 3000 --nq 30 --dim 32 --nlist 8 --M 8 --ntrain 3000 --nprobe 1 4 --k-factor 1 4 "
         "--rounds 1 --min-seconds 0.01"
     )
-    rows = fastscan.main(argv.split())
+    rows = fastscan.main(one_thread(argv.split()))
     csv_rows = read_csv(results / "fastscan.csv", ["index", "system", "param", "QPS", "same ids"])
     assert len(csv_rows) == len(rows) == 2 * (1 + 2 + 2 + 2)  # PQ; 2 nprobes x 2 IVF; RFlat
     params = [r["param"] for r in csv_rows if r["system"] == "vq" and "RFlat" in r["index"]]
@@ -179,7 +191,7 @@ def test_ann_helpers():
 
 
 def test_memory(results):
-    memory.main(["--n", "3000", "--dim", "16", "--index", "PQ2", "--ntrain", "1000"])
+    memory.main(one_thread(["--n", "3000", "--dim", "16", "--index", "PQ2", "--ntrain", "1000"]))
     columns = ["index", "system", "n", "peak RSS MiB", "RSS increase MiB", "file bytes/vector"]
     rows = read_csv(results / "memory.csv", [*columns, "file vq / faiss"])
     assert [r["system"] for r in rows] == ["vq", "faiss"]
@@ -196,7 +208,7 @@ def test_export(results):
         "--n 2000 --dim 16 --M 4 --rvq-stages 2 --nlist 8 --nprobe 2 --ntrain 2000 "
         "--encode-batches 4 --search-batches 3 --rounds 1 --min-seconds 0.001"
     )
-    rows = export.main(argv.split())
+    rows = export.main(one_thread(argv.split()))
     columns = ["operation", "batch", "ONNX Runtime ms", "torch eager ms", "eager / ONNX Runtime"]
     csv_rows = read_csv(results / "export.csv", [*columns, "vq (numba) ms", "identical rows"])
     assert len(csv_rows) == len(rows) == 3  # PQ and RVQ encode, IVFPQ search
@@ -216,7 +228,7 @@ def test_vqvae_nsynth(results, tmp_path):
         "--codes 16 --stages 2 --hidden 16 --latent 8 --micro-batch 2 --micro-len 16 "
         "--micro-dim 8 --micro-codes 16 --micro-stages 2 --rounds 2"
     )
-    vqvae_nsynth.main([*argv.split(), "--data-dir", str(tmp_path / "data")])
+    vqvae_nsynth.main(one_thread([*argv.split(), "--data-dir", str(tmp_path / "data")]))
     columns = ["layer", "system", "best seconds", "vq / anchor", "perplexity", "codes used"]
     step = read_csv(results / "vq_layer_step.csv", columns)
     assert [r["system"] for r in step] == ["vq", "vector-quantize-pytorch"] * 2
@@ -240,7 +252,7 @@ def test_vqvae_nsynth(results, tmp_path):
 def test_coldstart_times_a_fresh_process_per_kind(results):
     kinds = ["ProductQuantizer", coldstart.LAYER]  # (each index kind runs the same code)
     argv = ["--n", "2000", "--repeats", "1", "--no-cold", "--kinds", *kinds]
-    rows = coldstart.main(argv)
+    rows = coldstart.main(one_thread(argv))
     assert [r["kind"] for r in rows] == kinds
     table = read_csv(results / "coldstart.csv", ["kind", "vq import s", "vq load+first s"])
     assert [r["kind"] for r in table] == kinds
@@ -253,7 +265,7 @@ def test_coldstart_times_a_fresh_process_per_kind(results):
 def test_latency_reports_percentiles_of_both_libraries(results):
     # 32 dimensions, PQ8: the IVF-PQ kernel configuration most tests use (compiled once)
     argv = "--n 2000 --dim 32 --queries 30 --kinds Flat IVF64,PQ8"
-    rows = latency.main(argv.split())
+    rows = latency.main(one_thread(argv.split()))
     assert [r["index"] for r in rows] == ["Flat", "IVF64,PQ8"]
     for row in rows:
         assert 0 < row["vq p50 us"] <= row["vq p99 us"]
@@ -264,7 +276,7 @@ def test_latency_reports_percentiles_of_both_libraries(results):
 
 def test_coldstart_reports_cold_cache_bars_and_the_cli(results, capsys):
     argv = "--n 2000 --nq 5 --repeats 1 --cli-n 3000 --cli-index Flat --kinds Flat".split()
-    rows = coldstart.main([*argv, coldstart.CLI])
+    rows = coldstart.main(one_thread([*argv, coldstart.CLI]))
     assert [r["kind"] for r in rows] == ["Flat", coldstart.CLI]
     flat, cli = rows
     assert 0 < flat["vq load+first s"] <= flat["vq cold load+first s"]  # the cold one compiles
@@ -281,7 +293,9 @@ def test_coldstart_reports_cold_cache_bars_and_the_cli(results, capsys):
 
 
 def test_latency_reports_means_recalls_and_nprobe_of_both(results):
-    rows = latency.main("--n 2000 --dim 32 --queries 30 --nprobe 4 --kinds IVF64,PQ8".split())
+    rows = latency.main(
+        one_thread("--n 2000 --dim 32 --queries 30 --nprobe 4 --kinds IVF64,PQ8".split())
+    )
     (row,) = rows
     assert row["nprobe"] == 4
     assert 0 < row["vq mean us"] and 0 < row["faiss mean us"]
@@ -296,7 +310,7 @@ def test_latency_reports_means_recalls_and_nprobe_of_both(results):
 
 def test_frontier_refuses_a_graph_of_fewer_than_two_links(capsys):
     with pytest.raises(SystemExit) as stop:
-        frontier.main(["--data", "synthetic", "--hnsw-M", "16", "1"])
+        frontier.main(one_thread(["--data", "synthetic", "--hnsw-M", "16", "1"]))
     assert stop.value.code == 2
     error = capsys.readouterr().err
     assert "--hnsw-M: each M must be at least 2 (links per node), got [16, 1]" in error

@@ -15,7 +15,9 @@ def data_dir(tmp_path_factory):
 def test_main_job_runs_end_to_end(data_dir, capsys):
     from vq.apps import nsynth
 
+    # one thread: the test workers already fill the cores (faiss's OpenMP teams would spin)
     args = ["--data-dir", str(data_dir), "--instruments", "33", "--quiet", "--nprobe", "4"]
+    args += ["--threads", "1"]
     assert nsynth.main(args) == 0
     out = capsys.readouterr().out
     assert "330 database notes, 30 queries" in out
@@ -56,5 +58,6 @@ def test_max_notes_embeds_only_a_sample(data_dir, capsys):
     from vq.apps import nsynth
 
     args = ["--data-dir", str(data_dir), "--instruments", "33", "--quiet", "--skip-validation"]
+    args += ["--threads", "1"]
     assert nsynth.main([*args, "--max-notes", "300"]) == 0
     assert "300 database notes, 30 queries" in capsys.readouterr().out

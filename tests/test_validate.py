@@ -6,7 +6,8 @@ pytest.importorskip("faiss")
 def test_main_job_passes_on_small_data(capsys):
     from vq.apps import validate
 
-    assert validate.main(["--n", "20000", "--dim", "16"]) == 0
+    # one thread: faiss's OpenMP teams spin against the other test worker's on 2 cores
+    assert validate.main(["--n", "20000", "--dim", "16", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "| PQ2 codes, faiss codebooks |" in out
     assert "| IVF256,PQ2 top-10, faiss index imported | 1 |" in out
