@@ -59,27 +59,65 @@ def set_threads(n: int) -> None:
     faiss.omp_set_num_threads(n)
 
 
-def machine_header(threads: int) -> str:
-    import faiss
-    import numba
-    import numpy
-    import torch
+#: the CPU flags a result file records (the SIMD sets the kernels and faiss choose between)
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+              "avx512_bf16", "amx_tile", "asimd", "sve")  # fmt: skip
+#: the libraries a result file records the versions of, where they are installed
+LIBRARIES = ("torch", "numba", "numpy", "faiss", "hnswlib", "scann", "onnxruntime",
+             "vector_quantize_pytorch")  # fmt: skip
 
-    cpu = platform.processor() or "unknown"
+
+def _cpu() -> tuple[str, list[str]]:
+    """The CPU's model name and the :data:`SIMD_FLAGS` it has (Linux /proc/cpuinfo)."""
+    cpu, flags = "", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not cpu:
+                cpu = value.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = set(value.split())
     except OSError:
         pass
+    return cpu or platform.processor() or "unknown", [f for f in SIMD_FLAGS if f in flags]
+
+
+def machine_info(threads: int | None) -> dict:
+    """What a result was measured on: CPU model and SIMD features, the fast-scan kernels'
+    instruction set, cores, threads per system, Python and library versions, the UTC date.
+    Libraries are looked up among the modules the run imported (none is imported here but vq's
+    kernel selection)."""
+    import vq
     from vq.kernels.fastscan.fastscan_scans import best_isa
 
+    cpu, features = _cpu()
+    versions = {"python": platform.python_version(), "vq": vq.__version__}
+    for name in LIBRARIES:
+        module = sys.modules.get(name)
+        if module is not None:
+            versions[name] = getattr(module, "__version__", "unknown")
+    return {
+        "cpu": cpu,
+        "features": features,
+        "kernels": best_isa(),
+        "cores": os.cpu_count(),
+        "threads": threads,
+        "libraries": versions,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
+
+
+def machine_header(threads: int) -> str:
+    import faiss  # noqa: F401  (recorded among the libraries)
+    import numba  # noqa: F401
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+
+    m = machine_info(threads)
+    versions = ", ".join(f"{k} {v}" for k, v in m["libraries"].items() if k != "python")
     return (
-        f"machine: {cpu} ({best_isa()} kernels), {os.cpu_count()} cores, "
-        f"{threads} threads per system; "
-        f"torch {torch.__version__}, numba {numba.__version__}, numpy {numpy.__version__}, "
-        f"faiss {faiss.__version__}"
+        f"machine: {m['cpu']} ({m['kernels']} kernels), {m['cores']} cores, "
+        f"{threads} threads per system; {versions}"
     )
 
 
@@ -116,14 +154,42 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
-def write_csv(name: str, rows: list[dict], columns: list[str]) -> Path:
+def write_csv(
+    name: str,
+    rows: list[dict],
+    columns: list[str],
+    *,
+    threads: int | None = None,
+    title: str = "",
+) -> Path:
+    """Write ``results/<name>.csv`` and beside it ``results/<name>.json``: the title, the
+    command line and :func:`machine_info` (what ``python -m bench.render`` captions tables
+    with). ``bench/results/published/`` holds the files the docs cite (``python -m bench.render
+    --publish NAME`` copies a run there)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.csv"
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
+    meta = {
+        "name": name,
+        "title": title,
+        "command": "python -m " + " ".join([_module_name(), *sys.argv[1:]]),
+        "machine": machine_info(threads),
+        "source": "measured",
+    }
+    path.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
     return path
+
+
+def _module_name() -> str:
+    """The running benchmark as ``python -m`` names it (``bench.kmeans``)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:
+        return spec.name.removesuffix(".__main__")
+    return Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "bench"
 
 
 def report(name: str, title: str, threads: int, rows: list[dict], columns: list[str]) -> None:
@@ -131,7 +197,7 @@ def report(name: str, title: str, threads: int, rows: list[dict], columns: list[
     print(title)
     print(machine_header(threads) + "\n")
     print(markdown_table(rows, columns))
-    write_csv(name, rows, columns)
+    write_csv(name, rows, columns, threads=threads, title=title)
 
 
 @contextmanager
