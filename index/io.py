@@ -101,6 +101,15 @@ def load_index(
     # with verify; the mapped rows (codes, vectors) are not read here
     unread = {k for k, v in tensors.items() if k in growing and file_range(v) is not None}
     _check_finite({k: v for k, v in tensors.items() if verify or k not in unread}, path)
+    index = _filled(config, tensors, path)
+    index = index.to(device).eval()
+    _guard_mapped(index)
+    return index
+
+
+def _filled(config: dict, tensors: dict[str, torch.Tensor], path: Path) -> Index:
+    """The index ``config`` describes, holding ``tensors`` (its buffers, as they are), checked
+    for consistency; every failure a ValueError naming the file."""
     index = _build(config, path)
     try:
         index.load_state_dict(tensors, strict=True, assign=True)
@@ -114,8 +123,6 @@ def load_index(
         raise ValueError(f"{path}: corrupted vq index file ({err})") from err
     except OSError as err:  # (a file cut short while its ids or codes were read)
         raise ValueError(f"{path}: truncated vq index file ({err})") from err
-    index = index.to(device).eval()
-    _guard_mapped(index)
     return index
 
 

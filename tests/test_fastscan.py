@@ -312,7 +312,7 @@ def test_small_searches_run_on_one_thread_with_the_same_answers(data, monkeypatc
         seen.append(work)
         return real(work)
 
-    monkeypatch.setattr(vq.index.core.base, "serial_if_small", spy)
+    monkeypatch.setattr(vq.index.core.search_paths, "serial_if_small", spy)
     lean = vq.index.core.lean
     monkeypatch.setattr(lean, "SPLIT_BATCH", lean.SMALL_BATCH)  # (general)
     for serial_work in (0, float("inf")):  # never / always on one thread

@@ -4,10 +4,12 @@ saving, and the checks of its own stored data.
 Indexes are ``torch.nn.Module``s: quantizers are submodules, stored data (codes, vectors, ids)
 are buffers that grow with ``add``, so ``state_dict()``/``load_state_dict`` and ``.to(device)``
 work as for any module. Each class knows itself (``config``, ``growing_buffers``,
-``consistency_problem``, search options, ``to_faiss``, ``searcher``); this base class knows none
-of its subclasses, and the modules above the kinds (io, faiss_interop, factory) only call those
+``consistency_problem``, ``search_params``, ``faiss_counterpart``, ``searcher``); this base
+class knows none of its subclasses, and the modules above the kinds (io, faiss_interop,
+factory) find them in the registry (:mod:`vq.index.core.registry`) and only call those
 methods. Writes to the stored rows (add, remove, merge) and reading them back (reconstruct)
-are the :class:`vq.index.core.updates.Updates` mixin's. ``save`` writes through
+are the :class:`vq.index.core.updates.Updates` mixin's, searching the
+:class:`vq.index.core.search_paths.SearchPaths` mixin's. ``save`` writes through
 :mod:`vq.index.core.fileformat`, below every index.
 
 Threads: ``search`` and ``save`` may run from many threads at once; ``train``, ``add``,
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -33,30 +34,18 @@ from vq._checks import (
     as_ids,
     as_vectors,
     check_int,
-    check_vectors,
     in_chunks,
-    like_input,
 )
-from vq._cpu import fast_path, serial_if_small, torch_only
-from vq._tree_cache import cached, drop
+from vq._tree_cache import drop
 from vq.index.core.faiss_build import import_faiss, keep_alive
 from vq.index.core.fileformat import save_target, write_index_file
-from vq.index.core.filters import torch_mask
-from vq.index.core.lean import search_small
 from vq.index.core.locking import ReadWriteLock
 from vq.index.core.mapped import read_chunks
 from vq.index.core.memory import held_bytes
-from vq.index.core.ranges import range_search
-from vq.index.core.searchers import search_in_chunks
+from vq.index.core.search_paths import SearchPaths
 from vq.index.core.searching import (
     MAX_K,
-    check_k,
-    check_options,
     drop_derived,
-    filtered_params,
-    one_query_as_rows,
-    results_by_id,
-    search_steps,
     unit_rows,
 )
 from vq.index.core.searching import (
@@ -64,9 +53,6 @@ from vq.index.core.searching import (
 )
 from vq.index.core.storage import IdRange, check_new_ids
 from vq.index.core.updates import Updates
-from vq.kernels.jit import background
-from vq.kernels.jit.background import KernelNotReady
-from vq.kernels.jit.cache import compiles
 
 METRICS = ("l2", "ip", "cosine")
 
@@ -81,11 +67,27 @@ def ids_problem(ids: torch.Tensor) -> str | None:
     return f"ids below 0 (the smallest is {low})" if low < 0 else None
 
 
-class Index(Updates, nn.Module):
-    """Base class. Subclasses name their per-vector buffers (``_row_buffers``), implement
-    ``_encode_batch`` (what to store per vector), ``_search_rows`` (top-k row numbers) and, if
-    they learn anything, ``_train``; and extend ``growing_buffers`` and ``consistency_problem``
-    for the buffers they add.
+class Index(Updates, SearchPaths, nn.Module):
+    """Base class of every index kind, and the contract a kind implements (public names; the
+    base calls them, and so do wrappers and the other packages; docs/architecture.md):
+
+    - ``row_buffers`` (class attribute): its buffers with one row per stored vector;
+      ``encode_batch(x)``: what to store for checked float32 vectors; ``ntotal``;
+      ``growing_buffers()`` and ``consistency_problem()`` extended for its buffers;
+    - ``search_params`` (class attribute): the options ``search`` takes; ``search_rows(q, k,
+      **options)``: the numba engine (values and rows); ``searcher(k, copy=...)``: its static
+      torch search, if it has one; ``build_lean_search()``: its lean path, if it has one;
+      ``search_work`` / ``vector_ns``: its cost model (:mod:`vq.index.core.search_paths`);
+    - if it learns anything, ``learn(x)`` and ``is_trained``; ``decode_rows(rows)``
+      (``reconstruct``); ``faiss_counterpart()`` and the classmethod ``from_faiss(f,
+      metric)``; ``range_hits`` (``range_search``);
+    - and registers itself (:func:`vq.index.core.registry.register`).
+
+    The stored rows' writes (``add_rows``, ``remove_stored``, ``merge_rows``, ``reset_rows``,
+    ``renumber``) are :class:`vq.index.core.updates.Updates`'s, the searches (the engine
+    switch ``search_ids``, ``torch_search``, ``candidate_ids``, ``lean_search``)
+    :class:`vq.index.core.search_paths.SearchPaths`'s; kinds with more than rows (IVF lists, a
+    graph) extend them.
 
     Args:
         dim: vector dimension.
@@ -111,11 +113,6 @@ class Index(Updates, nn.Module):
     add_batch_size = 1 << 14
     #: buffers with one row per stored vector besides ``ids`` (grown and shrunk in place)
     row_buffers: tuple[str, ...] = ()
-    #: queries per step of ``search``: beyond the results, memory does not grow with the batch
-    search_batch_size = 1 << 12
-    #: the per-call options ``search`` takes (``search(q, k, nprobe=4)``): keywords of
-    #: ``search_rows`` / ``search_ids`` besides the filter (``allowed``) and ``probed``
-    search_params: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -147,12 +144,6 @@ class Index(Updates, nn.Module):
 
     def encode_batch(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """What to store for the float32 vectors ``x`` [b, dim]: named tensors with b rows."""
-        raise NotImplementedError
-
-    def search_rows(self, q: torch.Tensor, k: int, **params) -> tuple[torch.Tensor, torch.Tensor]:
-        """Values [nq, k], ascending: smaller is nearer (squared L2, or negated inner
-        products), +inf where fewer than k results exist; and row numbers [nq, k], -1 there.
-        ``params`` are the per-call search options."""
         raise NotImplementedError
 
     # -- what each class knows of itself ----------------------------------------------------
@@ -203,30 +194,6 @@ class Index(Updates, nn.Module):
             problem = m.consistency_problem() if isinstance(m, Index) else None
             if problem is not None:
                 raise ValueError(f"{type(m).__name__} has {problem}")
-
-    @classmethod
-    def has_own_searcher(cls) -> bool:
-        """Whether the class writes its search as a static-shape graph (overrides
-        :meth:`searcher`): its torch engine, and what :mod:`vq.export` writes out."""
-        return cls.searcher is not Index.searcher
-
-    def has_searcher(self) -> bool:
-        """Whether this index has a static-shape search (a wrapper: if the index it wraps
-        has one)."""
-        return self.has_own_searcher()
-
-    def searcher(self, k: int | None = None, **options):
-        """The search as a static-shape graph over a snapshot of the stored data
-        (``copy=False``: over the index's own; see :class:`vq.index.core.searchers.Searcher`):
-        each kind that has one writes it next to its class. A TypeError here."""
-        raise TypeError(f"{type(self).__name__} has no static-shape search (no search graph)")
-
-    def search_options(self) -> tuple[str, ...]:
-        """Names of the per-call options ``search`` takes (e.g. ``("nprobe",)``)."""
-        return tuple(sorted(self.search_params))
-
-    def probes_lists(self) -> bool:
-        return False  # whether searches probe lists (search(..., return_probed=True))
 
     def to_faiss(self):
         """The equivalent faiss index (``pip install 'vq[faiss]'``): the same trained
@@ -359,118 +326,6 @@ class Index(Updates, nn.Module):
         with self._writing(rows_only=True):
             return self.remove_stored(i.to(self.device))
 
-    def search(
-        self,
-        queries: Any,
-        k: int | None = None,
-        *,
-        allowed: Any = None,
-        return_probed: bool = False,
-        **params,
-    ) -> tuple:
-        """The ``k`` nearest stored vectors of each query.
-
-        Args:
-            queries: float [nq, dim], or one query [dim] (answered as a batch of one, [1,
-                k]); numpy or torch (any device; float64/float16/bfloat16 are converted to
-                float32, ``search_batch_size`` queries at a time), finite and of norm at most
-                :data:`vq._checks.MAX_NORM` (1e18).
-            k: neighbours per query (default ``self.k``).
-            allowed: only these ids (filtered search: an id array, a boolean mask over the id
-                space or a :class:`vq.IdFilter`; see :mod:`vq.index.core.filters`).
-            return_probed: IVF indexes: also return how many lists each query probed.
-            params: per-call search options of the index type (``nprobe``, ``max_codes``:
-                IVF; ``k_factor``: re-ranking; see ``search_options()``).
-
-        Returns:
-            ``(D, I)``: float32 [nq, k] distances (squared L2 ascending, or inner products
-            descending: cosine similarities for "cosine") and int64 [nq, k] ids; missing
-            results are id -1 with distance +inf (-inf for "ip" and "cosine"). numpy for numpy
-            queries, tensors on the queries' device otherwise. With ``return_probed``, ``(D,
-            I, probed)``, probed int64 [nq].
-
-        A search whose CPU kernels are not compiled yet (a machine that has compiled nothing)
-        does not wait for them: it answers on the torch path while they compile in the
-        background (:mod:`vq.kernels.jit.background`), with the same results, ties aside.
-        """
-        previous = background.stop_waiting()
-        try:
-            return self._search_once(queries, k, allowed, return_probed, params)
-        except KernelNotReady:
-            pass
-        finally:
-            background.local.waiting = previous
-        with torch_only():
-            return self._search_once(queries, k, allowed, return_probed, params)
-
-    def _search_once(self, queries: Any, k, allowed, return_probed: bool, params: dict):
-        """``search``, on the paths its kernels (or ``torch_only``) allow."""
-        queries = one_query_as_rows(queries)
-        plain = allowed is None and not return_probed
-        found = search_small(self, queries, k, params) if plain else None  # see vq.index.core.lean
-        if found is not None:
-            return found
-        k = check_k(self.k if k is None else k)
-        self._require_trained("search")
-        check_options(self, params)
-        q = check_vectors(queries, self.dim, "queries", max_norm=MAX_NORM)
-        converted = q is not queries and q.device.type == "cpu"
-        if plain and converted and q.shape[0] <= self.search_batch_size:  # as float32 ones
-            found = search_small(self, q.detach().to(torch.float32), k, params)
-            if found is not None:
-                return like_input(found[0], queries), like_input(found[1], queries)
-        found = self._search_general(q, k, allowed, return_probed, params)
-        return tuple(like_input(t, queries) for t in found)
-
-    def _search_general(self, q: torch.Tensor, k: int, allowed, return_probed: bool, params):
-        """The general path of ``search`` for checked queries ``q``: ``(D, I)`` tensors (and
-        probed with ``return_probed``), in steps of ``search_batch_size`` queries."""
-        filtered = filtered_params(self, params, allowed, return_probed, q.shape[0])
-        work = self.search_work(min(q.shape[0], self.search_batch_size), k, **params)
-        small = serial_if_small(work)
-        with self.lock.read(), torch.no_grad(), small:
-            dist, ids = search_steps(self, q, k, filtered)
-        return (dist, ids, filtered["probed"]) if return_probed else (dist, ids)
-
-    def warm_up(self, k: int | None = None) -> int:
-        """Compile (or load from the kernel cache) the CPU kernels this index's searches use,
-        so that the first query of a later process does not wait for a compiler; returns how
-        many kernels this call compiled (0: all were compiled or cached already).
-
-        Kernels compile once per machine and are kept on disk (:mod:`vq.kernels.jit.cache`), but
-        only those a process ran: a process that trains, adds and saves without searching
-        leaves the search kernels to the first process that searches (10–40 s on a slow
-        CPU). Call this before or after ``save`` where the index is built (``vq build`` does).
-        It searches random queries on each CPU path (one query, a batch an IVF index splits
-        between threads, the path of large batches; see :mod:`vq.index.core.lean`) with ``k``
-        (default ``self.k``) and the stored search options; on an empty, untrained or
-        non-CPU index it compiles nothing. Filtered and range searches are not warmed.
-        """
-        k = check_k(self.k if k is None else k)
-        if not self.is_trained or self.ntotal == 0 or self.device.type != "cpu":
-            return 0
-        before = compiles()
-        queries = torch.randn(64, self.dim, generator=torch.Generator().manual_seed(0))
-        with background.waiting():
-            for batch in (queries[:1].numpy(), queries.numpy()):
-                self.search(batch, k)  # the lean paths: one query, a batch IVF splits
-            self._search_general(queries, k, None, False, {})  # the path of large batches
-        return compiles() - before
-
-    def range_search(self, queries: Any, radius: float, *, allowed: Any = None, **params):
-        """Every stored vector within ``radius`` of each query (faiss ``range_search``): ``(lims,
-        D, I)``, see :mod:`vq.index.core.ranges`; ``queries``, ``allowed`` and ``params`` as
-        ``search``'s (metric "cosine": the vectors of similarity above ``radius``)."""
-        return range_search(self, queries, radius, allowed, params)
-
-    def range_hits(self, q: torch.Tensor, radius: float, allowed, **params) -> list:
-        """The hits: ``(queries, rows, values)`` per kernel call (Flat, IVFFlat, wrappers)."""
-        raise NotImplementedError(f"{type(self).__name__} has no range_search yet")
-
-    def forward(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``search(queries, self.k)`` for torch queries."""
-        return self.search(queries, self.k)
-
     # -- ids --------------------------------------------------------------------------------
     def has_sequential_ids(self) -> bool:
         """Whether the stored ids are the row numbers 0 … ntotal - 1 (kept implicit)."""
@@ -490,89 +345,9 @@ class Index(Updates, nn.Module):
                 drop(self, "_lean_cache")
                 drop_derived(self, stale_only=rows_only)
 
-    # -- the lean path of small searches (see vq.index.core.lean) ---------------------------------
-    def lean_search(self):
-        """The lean search of the index as it is now (the contract: :mod:`vq.index.core.lean`), or
-        None where it has none (untrained, empty, not on CPU, or a kind without one). Built by
-        ``_lean_search`` over numpy views of the buffers and kept until anything in the module
-        tree is replaced or modified in place, or the index is written to (which drops it at
-        once, so that it holds no stale storage)."""
-        return cached(self, "_lean_cache", self._build_lean)
-
-    def _build_lean(self):
-        usable = self.is_trained and self.ntotal > 0 and self.device.type == "cpu"
-        search = self.build_lean_search() if usable else None
-        if search is not None:
-            search.options = frozenset(self.search_options())
-        return search
-
-    def build_lean_search(self):
-        """``_lean``'s search for this index as it is: None (no lean path) unless overridden."""
-        return None
-
-    def build_refined_lean_search(self, vectors: Any, ids: Any, k_factor: Callable):
-        """A re-ranking wrapper's lean search fused with this index's (candidates re-ranked on
-        ``vectors`` [n, dim], mapped to ``ids`` [n]; see ivf.py): None unless overridden."""
-        return None
-
-    # -- the general path -------------------------------------------------------------------
-    def search_work(self, nq: int, k: int, **params) -> float:
-        """Rough single-threaded ns of a CPU search of ``nq`` queries (small ones run on one
-        thread: ``vq._cpu.serial_if_small``): here, a pass over every vector per query."""
-        return nq * (self.ntotal * self.vector_ns() + 2000)
-
-    def vector_ns(self) -> float:  # rough ns to compare one query with one stored vector
-        return self.dim / 16
-
     def derived(self, name: str, sources: tuple[torch.Tensor, ...], compute):
         """``compute()``, kept until a ``sources`` tensor changes (see ``searching.derived``)."""
         return derived_value(self, name, sources, compute)
-
-    #: whether the kind's torch searcher takes a filter (``allowed``); where not (HNSW's walk,
-    #: which lacks the exact fallback), filtered searches run ``search_rows`` on CPU copies
-    torch_filters = True
-
-    def search_ids(self, q: torch.Tensor, k: int, **params) -> tuple[torch.Tensor, torch.Tensor]:
-        """float32 distances and int64 ids [nq, k] of checked float32 queries on the device: the
-        engine switch of the general path (the lean path, tried first, is ``lean_search``).
-        CPU tensors in eager mode (``vq._cpu.fast_path``) run ``search_rows`` (the numba
-        kernels); anything else (CUDA, ``torch_only``, graph capture) runs
-        :meth:`torch_search` where the kind has a static-shape search (``searcher``), and
-        ``search_rows`` where it has none (or the call is filtered and ``torch_filters`` is
-        False)."""
-        if self.ntotal == 0:
-            val = torch.empty(q.shape[0], 0, device=self.device)
-            rows = torch.empty(q.shape[0], 0, dtype=torch.int64, device=self.device)
-            return self._finish(val, rows, k)
-        if not fast_path(q) and self.has_searcher():
-            if self.torch_filters or params.get("allowed") is None:
-                return self.torch_search(q, k, **params)
-        val, rows = self.search_rows(q, min(k, self.ntotal), **params)
-        return self._finish(val, rows, k)
-
-    def torch_search(self, q: torch.Tensor, k: int, allowed=None, **params):
-        """The torch engine: the kind's static search over its own storage
-        (:meth:`torch_searcher`), a chunk of queries at a time; the filter as a bool mask
-        over the stored rows."""
-        mask = {} if allowed is None else {"allowed": torch_mask(self, allowed)}
-        return search_in_chunks(self.torch_searcher(), q, k, **params, **mask)
-
-    def torch_searcher(self):
-        """The static search over the index's own storage (``searcher(copy=False)``), kept
-        until a buffer changes."""
-        shared = partial(self.searcher, copy=False)
-        return self.derived("searcher", tuple(self.buffers()), shared)
-
-    def candidate_ids(self, q: torch.Tensor, k: int, **params) -> torch.Tensor:
-        """int64 [nq, k]: the ids of the k nearest in any order (-1 padding), the candidates a
-        re-ranking wrapper asks for."""
-        return self.search_ids(q, k, **params)[1]
-
-    def _finish(self, val: torch.Tensor, rows: torch.Tensor, k: int):
-        """Results by stored row (``_search_rows``'s) → distances and ids [nq, k] (see
-        :func:`vq.index.core.searching.results_by_id`)."""
-        stored = self.ids if self.ids.shape[0] == self.ntotal else None
-        return results_by_id(val, rows, k, self.metric, stored)
 
     def _require_trained(self, what: str) -> None:
         if not self.is_trained:

@@ -3,7 +3,7 @@ numpy (or a CPU tensor outside autograd and graph capture) straight to ids, thro
 kernels on the calling thread over numpy views of the index's buffers: no torch operation, no
 thread-pool wake-up where the work is small (a service answering one query at a time).
 
-Each index kind builds its lean search in ``_lean_search`` (a closure over those views, see
+Each index kind builds its lean search in ``build_lean_search`` (a closure over those views, see
 ``Index.lean_search``); the index keeps it until anything in its module tree changes, or the index
 is written to. :func:`search_small` is what ``Index.search`` tries first: it answers None
 wherever the lean path does not apply (the general path then serves the call, and raises any

@@ -1,7 +1,7 @@
 """What the static-shape searches of every index kind share.
 
 Each index kind writes its search once, as a :class:`Searcher` next to it (``FlatSearch`` in
-flat.py, ``PQSearch`` in pq.py, ``IVFFlatSearch`` in ivfflat.py, ``IVFPQSearch`` in ivfpq.py,
+flat.py, ``PQSearch`` in pq.py, ``IVFFlatSearch`` in ivfflat.py, ``IVFPQSearch`` in ivfpq_search.py,
 ``PreTransformSearch`` in transform.py, ``RefineSearch`` in refine.py): a ``torch.nn.Module``
 whose buffers are the index's constants in fixed shapes (inverted lists padded to one capacity,
 with a +inf bias on the padding slots so that padding never wins) and whose ``search`` uses

@@ -32,7 +32,7 @@ _OPTIONS = frozenset({"k", "nprobe", "k_factor"})
 
 class Updates:
     """The mixin of :class:`vq.index.Index` holding its writes to the stored rows (the kinds
-    override ``_decode_rows``, and the IVF kinds ``_add``, ``_drop_rows`` and ``_merge``)."""
+    override ``decode_rows``, and the IVF kinds ``add_rows``, ``_drop_rows`` and ``merge_rows``)."""
 
     row_buffers: tuple[str, ...]
 
@@ -184,7 +184,7 @@ class Updates:
                 raise
 
     def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
-        """Append a chunk of encoded rows (``_row_buffers``) and their ids."""
+        """Append a chunk of encoded rows (``row_buffers``) and their ids."""
         self._append_ids(ids)
         for name in self.row_buffers:
             append_rows(self, name, encoded[name])

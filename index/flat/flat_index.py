@@ -148,7 +148,7 @@ class FlatIndex(Index):
         """BLAS inner products of a block of queries with a block of vectors (small enough to
         stay in cache), each block offered to per-query top-k heaps by a numba kernel, as
         faiss's IndexFlat does: about as fast as faiss, 2x the torch.topk path. Returns
-        ``_search_rows``'s values (smaller is nearer) and rows; ``allowed`` uint8 [ntotal]
+        ``search_rows``'s values (smaller is nearer) and rows; ``allowed`` uint8 [ntotal]
         (0: skipped) or empty."""
         x = self.vectors
         nq, n = q.shape[0], x.shape[0]

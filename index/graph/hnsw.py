@@ -41,22 +41,20 @@ from vq._checks import check_int, check_positive, check_seed
 from vq.index.core.base import Index
 from vq.index.core.faiss_build import faiss_metric, import_faiss, with_id_map
 from vq.index.core.filters import IdFilter
-from vq.index.core.lean import SMALL_BATCH
 from vq.index.core.ranges import by_query
 from vq.index.core.registry import register
-from vq.index.core.searching import NO_IDS, shape_problem
+from vq.index.core.searching import shape_problem
 from vq.index.graph.hnsw_graph import (
     SeenPool,
-    filtered_search,
+    filtered_rows,
     graph_from_faiss,
     graph_problem,
-    graph_to_faiss,
+    hnsw_to_faiss,
     insertion_codes,
 )
+from vq.index.graph.hnsw_lean import hnsw_lean_search
 from vq.index.graph.hnsw_searcher import HNSWSearch
-from vq.kernels.common.constants import metric
-from vq.kernels.common.simd import NO_CLAIM
-from vq.kernels.common.threads import get_num_threads, parallel_for
+from vq.kernels.common.threads import get_num_threads
 from vq.kernels.graph import graph_build, graph_store
 from vq.kernels.graph import graph_search as graph
 
@@ -65,10 +63,6 @@ _TRAVERSALS = ("float", "int8")
 MAX_M = 1 << 15
 #: the least beam of a range search (see ``HNSW.range_hits``)
 RANGE_EF = 256
-
-#: a split lean search's threads claim its queries this many at a time (a few µs each: the
-#: claims cost nothing beside them, and the threads finish within a chunk of each other)
-CLAIM_CHUNK = 8
 
 
 class HNSW(Index):
@@ -164,7 +158,7 @@ class HNSW(Index):
         return self.vectors[rows.to(self.device)].float()
 
     def _stored_rows(self) -> dict[str, torch.Tensor]:
-        """What ``_encode_batch`` made of the stored vectors ([ntotal] rows each): what
+        """What ``encode_batch`` made of the stored vectors ([ntotal] rows each): what
         ``merge_from`` inserts into another graph."""
         return {"vectors": self.vectors}
 
@@ -306,24 +300,6 @@ class HNSW(Index):
             self._seen_pool.give_back(seen)
         return out_dist, out_rows
 
-    def _rows_filtered(self, q: np.ndarray, k: int, ef: int, slots: int, allowed: IdFilter):
-        """``_rows_numba`` under a filter: see :func:`vq.index.graph.hnsw_graph.filtered_search`."""
-        data, _, _, _, *codes = self._arrays()
-
-        def scan(rows, which):
-            out_dist = np.empty((which.shape[0], k), np.float32)
-            out_rows = np.empty((which.shape[0], k), np.int64)
-            graph.rows_scan(np.ascontiguousarray(q[which]), data, self.metric == "ip", rows,
-                            out_dist, out_rows, tuple(codes) or None)  # fmt: skip
-            return out_dist, out_rows
-
-        def search(mask):
-            return self._rows_numba(q, k, ef, slots, mask)
-
-        mask = allowed.row_mask(self)
-        cap = max(ef, k)
-        return filtered_search(search, scan, mask, q.shape[0], k, cap, 2 * self.M)
-
     def searcher(self, k=None, *, efSearch=None, steps=None, width=1, upper_steps=4, copy=True):
         """The search as a static-shape graph over a snapshot of the graph (``copy=False``:
         over the index's own): fixed greedy steps per upper level, then ``steps`` expansions
@@ -350,7 +326,7 @@ class HNSW(Index):
         if allowed is None:
             dist, rows = self._rows_numba(qn, k, ef, slots)
         else:
-            dist, rows = self._rows_filtered(qn, k, ef, slots, allowed)
+            dist, rows = filtered_rows(self, qn, k, ef, slots, allowed)
         return torch.from_numpy(dist).to(q.device), torch.from_numpy(rows).to(q.device)
 
     def range_hits(self, q: torch.Tensor, radius: float, allowed, efSearch: int | None = None):
@@ -367,7 +343,7 @@ class HNSW(Index):
             if allowed is None:
                 dist, rows = self._rows_numba(qs, k, ef, slots)
             else:
-                dist, rows = self._rows_filtered(qs, k, ef, slots, allowed)
+                dist, rows = filtered_rows(self, qs, k, ef, slots, allowed)
             hit = (rows >= 0) & (dist < (-radius if ip else radius))
             parts.append(by_query(np.nonzero(hit)[0] + s, rows[hit], dist[hit]))
         return parts
@@ -380,53 +356,9 @@ class HNSW(Index):
         return self.search_rows(x, min(k, self.ntotal))
 
     def build_lean_search(self):
-        """A few queries: one kernel call on the calling thread, to ids. The graph's arrays,
-        entry point and top level are read once here (the lean search is rebuilt when the
-        index changes), so that a single query costs the kernel and little else."""
-        ip, n = self.metric == "ip", self.ntotal
-        ids = self.ids.numpy() if self.ids.shape[0] == n else NO_IDS
-        data, nbr0, up_off, up_nbr, *codes = self._arrays()
-        store, rerank = graph.traversal_store(data, tuple(codes) or None)
-        graph_args = (store, data, rerank, metric(ip), nbr0, up_off, up_nbr,
-                      int(self.entry_point[0]), self.max_level)  # fmt: skip
-        pool = self._seen_pool
-
-        def search(q: np.ndarray, k: int, ranked: bool, params: dict):
-            ef = params.get("efSearch")
-            ef = self.efSearch if ef is None else check_positive(ef, "efSearch")
-            if n == 0:
-                return None
-            out_dist, out_ids = (
-                np.empty((q.shape[0], k), np.float32),
-                np.empty((q.shape[0], k), np.int64),
-            )
-            if q.shape[0] > SMALL_BATCH:  # each thread its own visit stamps, claiming chunks
-                refused, claim = [], np.zeros(1, np.int64)  # of queries from one counter
-
-                def body(t0: int, t1: int) -> None:
-                    seen = pool.take(1, n)
-                    try:
-                        if not graph.hnsw_search_lean(q, *graph_args, int(ef), seen, ids, claim,
-                                                      CLAIM_CHUNK, out_dist, out_ids):  # fmt: skip
-                            refused.append(t0)
-                    finally:
-                        pool.give_back(seen)
-
-                parallel_for(body, -(-q.shape[0] // CLAIM_CHUNK))
-                return None if refused else (out_dist, out_ids)
-            seen = pool.take(1, n)
-            try:
-                done = graph.hnsw_search_lean(q, *graph_args, int(ef), seen, ids, NO_CLAIM,
-                                              CLAIM_CHUNK, out_dist, out_ids)  # fmt: skip
-            finally:
-                pool.give_back(seen)
-            return (out_dist, out_ids) if done else None  # (not finite: the general path says)
-
-        # batches of more than SMALL_BATCH queries too: the general path's fixed costs (torch
-        # tensors, ids mapped in another pass) were a third of a 330-query search of 3,300
-        # vectors at efSearch 10 (Zen 1, 2 threads)
-        search.splits = True
-        return search
+        """A few queries: one kernel call on the calling thread, to ids (see
+        :func:`vq.index.graph.hnsw_lean.hnsw_lean_search`)."""
+        return hnsw_lean_search(self)
 
     # -- faiss ----------------------------------------------------------------------------------
     def faiss_counterpart(self):
@@ -434,7 +366,7 @@ class HNSW(Index):
         an ``IndexIDMap`` unless the ids are 0 … ntotal - 1): it returns the same ids."""
         faiss = import_faiss()
         out = faiss.IndexHNSWFlat(self.dim, self.M, faiss_metric(self.metric))
-        self._graph_to_faiss(faiss, out.hnsw)
+        hnsw_to_faiss(self, faiss, out.hnsw)
         out.storage.add(self.vectors.float().cpu().numpy())
         out.ntotal = self.ntotal
         return with_id_map(out, self.stored_ids())
@@ -454,12 +386,6 @@ class HNSW(Index):
         out._set_graph(data, nbr0, levels, up_off, up_nbr, entry, torch.device("cpu"))
         out.check_consistent()
         return out
-
-    def _graph_to_faiss(self, faiss, h) -> None:
-        h.efConstruction, h.efSearch = self.efConstruction, self.efSearch
-        levels = self.levels.cpu().numpy()
-        nbr0, up_nbr = self.neighbors.cpu().numpy(), self.upper_neighbors.cpu().numpy()
-        graph_to_faiss(faiss, h, levels, nbr0, up_nbr, int(self.entry_point[0]), self.max_level)
 
 
 register(

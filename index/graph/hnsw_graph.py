@@ -175,3 +175,32 @@ def graph_problem(nbr0, levels, up_off, up_nbr, entry: int, M: int) -> str | Non
     if not 0 <= entry < n or int(levels[entry]) != int(levels.max()):
         return f"entry point {entry} that is not a node of the top level"
     return None
+
+
+def filtered_rows(index, q: np.ndarray, k: int, ef: int, slots: int, allowed) -> tuple:
+    """The k nearest rows of an HNSW ``index`` (its ``_rows_numba`` walk) under the
+    :class:`vq.index.IdFilter` ``allowed``: see :func:`filtered_search`."""
+    data, _, _, _, *codes = index._arrays()
+
+    def scan(rows, which):
+        out_dist = np.empty((which.shape[0], k), np.float32)
+        out_rows = np.empty((which.shape[0], k), np.int64)
+        graph.rows_scan(np.ascontiguousarray(q[which]), data, index.metric == "ip", rows,
+                        out_dist, out_rows, tuple(codes) or None)  # fmt: skip
+        return out_dist, out_rows
+
+    def search(mask):
+        return index._rows_numba(q, k, ef, slots, mask)
+
+    mask = allowed.row_mask(index)
+    cap = max(ef, k)
+    return filtered_search(search, scan, mask, q.shape[0], k, cap, 2 * index.M)
+
+
+def hnsw_to_faiss(index, faiss, h) -> None:
+    """The graph of an HNSW ``index`` (entry point, levels, links, efConstruction, efSearch)
+    into the ``faiss.HNSW`` ``h``."""
+    h.efConstruction, h.efSearch = index.efConstruction, index.efSearch
+    levels = index.levels.cpu().numpy()
+    nbr0, up_nbr = index.neighbors.cpu().numpy(), index.upper_neighbors.cpu().numpy()
+    graph_to_faiss(faiss, h, levels, nbr0, up_nbr, int(index.entry_point[0]), index.max_level)

@@ -30,7 +30,7 @@ from vq.index.flat.sq_index import (
     sq_quantizer,
 )
 from vq.index.graph.hnsw import HNSW
-from vq.index.graph.hnsw_graph import graph_from_faiss
+from vq.index.graph.hnsw_graph import graph_from_faiss, hnsw_to_faiss
 from vq.index.graph.hnsw_searcher import HNSWSearch
 from vq.quantizers.scalar_codes import decode_stored, stored_values
 
@@ -147,7 +147,7 @@ class HNSWSQ(HNSW):
         faiss = import_faiss()
         qtype, metric = sq_faiss_type(self.sq), faiss_metric(self.metric)
         out = faiss.IndexHNSWSQ(self.dim, qtype, self.M, metric)
-        self._graph_to_faiss(faiss, out.hnsw)
+        hnsw_to_faiss(self, faiss, out.hnsw)
         storage = faiss.downcast_index(out.storage)
         copy_ranges(self.sq, storage.sq)
         storage.is_trained = out.is_trained = True

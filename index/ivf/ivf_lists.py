@@ -55,7 +55,7 @@ FILE_SCAN_BYTES = 64 << 20
 
 class IVFStorage:
     """The storage half of :class:`vq.index.IVFIndex` (a mixin: it reads the index's
-    ``offsets``, ``ids``, ``_row_buffers``, ``_assign``, ``spill`` and the kind's
+    ``offsets``, ``ids``, ``row_buffers``, ``_assign``, ``spill`` and the kind's
     ``_encode_rows``), and the reading of rows from a mapped index file for the kind's
     ``_scan_numba`` (:mod:`vq.index.core.mapped`)."""
 
@@ -115,7 +115,7 @@ class IVFStorage:
     def _insert(self, lists: torch.Tensor, rows: Callable, ids: torch.Tensor) -> None:
         """Store new rows at the ends of their ``lists`` (int64 [n]): every buffer grown in
         place (:func:`vq.index.core.storage.reserve`), the lists after the first that grows moved
-        towards the end (last first), then ``rows(s, e)`` (the ``_row_buffers`` of new rows
+        towards the end (last first), then ``rows(s, e)`` (the ``row_buffers`` of new rows
         s..e) and ``ids`` written into their slots, ``add_batch_size`` at a time; on an error
         the lists move back (nothing half-added)."""
         n0, n = self.n_rows, lists.shape[0]
@@ -211,7 +211,7 @@ class IVFStorage:
 
     # -- reading rows from the index file (``load_index(path, mmap=True)``) ------------------
     def rows_mapped(self) -> bool:
-        """Whether any row buffer (``_row_buffers``: codes, vectors...) is (still) mapped from
+        """Whether any row buffer (``row_buffers``: codes, vectors...) is (still) mapped from
         the index file this index was loaded from with ``load_index(path, mmap=True)``:
         searches then read the lists they probe with ``pread`` from the file, and copy those
         of the buffers held in memory (see :func:`vq.index.core.mapped.read_lists`), and never

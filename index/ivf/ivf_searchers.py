@@ -1,7 +1,8 @@
 """The static-shape search of the IVF kinds: the coarse probe (:func:`probe`) and
 :class:`IVFSearch`, which :class:`vq.index.ivf.ivfflat.IVFFlatSearch` and
-:class:`vq.index.ivf.ivfpq.IVFPQSearch` extend (the inverted lists padded to one capacity, a +inf
-bias on the padding slots), each id kept once over spilled lists (see :mod:`vq.index.ivf.spill`)."""
+:class:`vq.index.ivf.ivfpq_search.IVFPQSearch` extend (the inverted lists padded to one
+capacity, a +inf bias on the padding slots), each id kept once over spilled lists (see
+:mod:`vq.index.ivf.spill`)."""
 
 from __future__ import annotations
 

@@ -47,9 +47,8 @@ class IVFFlat(IVFIndex):
             distance of rows that cannot enter the top k (:mod:`vq.kernels.exact.sketch`; factory
             ``"IVF1024,Flat(sketch)"``): the same results with fewer exact distances (on
             NSynth's 128 dimensions about a quarter of the probed rows needed one), used
-            where the rows' heads do not prune already
-            (:meth:`scans_sketches`; 300k × 384 sentence embeddings: 2.0-3.2x the QPS of
-            faiss's IndexIVFFlat on the same lists). No faiss counterpart (``to_faiss`` writes
+            where the rows' heads do not prune already (:meth:`scans_sketches`; measurements:
+            docs/perf/indexes.md). No faiss counterpart (``to_faiss`` writes
             the vectors alone).
 
     Buffers (beyond :class:`IVFIndex`'s): vectors: float32 [n_rows, dim], in list order; with
@@ -156,10 +155,8 @@ class IVFFlat(IVFIndex):
 
     def scans_sketches(self) -> bool:
         """Whether the CPU scans test the rows' sketches: kept (``sketch=True``) and the rows'
-        heads do not prune already (:meth:`prunes`: where they do, as on raw NSynth
-        embeddings, testing sketches ran at 0.81-0.94x the QPS of testing heads; on 300k
-        sentence embeddings and 1M synthetic vectors, whose heads do not prune, the sketches
-        took searches to 2.1-3.7x the QPS)."""
+        heads do not prune already (:meth:`prunes`: where they do, testing the heads is the
+        cheaper test; docs/perf/indexes.md)."""
         return self.sketch and not self.prunes()
 
     def _sketch(self, store) -> tuple:

@@ -92,10 +92,8 @@ def nearest_and_spill(
     """Each CPU float32 vector's nearest centroid (squared L2: :func:`vq.distances.nearest`'s
     list, ties to the lowest) and its :func:`soar_assign` spill list, from one product per
     chunk of rows for both: the nearest-centroid scores ``||c||² - 2⟨x, c⟩`` are the first
-    term of the spill loss. 400,000 × 128 vectors into 4,096 lists, routed and spilled in
-    batches of 16,384 (2 threads, Zen 3): 8.0 s this way, 10.5 s with a product for the
-    routing and two for the spill lists, 28.3 s when the loss was torch operations on the
-    whole batch; the routing alone takes 3.4 s.
+    term of the spill loss (one product where routing and spilling apart would take three:
+    docs/perf/indexes.md).
 
     Returns:
         (int64 [n], int64 [n]): the lists and the spill lists.

@@ -231,7 +231,7 @@ class Refine(Wrapper):
     def build_lean_search(self):
         """The wrapped index's lean search for ``k * k_factor`` candidates, re-ranked and
         mapped to ids in one more kernel call — or in the wrapped index's own kernel call where
-        it can re-rank (``_lean_search_refined``); None where the wrapped index has none."""
+        it can re-rank (``build_refined_lean_search``); None where the wrapped index has none."""
         ip = kernel_metric(self.metric == "ip")
         x = self.kernel_vectors()
         ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else NO_IDS
