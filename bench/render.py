@@ -8,10 +8,11 @@ beside it: ``title``, ``command``, ``machine`` (``cpu``, ``threads``, and for ru
 :func:`bench.common.write_csv` also ``features``, ``kernels``, ``cores``, ``libraries`` and
 ``date``), ``date``, ``source`` ("measured", or where the numbers were transcribed from),
 optional ``notes`` and ``plot``. ``bench/results/published/`` holds the results the docs cite;
-the docs build (``docs/hooks/bench_tables.py``) replaces ``<!-- bench-table: NAME -->`` in a page with
-:func:`table_markdown` and ``<!-- bench-plot: NAME -->`` with the plot :func:`plot_png` draws,
-so no table in the docs is written by hand. Without ``--publish`` this writes every table
-(``NAME.md``) and plot (``NAME.png``) to ``--out`` (default ``bench/results/rendered/``).
+the docs build (``docs/hooks/bench_tables.py``) replaces ``<!-- bench-table: NAME -->`` in a
+page with :func:`table_markdown` and ``<!-- bench-plot: NAME -->`` with the plot
+:func:`plot_png` draws, so no table in the docs is written by hand. Without ``--publish``
+this writes every table (``NAME.md``) and plot (``NAME.png``) to ``--out`` (default
+``bench/results/rendered/``).
 
 A ``plot`` entry draws recall against QPS (log scale), one line per ``lines`` entry and per
 value of the ``group`` column: ``{"x": "recall@10", "group": "index", "lines": [{"x":

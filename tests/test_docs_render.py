@@ -117,3 +117,12 @@ def test_the_link_checker_reports_missing_pages_and_anchors_and_passes_good_link
     assert any("a/missing.png" in p for p in problems)
     assert any("#nosuch" in p and "no anchor" in p for p in problems)
     assert any("b/" in p and "no file" in p for p in problems)
+
+
+def test_the_readmes_relative_links_name_files_of_the_repository():
+    readme = (ROOT / "README.md").read_text()
+    targets = [m[1] for m in re.finditer(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme)]
+    local = [t for t in targets if "://" not in t]
+    assert len(local) >= 10, local  # the docs links are there
+    missing = [t for t in local if not (ROOT / t).exists()]
+    assert not missing, f"README links to files that do not exist: {missing}"
