@@ -115,7 +115,7 @@ def test_the_lean_path_uses_no_torch_search(data, monkeypatch):
 def test_a_refine_around_an_ivf_index_searches_in_the_ivf_kernel_call(data):
     x, q = data
     index = _build("IVF16,PQ8x4fs,RFlat", "l2", x, np.arange(len(x), dtype=np.int64) * 5 + 2)
-    assert "ivf_lean" in index.lean_search().__qualname__  # the fused search, not Refine's composition
+    assert "ivf_lean" in index.lean_search().__qualname__  # the fused search, not a composition
     for k_factor in (1, 3):
         want_dist, want_ids = _general(index, q[:4], 7, k_factor=k_factor)
         dist, ids = index.search(q[:4], 7, k_factor=k_factor)

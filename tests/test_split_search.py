@@ -9,8 +9,8 @@ import pytest
 
 import vq
 from vq.index.core import lean
-from vq.index.ivf import ivf_lean
 from vq.index.core.base import Index
+from vq.index.ivf import ivf_lean
 from vq.index.ivf.ivf_probing import coarse_bound
 from vq.kernels.common.select import smallest_k_range
 from vq.kernels.exact.lean_scans import BOUND_MOST, probe_bounded, probe_few, probe_lists
