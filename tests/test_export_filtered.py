@@ -16,6 +16,7 @@ from export_helpers import (
     fixture_queries,  # noqa: F401 (a fixture)
     torch_path,
 )
+from index_kinds import EXPORTED
 
 import vq
 from vq.export import OnnxRunner, audit, export_module
@@ -125,4 +126,29 @@ def test_filtered_graph_of_sq_and_spilled_kinds(data, queries, spec):
     )
     D_ref, I_ref = index.search(torch.from_numpy(queries[:16]), 6, allowed=mask, **options)
     assert_same_search(D, I, D_ref, I_ref)
+    assert np.isin(I[I >= 0].numpy(), np.flatnonzero(mask)).all()
+
+
+@pytest.mark.parametrize("desc", sorted(set(EXPORTED.values())))
+def test_every_registered_kind_exports_its_filtered_torch_path_or_says_it_cannot(
+    data, queries, desc
+):
+    """Every kind of the registry with a static search (tests/index_kinds.py, a toy kind
+    included): the filtered graph gives the index's filtered torch path (every list probed),
+    or the export refuses in words (a graph walk, whose filter lacks the exact fallback)."""
+    x = torch.from_numpy(np.tile(data[:600], (1, 2)))  # (32 dimensions: every example fits)
+    q = torch.from_numpy(np.tile(queries[:12], (1, 2)))
+    index = vq.index_factory(x.shape[1], desc)
+    index.train(x)
+    index.add_with_ids(x, torch.arange(x.shape[0]) * 3 + 1)
+    lists = [m.nlist for m in index.modules() if hasattr(m, "nlist")]
+    options = {"nprobe": lists[0]} if lists else {}
+    try:
+        module = export_module(index, k=5, filtered=True, **options)
+    except ValueError as err:
+        assert "search graph takes no filter" in str(err)
+        return
+    mask = _mask(index, 0.3, 2)
+    D, I = module(q, torch.from_numpy(mask))
+    assert_same_search(D, I, *torch_path(index, "search", q, k=5, allowed=mask, **options))
     assert np.isin(I[I >= 0].numpy(), np.flatnonzero(mask)).all()
