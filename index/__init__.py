@@ -8,19 +8,22 @@ from faiss-style strings,
 ``index.save`` / :func:`load_index` persist them, :func:`from_faiss` / :func:`to_faiss` convert.
 Every index is a ``torch.nn.Module``: quantizers are submodules, stored data are buffers.
 
-The packages, bottom to top (each imports only from those below it):
+The packages, bottom to top (each imports only from those below it; docs/architecture.md):
 
 - ``core``: what every kind shares — the readers-writer lock, the index file (safetensors +
   JSON metadata, checksums, atomic writes) and mapped files, the lean path of small searches,
   the static-shape searchers' common parts, the general path's plumbing, filters, range search,
-  4-bit packed codes, what each kind's ``to_faiss`` uses, the bytes a module tree holds; then
-  :class:`Index` (``core.base``) and its writes to the stored rows (``core.updates``);
-- the kinds, each with its static search, its consistency checks and its ``to_faiss``:
-  ``flat`` (FlatIndex, PQIndex, SQIndex), ``ivf`` (IVFIndex, what the IVF kinds share: lists,
-  probing, spilling, sketches; IVFFlat, IVFPQ, IVFSQ), ``graph`` (HNSW, HNSWSQ) and
-  ``wrappers`` (PreTransform, Refine);
+  4-bit packed codes, what each kind's ``to_faiss`` uses, the bytes a module tree holds, the
+  registry of kinds (``core.registry``); then :class:`Index` (``core.base``: the contract a
+  kind implements), its searches and engine switch (``core.search_paths``) and its writes to
+  the stored rows (``core.updates``);
+- the kinds, each with its static search, its consistency checks, its faiss conversions and
+  its registration: ``flat`` (FlatIndex, PQIndex, SQIndex), ``ivf`` (IVFIndex, what the IVF
+  kinds share: lists, probing, spilling, sketches, the lean search; IVFFlat, IVFPQ, IVFSQ),
+  ``graph`` (HNSW, HNSWSQ) and ``wrappers`` (PreTransform, Refine);
 - ``factory`` (:func:`index_factory`, configurations), then ``faiss_interop``
-  (:func:`from_faiss`) and ``io`` (:func:`load_index`), which build indexes of every kind.
+  (:func:`from_faiss`) and ``io`` (:func:`load_index`), which build indexes of every
+  registered kind.
 """
 
 from vq.index.core.base import Index
