@@ -211,3 +211,13 @@ def test_the_torch_refine_reads_fp16_vectors_in_place(data):
     want = rerank(torch.from_numpy(q), index.vectors.float(), cand, K, "l2")
     torch.testing.assert_close(got[0], want[0])
     assert torch.equal(got[1], want[1])
+
+
+def test_the_torch_refine_counts_the_lists_of_an_ivf_behind_a_transform(data):
+    x, q = data
+    index = _built("OPQ4,IVF8,PQ4,RFlat", x)  # Refine(PreTransform(IVFPQ)): nprobe forwarded
+    probed = index.search(q[:3], K, nprobe=3, return_probed=True)[2]
+    with torch_only():
+        probed_torch = index.search(torch.from_numpy(q[:3]), K, nprobe=3, return_probed=True)[2]
+    np.testing.assert_array_equal(probed, [3, 3, 3])
+    np.testing.assert_array_equal(probed_torch.numpy(), probed)

@@ -23,6 +23,11 @@ class Wrapper(Index):
     def nprobe(self, value: int) -> None:
         self.index.nprobe = value
 
+    def effective_nprobe(self, nprobe: int | None) -> int:
+        """The lists a search probes with the option ``nprobe`` (None: the index's), as the
+        wrapped IVF index counts them."""
+        return self.index.effective_nprobe(nprobe)
+
     def search_options(self) -> tuple[str, ...]:
         return tuple(sorted(set(super().search_options()) | set(self.index.search_options())))
 
