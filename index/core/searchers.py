@@ -1,9 +1,9 @@
 """What the static-shape searches of every index kind share.
 
-Each index kind writes its search once, as a :class:`Searcher` next to it (``FlatSearch`` in
-flat.py, ``PQSearch`` in pq.py, ``IVFFlatSearch`` in ivfflat.py, ``IVFPQSearch`` in ivfpq_search.py,
-``PreTransformSearch`` in transform.py, ``RefineSearch`` in refine.py): a ``torch.nn.Module``
-whose buffers are the index's constants in fixed shapes (inverted lists padded to one capacity,
+Each index kind that has one writes its search once, as a :class:`Searcher` next to its class
+(``FlatSearch`` next to ``FlatIndex``, ``IVFPQSearch`` to ``IVFPQ``, ``HNSWSearch`` to ``HNSW``,
+``RefineSearch`` to ``Refine``...; the kinds whose ``exports`` the registry says is true): a
+``torch.nn.Module`` whose buffers are the index's constants in fixed shapes (inverted lists padded to one capacity,
 with a +inf bias on the padding slots so that padding never wins) and whose ``search`` uses
 matrix products, gathers, top-k and elementwise ops only: no shape computed from data, no
 ``.item()``, no Python branch on a tensor value. So it runs the same eagerly, compiled with
