@@ -6,8 +6,8 @@ Each index kind that has one writes its search once, as a :class:`Searcher` next
 ``torch.nn.Module`` whose buffers are the index's constants in fixed shapes (inverted lists
 padded to one capacity, with a +inf bias on the padding slots so that padding never wins) and
 whose ``search`` uses matrix products, gathers, top-k and elementwise ops only: no shape
-computed from data, no ``.item()``, no Python branch on a tensor value. So it runs the same eagerly, compiled with
-``fullgraph=True``, under strict ``torch.export`` and in ONNX Runtime.
+computed from data, no ``.item()``, no Python branch on a tensor value. So it runs the same
+eagerly, compiled with ``fullgraph=True``, under strict ``torch.export`` and in ONNX Runtime.
 
 The index's torch path (CUDA tensors, ``vq._cpu.torch_only()``, graph capture) runs that module
 over its own storage (``copy=False``), a chunk of queries at a time (:func:`search_in_chunks`);
