@@ -47,6 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
+import bench
 from bench.ann import faiss_description
 from bench.common import machine_header, markdown_table, set_threads, write_csv
 from vq.apps.warmup import COMMON
@@ -146,8 +147,13 @@ Run = Callable[[dict], Sample]
 
 
 def environment(threads: int, cache_dir: str | None = None) -> dict[str, str]:
-    """The children's environment: ``threads`` for every library, an own kernel cache if set."""
+    """The children's environment: ``threads`` for every library, an own kernel cache if set,
+    and the user's kernel compiles (in the background unless they set otherwise; see
+    :mod:`bench`)."""
     env = dict(os.environ)
+    env.pop("VQ_BACKGROUND_COMPILE", None)
+    if bench.BACKGROUND_SETTING is not None:
+        env["VQ_BACKGROUND_COMPILE"] = bench.BACKGROUND_SETTING
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
         env[var] = str(threads)
     if cache_dir is not None:
