@@ -1,5 +1,5 @@
-"""vq.kernels.jit.inlining: numba's IR inliner copies a callee's scope once per inline call instead
-of once per block, and compiles the same code."""
+"""vq.kernels.jit.numba_compat.install_inliner: numba's IR inliner copies a callee's scope once
+per inline call instead of once per block, and compiles the same code."""
 
 import copy
 import os
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from numba.core import inline_closurecall, ir
 
-from vq.kernels.jit import inlining
+from vq.kernels.jit import numba_compat
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("NUMBA_DISABLE_JIT") == "1", reason="needs numba's compiler"
@@ -44,7 +44,7 @@ def _caller(x):
 def _compile(x, *, vq_copies: bool):
     """A fresh dispatcher of _caller compiled with the inliner as vq installs it, or as numba
     ships it; returns (result, its assembly, Var copies made while compiling)."""
-    assert inlining.install()
+    assert numba_compat.install_inliner()
     worker = inline_closurecall.InlineWorker
     patched = worker.inline_ir
     copies = [0]
@@ -88,7 +88,8 @@ def test_inlining_copies_a_scope_once_and_compiles_the_same_code():
 
 
 def test_install_is_idempotent_and_wraps_numbas_inliner_once():
-    assert inlining.install() and inlining.install() and inlining.installed()
+    assert numba_compat.install_inliner() and numba_compat.install_inliner()
+    assert numba_compat.inliner_installed()
     wrapped = inline_closurecall.InlineWorker.inline_ir
     assert getattr(wrapped, "__wrapped_by_vq__", False)
     assert not getattr(wrapped.__wrapped__, "__wrapped_by_vq__", False)
@@ -98,10 +99,10 @@ def test_install_is_idempotent_and_wraps_numbas_inliner_once():
 
 def test_the_environment_keeps_numbas_own_inliner():
     code = (
-        "from vq.kernels.jit import inlining\n"
+        "from vq.kernels.jit import numba_compat\n"
         "from numba.core import inline_closurecall as icc\n"
         "import copy\n"
-        "assert not inlining.install() and not inlining.installed()\n"
+        "assert not numba_compat.install_inliner() and not numba_compat.inliner_installed()\n"
         "assert icc.copy is copy and not hasattr(icc.InlineWorker.inline_ir, '__wrapped_by_vq__')\n"
     )
     env = {**os.environ, "VQ_NUMBA_INLINE_COPY": "numba"}

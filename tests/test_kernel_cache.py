@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import vq
-from vq.kernels.jit import cache
+from vq.kernels.jit import cache, numba_compat
 
 # a small search of every engine kind: flat (BLAS + heaps), IVF-PQ, fast-scan IVF + re-ranking
 # (kernels specialised through template modules); the child prints its compile count
@@ -120,7 +120,7 @@ def test_two_processes_saving_two_signatures_at_once_never_cross_their_code(tmp_
     hashed names cannot."""
     from numba.core.caching import IndexDataCacheFile
 
-    kind = IndexDataCacheFile if cls == "numba" else cache.SharedCacheFile
+    kind = IndexDataCacheFile if cls == "numba" else numba_compat.SharedCacheFile
     a, b, reader = (kind(str(tmp_path), "kernel-12", ("stamp", 1)) for _ in range(3))
     deferred = []
     a._save_data = lambda name, data: deferred.append((name, data))  # A's data write waits
@@ -134,7 +134,7 @@ def test_two_processes_saving_two_signatures_at_once_never_cross_their_code(tmp_
     assert found["signature B"] in (None, "code for B") or cls == "numba"
     assert found["signature A"] in (None, "code for A")
     # and one process after the other loses no entry
-    c = cache.SharedCacheFile(str(tmp_path / "c"), "kernel-12", ("stamp", 1))
+    c = numba_compat.SharedCacheFile(str(tmp_path / "c"), "kernel-12", ("stamp", 1))
     (tmp_path / "c").mkdir()
     c.save("signature A", "code for A")
     c.save("signature B", "code for B")

@@ -30,8 +30,9 @@ on
 vectors or on
   int8 codes) and batched parallel construction.
 - :mod:`vq.kernels.common.threads`: the thread pool the kernels run on.
-- :mod:`vq.kernels.jit.inlining`: numba's ``inline="always"`` copying each callee's scope once
-  per inline instead of once per block (installed when a kernel first compiles).
+- :mod:`vq.kernels.jit.numba_compat`: every use of numba's internals (the kernels' dispatcher
+  and cache objects, the inliner's copy of a callee's scope), checked against a range of numba
+  releases.
 """
 
 from vq.kernels.common.select import smallest_k_rows, unique_rows

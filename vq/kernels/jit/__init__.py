@@ -1,2 +1,2 @@
-"""How the kernels compile: the disk cache, its trust rules, background compiles and numba's inliner
-(every use of numba's internals)."""
+"""How the kernels compile: the disk cache and its trust rules, background compiles, and
+numba_compat, the one module that uses numba's internals."""

@@ -33,7 +33,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from numba.core.registry import CPUDispatcher
+from vq.kernels.jit.numba_compat import Dispatcher
 
 
 class KernelNotReady(RuntimeError):
@@ -97,7 +97,7 @@ def waiting() -> Iterator[None]:
         local.waiting, local.pinned = previous
 
 
-def hand_over(dispatcher: CPUDispatcher, argtypes: tuple, specialisation) -> bool:
+def hand_over(dispatcher: Dispatcher, argtypes: tuple, specialisation) -> bool:
     """Queue ``dispatcher``'s compile for ``argtypes`` (numba types) on the server, unless
     it was queued already; False where the caller must compile it itself (see the module
     docstring). ``specialisation``: ``(template, constants)`` of a specialised module, or

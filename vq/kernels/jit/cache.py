@@ -17,8 +17,9 @@ cache folder and imports it, so each configuration is a source file of its own t
 caches like any other. (Closures cannot do this: numba refuses to cache one that calls other
 closures, and misses on every new process for one that holds an intrinsic.)
 
-Where the folder cannot be created or written, kernels compile in memory in every process,
-after one warning. Folders of other versions, CPUs or sources that no process has used for
+Where the folder cannot be created or written, or numba is outside the releases vq was checked
+against (:data:`vq.kernels.jit.numba_compat.NUMBA_RANGE`), kernels compile in memory in every
+process, after one warning. Folders of other versions, CPUs or sources that no process has used for
 :data:`UNUSED_DAYS` days are deleted when a new folder is created (each folder's ``.used``
 stamp is touched at most once a day).
 """
@@ -35,22 +36,16 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
 import llvmlite
 import llvmlite.binding as llvm
 import numba
-from numba.core import config as numba_config
-from numba.core import event, types
-from numba.core.caching import FunctionCache, IndexDataCacheFile
-from numba.core.compiler_lock import global_compiler_lock
-from numba.core.registry import CPUDispatcher
-from numba.core.runtime import rtsys
 
 from vq._version import __version__
-from vq.kernels.jit import background, inlining, trust
+from vq.kernels.jit import background, locks, numba_compat, trust
 
 _BEGIN = "# -- specialised constants"
 _END = "# -- end of specialised constants"
@@ -63,8 +58,8 @@ _specialised: dict[tuple, ModuleType] = {}
 
 def cpu_key() -> str:
     """The CPU's name and a hash of its feature flags, as numba compiles for them."""
-    name = numba_config.CPU_NAME or llvm.get_host_cpu_name()
-    features = numba_config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
+    name = numba.config.CPU_NAME or llvm.get_host_cpu_name()
+    features = numba.config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
     return f"{name}-{hashlib.sha256(features.encode()).hexdigest()[:8]}"
 
 
@@ -160,7 +155,7 @@ def prune(root: Path, keep: Path, days: float = UNUSED_DAYS) -> list[Path]:
     return gone
 
 
-_folder: Path | None = _usable_folder()
+_folder: Path | None = _usable_folder() if numba_compat.SUPPORTED else None
 
 
 def folder() -> Path | None:
@@ -171,274 +166,71 @@ def folder() -> Path | None:
 def kernel(**options) -> Callable:
     """``numba.njit(**options)``, disk-cached in :func:`folder` (in memory where there is none,
     or where the function has no source file), loaded from the cache without numba's compiler
-    (see :class:`Kernel`)."""
+    (:class:`vq.kernels.jit.numba_compat.Kernel`)."""
 
     def decorate(func):
         cache = _folder is not None and os.path.isfile(func.__code__.co_filename)
-        with _lock:
-            previous = numba_config.CACHE_DIR
-            numba_config.CACHE_DIR = str(_folder) if cache else previous
-            try:
-                dispatcher = numba.njit(cache=cache, **options)(func)
-            finally:
-                numba_config.CACHE_DIR = previous
-        if type(dispatcher) is CPUDispatcher:  # (not under NUMBA_DISABLE_JIT)
-            dispatcher.__class__ = Kernel  # the same object, one method more
-            if type(dispatcher._cache) is FunctionCache:
-                dispatcher._cache.__class__ = SafeFunctionCache
-            cache_file = getattr(dispatcher._cache, "_cache_file", None)
-            if type(cache_file) is IndexDataCacheFile and SharedCacheFile.fits(cache_file):
-                cache_file.__class__ = SharedCacheFile  # (else numba's own, as shipped)
-        return dispatcher
+        return numba_compat.njit(func, options, str(_folder) if cache else None)
 
     return decorate
 
 
-class Kernel(CPUDispatcher):
-    """A numba dispatcher whose first call in a process loads a cached kernel directly.
-
-    numba's own first call prepares its whole compiler — registering every typing and lowering
-    rule, importing scipy for BLAS — before it looks in the cache: about 0.5 s per process on a
-    2-core machine, more than everything else a first search does. Loading compiled code needs
-    none of that (only numba's runtime, for the arrays a kernel allocates), so a kernel first
-    tries the cache itself and leaves numba's full path to the calls that must compile.
-
-    A read-only array (a fixture frozen with ``setflags(write=False)``, ``np.frombuffer`` of
-    bytes, ``np.load(mmap_mode="r")``) is typed as a writable one, so that it runs the code
-    compiled for writable arrays instead of compiling the kernel a second time (30-70 s for a
-    graph kernel on Zen 1). vq's kernels write only arrays vq allocated (their outputs and
-    an index's own buffers), never an argument that came from the user.
-    """
-
-    def typeof_pyval(self, val):
-        return _writable(super().typeof_pyval(val))
-
-    def _compile_for_args(self, *args, **kws):
-        if kws:
-            inlining.install()  # before numba's compiler first runs in this process
-            return super()._compile_for_args(*args, **kws)
-        entry = _load_cached(self, args)
+def _first_call(dispatcher, args: tuple, compile_here: Callable):
+    """What a kernel's call runs when the kernel holds no compilation for ``args``: the one in
+    the disk cache; else, inside :func:`vq.kernels.jit.background.not_waiting`, a compile
+    handed to the background server (the call raises
+    :class:`~vq.kernels.jit.background.KernelNotReady`); else ``compile_here()`` (numba's
+    compiler, in this process) under :func:`_compiling`'s lock."""
+    argtypes = numba_compat.argtypes(dispatcher, args)
+    entry = numba_compat.load_cached(dispatcher, argtypes)
+    if entry is not None:
+        return entry
+    if not background.local.waiting and _folder is not None:  # (not_waiting(): hand over)
+        if argtypes is not None and background.hand_over(dispatcher, argtypes, _origin(dispatcher)):
+            name = dispatcher.py_func.__qualname__
+            raise background.KernelNotReady(f"{name} is compiling in the background")
+    with _compiling(dispatcher, argtypes):  # another process may have compiled it meanwhile
+        entry = numba_compat.load_cached(dispatcher, argtypes)
         if entry is not None:
             return entry
-        if not background.local.waiting and _folder is not None:  # (not_waiting(): hand over)
-            argtypes = _argtypes(self, args)
-            if argtypes is not None and background.hand_over(self, argtypes, _origin(self)):
-                name = self.py_func.__qualname__
-                raise background.KernelNotReady(f"{name} is compiling in the background")
-        with _compiling(self, args):  # another process may have compiled it while we waited
-            entry = _load_cached(self, args)
-            if entry is not None:
-                return entry
-            inlining.install()
-            return super()._compile_for_args(*args, **kws)
+        numba_compat.install_inliner()
+        return compile_here()
 
 
-class SharedCacheFile(IndexDataCacheFile):
-    """numba's index + data files of a kernel, safe for processes that compile at once.
-
-    numba names a new entry's data file by the first number its index does not use yet: two
-    processes compiling two signatures of one kernel together (pytest workers, ``vq warmup
-    --jobs``, torchrun processes) could both read the index before either wrote it, pick the same
-    name, and leave the index pointing one signature at the other's machine code; a later process
-    then ran code compiled for other argument types (the likely cause, not proven, of a
-    ZeroDivisionError once seen in a fast-scan scan during ``vq warmup --jobs 2``). Here a data
-    file is named by a hash of its key (the signature, the CPU, the sources' stamp), so no two
-    keys share one, and the index's read-modify-write holds an exclusive lock on a file beside
-    it, so no entry is lost. Used only where numba's file has the layout this relies on.
-    """
-
-    _NUMBER = "{number:d}"
-
-    @classmethod
-    def fits(cls, cache_file: IndexDataCacheFile) -> bool:
-        """Whether ``cache_file`` names its data files as this class expects."""
-        pattern = getattr(cache_file, "_data_name_pattern", None)
-        return isinstance(pattern, str) and pattern.count(cls._NUMBER) == 1
-
-    def save(self, key, data):
-        with _locked(self._index_path + ".lock"):
-            overloads = self._load_index()
-            data_name = overloads.get(key)
-            if data_name is None:
-                digest = hashlib.sha256(repr(key).encode()).hexdigest()[:20]
-                data_name = self._data_name_pattern.replace(self._NUMBER, digest)
-                overloads[key] = data_name
-                self._save_index(overloads)
-            self._save_data(data_name, data)
-
-    def _load_index(self):
-        try:
-            return super()._load_index()
-        except Exception as err:  # garbage or a foreign file: a miss, rewritten by a save
-            _unreadable(self._index_path, err)
-            return {}
-
-    def _load_data(self, name):
-        try:
-            return super()._load_data(name)
-        except OSError:
-            raise
-        except Exception as err:
-            _unreadable(self._data_path(name), err)
-            raise OSError(f"unreadable cache entry {name}") from err  # (load: a miss)
-
-
-class SafeFunctionCache(FunctionCache):
-    """numba's cache of one kernel, where an entry that cannot be loaded — whatever numba
-    raises while reading or rebuilding it — is a miss (compiled again and saved over it),
-    after a warning that names the cache, never an error of the call."""
-
-    def load_overload(self, sig, target_context):
-        try:
-            return super().load_overload(sig, target_context)
-        except Exception as err:
-            _unreadable(self._cache_path, err)
-            return None
-
-
-_warned_unreadable = [False]
-
-
-def _unreadable(where: str, err: BaseException) -> None:
-    """Warn, once per process, that an entry of the kernel cache could not be read."""
-    if _warned_unreadable[0]:
-        return
-    _warned_unreadable[0] = True
-    warnings.warn(
-        f"vq: the kernel cache at {_folder} holds an entry that cannot be read ({where}: "
-        f"{type(err).__name__}: {err}); it will be compiled again and replaced",
-        RuntimeWarning,
-        stacklevel=2,
-    )
+numba_compat.Kernel.first_call = staticmethod(_first_call)
 
 
 @contextmanager
-def _locked(path: str) -> Iterator[None]:
-    """An exclusive lock on ``path`` between processes (none where the platform has no flock:
-    the hashed names alone still keep every entry's code its own)."""
-    try:
-        import fcntl
-    except ImportError:  # (Windows)
-        yield
-        return
-    with open(path, "a+b") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-@contextmanager
-def _compiling(dispatcher: Kernel, args: tuple) -> Iterator[None]:
-    """Held while this process compiles ``dispatcher`` for ``args``: an exclusive lock, shared
-    by every process using the cache folder, on a file named by the kernel and its argument
-    types. Processes that start together on a cold cache (torchrun's, pytest's workers, ``vq
-    warmup --jobs``) would each compile the same kernel at once, every one paying seconds of
-    CPU for the same machine code; with the lock one compiles and saves it, and the others,
-    waiting, then load it (``_compile_for_args`` looks again once it holds the lock). Other
-    kernels and other argument types compile side by side. No lock where there is no disk
-    cache (or no flock); the file goes when its compile is done (a process that opened it
-    before then still waits for the compile, one that opens it after finds the kernel)."""
-    with _compiling_key(dispatcher, _argtypes(dispatcher, args)):
-        yield
-
-
-@contextmanager
-def _compiling_key(dispatcher: Kernel, argtypes: tuple | None) -> Iterator[None]:
-    """:func:`_compiling`'s lock, for numba types (none for None)."""
-    if _folder is None or not isinstance(dispatcher._cache, FunctionCache) or argtypes is None:
+def _compiling(dispatcher, argtypes: tuple | None) -> Iterator[None]:
+    """Held while this process compiles ``dispatcher`` for ``argtypes`` (numba types):
+    :func:`vq.kernels.jit.locks.compiling`'s lock on the kernel's signature, none where there
+    is no disk cache (or the types are unknown)."""
+    if _folder is None or argtypes is None or not numba_compat.has_disk_cache(dispatcher):
         yield
         return
     func = dispatcher.py_func
-    key = f"{func.__module__}.{func.__qualname__}{argtypes}"
-    path = _folder / "compiling" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.lock"
-    held = ExitStack()
-    try:
-        path.parent.mkdir(exist_ok=True)
-        held.enter_context(_locked(str(path)))
-    except OSError:  # (the folder went read-only: compile unlocked, as without a cache)
-        held.close()
+    with locks.compiling(_folder, f"{func.__module__}.{func.__qualname__}{argtypes}"):
         yield
-        return
-    with held:
-        try:
-            yield
-        finally:
-            with suppress(OSError):
-                path.unlink()
 
 
-def _writable(tp: types.Type) -> types.Type:
-    """``tp`` with each array in it (tuples included) writable."""
-    if isinstance(tp, types.Array) and not tp.mutable:
-        return tp.copy(readonly=False)
-    if isinstance(tp, types.BaseTuple) and not isinstance(tp, types.BaseNamedTuple):
-        inner = [_writable(t) for t in tp.types]
-        if inner != list(tp.types):
-            return types.Tuple(inner)  # (a UniTuple again where they are all the same)
-    return tp
-
-
-def _argtypes(dispatcher: Kernel, args: tuple) -> tuple | None:
-    """The numba types of ``args`` as ``dispatcher`` types them; None where one cannot be
-    typed (numba's own path then reports it)."""
-    try:
-        return tuple(dispatcher.typeof_pyval(a) for a in args)
-    except Exception:
-        return None
-
-
-def _origin(dispatcher: Kernel):
+def _origin(dispatcher):
     """``(template, constants)`` of the specialised module ``dispatcher`` is defined in, or
     None (a kernel of one of vq's own modules)."""
     module = sys.modules.get(dispatcher.py_func.__module__)
     return getattr(module, "__vq_specialisation__", None)
 
 
-def compile_types(dispatcher: Kernel, argtypes: tuple) -> None:
+def compile_types(dispatcher, argtypes: tuple) -> None:
     """Compile ``dispatcher`` for ``argtypes`` (numba types) into the disk cache, unless it is
     there already (what the background compile server runs for each job)."""
-    with _compiling_key(dispatcher, argtypes):
-        inlining.install()
-        dispatcher.compile(argtypes)
-
-
-def _load_cached(dispatcher: Kernel, args: tuple):
-    """The entry point of ``dispatcher``'s cached compilation for ``args``, now added to its
-    overloads; None where there is none (or it cannot be loaded this way)."""
-    cache = dispatcher._cache
-    if not isinstance(cache, FunctionCache):
-        return None
-    argtypes = _argtypes(dispatcher, args)
-    if argtypes is None:
-        return None
-    with global_compiler_lock:
-        existing = dispatcher.overloads.get(argtypes)
-        if existing is not None:
-            return existing.entry_point
-        context = dispatcher.targetctx
-        try:
-            rtsys.initialize(context)  # the allocator the kernels' arrays use
-            cres = cache._load_overload(argtypes, context)
-        except Exception:
-            return None
-        if cres is None or cres.objectmode:
-            return None
-        dispatcher._cache_hits[argtypes] += 1
-        context.insert_user_function(cres.entry_point, cres.fndesc, [cres.library])
-        dispatcher.add_overload(cres)
-        _loaded[0] += 1
-        return cres.entry_point
-
-
-_loaded = [0]
+    with _compiling(dispatcher, argtypes):
+        numba_compat.compile_types(dispatcher, argtypes)
 
 
 def loads() -> int:
     """How many compiled kernels this process has loaded from the cache (without numba's
     compiler); with :func:`compiles`, every kernel a process has made ready so far."""
-    return _loaded[0]
+    return numba_compat.loads()
 
 
 # -- specialised modules ----------------------------------------------------------------------
@@ -529,7 +321,7 @@ def _load(template: str, constants: dict) -> ModuleType:
 
 
 # -- compile events ---------------------------------------------------------------------------
-class _Compiles(event.Listener):
+class _Compiles:
     """Counts numba compilations (not cache loads) of vq's kernels; prints the pending
     announcement before the first."""
 
@@ -537,8 +329,8 @@ class _Compiles(event.Listener):
         self.count = 0
         self.message: str | None = None
 
-    def on_start(self, ev):
-        func = getattr(ev.data.get("dispatcher"), "py_func", None)
+    def __call__(self, dispatcher) -> None:
+        func = getattr(dispatcher, "py_func", None)
         module = getattr(func, "__module__", "") or ""
         if not (module.startswith("vq.") or module.startswith("_vq_specialised_")):
             return
@@ -547,12 +339,9 @@ class _Compiles(event.Listener):
             print(self.message, file=sys.stderr, flush=True)
             self.message = None
 
-    def on_end(self, ev):
-        pass
-
 
 _compiles = _Compiles()
-event.register("numba:compile", _compiles)
+numba_compat.on_compile(_compiles)
 
 
 def compiles() -> int:

@@ -17,9 +17,8 @@ import struct
 import sys
 from collections.abc import Iterator
 
-from numba.core.registry import CPUDispatcher
-
 from vq.kernels.jit.cache import compile_types, specialise
+from vq.kernels.jit.numba_compat import Dispatcher
 
 
 def _jobs_from(stream) -> Iterator[tuple]:
@@ -31,7 +30,7 @@ def _jobs_from(stream) -> Iterator[tuple]:
         yield pickle.loads(stream.read(n))  # (its parent's pipe: nothing read from the disk)
 
 
-def _resolve(module: str, qualname: str, specialisation) -> CPUDispatcher:
+def _resolve(module: str, qualname: str, specialisation) -> Dispatcher:
     """The kernel a job names: a module's, or a specialised module's (made again here)."""
     if specialisation is not None:
         template, constants = specialisation
