@@ -6,6 +6,7 @@ import torch
 
 import vq
 from vq._cpu import torch_only
+from vq.kernels.common.bundles import PackedLists, Probes, ScaledTopK, Tables
 from vq.kernels.fastscan import fastscan_scans as fs
 from vq.kernels.fastscan.fastscan_ivf import ivf_fastscan_lists
 
@@ -146,11 +147,19 @@ def test_ivf_kernel_equals_reference(isa):
     dist, idx = np.empty((nq, k), np.float32), np.empty((nq, k), np.int64)
     scale, offset = np.empty(nq, np.float32), np.empty(nq, np.float32)
     scan = ivf_fastscan_lists(M // 2, 2, isa)
+    codebooks_t, norms = codebooks.transpose(0, 2, 1).copy(), (codebooks**2).sum(-1)
+    no_centroids = np.zeros((nlist, M), np.float32)
+    inputs = Tables(codebooks_t, norms, no_centroids, list_tables, IP_TABLE, np.float32(-1.0), True)
+    lists = PackedLists(list_blocks, offsets, packed)
     scan(
-        queries, codebooks.transpose(0, 2, 1).copy(), (codebooks**2).sum(-1),
-        np.zeros((nlist, M), np.float32), list_tables, IP_TABLE, np.float32(-1.0), base,
-        probes, list_blocks, offsets, packed, NONE, dist, idx, scale, offset, True,
-    )  # fmt: skip
+        queries,
+        inputs,
+        lists,
+        Probes(probes, base),
+        NONE,
+        ScaledTopK(dist, idx, scale, offset),
+        True,
+    )
     # the same tables in numpy, quantized by the same function
     ip = -np.einsum("nmd,mjd->nmj", queries.reshape(nq, M, 2), codebooks)  # [nq, M, 16]
     tables = ip[:, None] + list_tables[probes.clip(0)].reshape(nq, nprobe, M, 16)
@@ -174,21 +183,22 @@ def test_ivf_kernel_equals_reference(isa):
     # one query at a time (fewer queries than threads: the probes are split between threads)
     for q in (1, 4):
         one = np.empty((1, k), np.float32), np.empty((1, k), np.int64)
+        probed = Probes(probes[q : q + 1], base[q : q + 1])
         scan(
-            queries[q : q + 1], codebooks.transpose(0, 2, 1).copy(), (codebooks**2).sum(-1),
-            np.zeros((nlist, M), np.float32), list_tables, IP_TABLE, np.float32(-1.0),
-            base[q : q + 1], probes[q : q + 1], list_blocks, offsets, packed, NONE, *one,
-            scale[:1].copy(), offset[:1].copy(), True,
-        )  # fmt: skip
+            queries[q : q + 1],
+            inputs,
+            lists,
+            probed,
+            NONE,
+            ScaledTopK(*one, scale[:1].copy(), offset[:1].copy()),
+            True,
+        )
         np.testing.assert_array_equal(one[0][0], dist[q])
         np.testing.assert_array_equal(one[1][0], idx[q])
     # unranked (re-ranking candidates): the same results in some order
     loose = np.empty((nq, k), np.float32), np.empty((nq, k), np.int64)
-    scan(
-        queries, codebooks.transpose(0, 2, 1).copy(), (codebooks**2).sum(-1),
-        np.zeros((nlist, M), np.float32), list_tables, IP_TABLE, np.float32(-1.0), base,
-        probes, list_blocks, offsets, packed, NONE, *loose, scale.copy(), offset.copy(), False,
-    )  # fmt: skip
+    out = ScaledTopK(*loose, scale.copy(), offset.copy())
+    scan(queries, inputs, lists, Probes(probes, base), NONE, out, False)
     order = np.lexsort((loose[1], loose[0]), axis=1)
     np.testing.assert_array_equal(np.take_along_axis(loose[0], order, 1), dist)
     np.testing.assert_array_equal(np.take_along_axis(loose[1], order, 1), idx)

@@ -12,6 +12,7 @@ from numba.core.errors import TypingError
 import vq
 from vq import kernels
 from vq.kernels.common import select
+from vq.kernels.common.bundles import SQCodes, TopK
 from vq.kernels.common.constants import IP, L2, Static, StaticType, constant_metric, metric
 from vq.kernels.exact import exact_scans as exact
 from vq.kernels.graph import graph_search as graph
@@ -51,12 +52,11 @@ def test_a_static_kind_compares_as_its_value_in_a_kernel_and_in_python():
 
 
 def test_a_scan_refuses_a_kind_that_is_not_a_compile_time_constant():
-    codes = np.zeros((4, 8), np.uint8)
     ones = np.ones(8, np.float32)
-    dist, idx = np.empty((1, 2), np.float32), np.empty((1, 2), np.int64)
+    codes = SQCodes(np.zeros((4, 8), np.uint8), ones, ones)
+    out = TopK(np.empty((1, 2), np.float32), np.empty((1, 2), np.int64))
     with pytest.raises(TypingError, match=r"pass vq.kernels.sq.sq_scans.sq_kind\(kind\)"):
-        sq.sq_flat_range(0, 1, ones[None], codes, ones, ones, sq.SQ8, np.zeros(0, np.uint8),
-                         False, dist, idx)  # fmt: skip
+        sq.sq_flat_range(0, 1, ones[None], codes, sq.SQ8, np.zeros(0, np.uint8), False, out)
 
 
 def test_the_lean_and_the_general_graph_search_share_one_compiled_range_kernel():

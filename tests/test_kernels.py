@@ -4,6 +4,8 @@ import pytest
 
 import vq
 from vq import kernels
+from vq.kernels.common.bundles import FlatLists, TopK
+from vq.kernels.exact.ivf_flat import NO_ROW_IDS, NO_SKETCH
 from vq.kernels.exact.lean_scans import all_finite
 
 NONE = np.zeros(0, np.uint8)  # no filter
@@ -146,7 +148,8 @@ def test_ivf_flat_scan_matches_brute_force_over_the_probed_lists(inner_product, 
     for mask in (NONE, allowed):
         dist = np.empty((nq, k), np.float32)
         rows = np.empty((nq, k), np.int64)
-        kernels.ivf_flat_scan(q, x, probes, offsets, mask, inner_product, dist, rows)
+        lists = FlatLists(x, offsets, False, NO_ROW_IDS, NO_SKETCH)
+        kernels.ivf_flat_scan(q, lists, probes, mask, inner_product, TopK(dist, rows))
         for i in range(nq):
             seen = [r for p in probes[i] if p >= 0 for r in range(offsets[p], offsets[p + 1])]
             seen = np.array([r for r in seen if mask.size == 0 or mask[r]], np.int64)

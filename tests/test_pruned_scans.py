@@ -9,8 +9,10 @@ from numba import njit
 
 import vq
 from vq.index.ivf.ivfflat import head_share
+from vq.kernels.common.bundles import FlatLists, TopK
 from vq.kernels.common.rowdist import head_dims, ip_row, l2_heads4, l2_row, l2_tail
-from vq.kernels.exact.exact_scans import exact_distance, ivf_flat_scan
+from vq.kernels.exact.exact_scans import exact_distance
+from vq.kernels.exact.ivf_flat import NO_ROW_IDS, ivf_flat_scan
 
 faiss = pytest.importorskip("faiss")
 
@@ -85,8 +87,9 @@ def test_pruned_ivf_flat_scans_return_what_unpruned_ones_do(k):
     for allowed in (np.zeros(0, np.uint8), (rng.random(n) < 0.7).astype(np.uint8)):
         got = [np.empty((40, k), np.float32), np.empty((40, k), np.int64)]
         want = [np.empty((40, k), np.float32), np.empty((40, k), np.int64)]
-        ivf_flat_scan(q, x, probes, offsets, allowed, False, *want, prune=False)
-        ivf_flat_scan(q, x, probes, offsets, allowed, False, *got, prune=True)
+        for out, prune in ((want, False), (got, True)):
+            lists = FlatLists(x, offsets, prune, NO_ROW_IDS, None)
+            ivf_flat_scan(q, lists, probes, allowed, False, TopK(*out))
         np.testing.assert_array_equal(got[1], want[1])
         np.testing.assert_array_equal(got[0], want[0])
         # and both are the brute-force answer over the probed, allowed rows

@@ -14,6 +14,7 @@ from vq.datasets import clustered_vectors
 from vq.distances import nearest
 from vq.export import OnnxRunner
 from vq.index.ivf.spill import nearest_and_spill, soar_assign, spill_lists
+from vq.kernels.common.bundles import FlatLists, TopK
 
 DIM = 16
 
@@ -106,8 +107,8 @@ def test_a_scan_given_row_ids_finds_the_best_k_distinct_ids(inner_product, prune
     probes[0, 1:] = -1  # one list only: fewer ids than k for k = 64
     dist, rows = np.empty((30, k), np.float32), np.empty((30, k), np.int64)
     no_filter = np.zeros(0, np.uint8)
-    kernels.ivf_flat_scan(q, vectors, probes, offsets, no_filter, inner_product, dist, rows,
-                          prune=prune, row_ids=row_ids)  # fmt: skip
+    lists = FlatLists(vectors, offsets, prune, row_ids, None)
+    kernels.ivf_flat_scan(q, lists, probes, no_filter, inner_product, TopK(dist, rows))
     for i in range(30):
         held = [row_ids[offsets[lst] : offsets[lst + 1]] for lst in probes[i] if lst >= 0]
         held = np.unique(np.concatenate(held))

@@ -12,8 +12,9 @@ from vq.index.core import lean
 from vq.index.core.base import Index
 from vq.index.ivf import ivf_lean
 from vq.index.ivf.ivf_probing import coarse_bound
+from vq.kernels.common.bundles import Coarse
 from vq.kernels.common.select import smallest_k_range
-from vq.kernels.exact.lean_scans import BOUND_MOST, probe_bounded, probe_few, probe_lists
+from vq.kernels.exact.coarse_probe import BOUND_MOST, probe_bounded, probe_few, probe_lists
 
 KINDS = ["IVF32,Flat", "IVF32,PQ8", "IVF32,PQ8x4fs,RFlat", "IVF32,SQ8", "IVF40,Flat",
          "IVF32(soar),Flat", "IVF32(soar),PQ8", "IVF32(soar),SQ8"]  # fmt: skip
@@ -190,7 +191,8 @@ def test_the_bounded_coarse_step_ranks_as_exact_distances(nlist, dim, nprobe, di
     bound = coarse_bound(c)
     assert bound[0].shape == (dim, 8 * -(-dim // 32))
     scores, lists = np.empty((50, nprobe), np.float32), np.empty((50, nprobe), np.int64)
-    probe_bounded(q, np.ascontiguousarray(c.T), (c * c).sum(1), *bound, scores, lists)
+    coarse = Coarse(np.ascontiguousarray(c.T), (c * c).sum(1), *bound)
+    probe_bounded(q, coarse, scores, lists)
     exact = ((q[:, None, :].astype(np.float64) - c[None]) ** 2).sum(-1)
     want = np.argsort(exact, axis=1, kind="stable")[:, :nprobe]
     np.testing.assert_array_equal(lists, want)
@@ -207,7 +209,7 @@ def test_a_loose_bound_falls_back_to_the_whole_coarse_step():
     q = rng.integers(-1, 2, (20, 64)).astype(np.float32)
     ct, norms = np.ascontiguousarray(c.T), (c * c).sum(1)
     bound = coarse_bound(c)
-    got = probe_few(q, (ct, norms, *bound), 5, False)
+    got = probe_few(q, Coarse(ct, norms, *bound), 5, False)
     want = np.empty((20, 5), np.float32), np.empty((20, 5), np.int64)
     probe_lists(q, ct, norms, False, *want)
     exact = ((q[:, None, :] - c[None]) ** 2).sum(-1)

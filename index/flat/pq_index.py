@@ -26,6 +26,7 @@ from vq.index.core.ranges import probed_hits
 from vq.index.core.registry import register
 from vq.index.core.searchers import Searcher, kept, top_rows
 from vq.index.core.searching import NO_IDS, shape_problem
+from vq.kernels.common.bundles import PQLists, Probes, RangeHits, Tables
 from vq.kernels.common.constants import metric as kernel_metric
 from vq.kernels.fastscan import fastscan_scans as packed4
 from vq.quantizers import ProductQuantizer
@@ -164,9 +165,13 @@ class PQIndex(Index):
         ip, n, pq = self.metric == "ip", self.ntotal, self.pq
         kind = kernels.IP_TABLE if ip else kernels.L2_TABLE
         no_lists = np.zeros((0, pq.M * pq.ksub), np.float32)
-        args = (*self._codebook_arrays(), np.zeros((0, self.dim), np.float32), no_lists, kind)
+        no_centroids = np.zeros((0, self.dim), np.float32)
+        tables = Tables(
+            *self._codebook_arrays(), no_centroids, no_lists, kind, np.float32(-1.0), False
+        )
         lists, offsets = np.zeros((q.shape[0], 1), np.int64), np.array([0, n], np.int64)
         codes, words = kernels.code_view(self.codes.contiguous().numpy(), pq.ksub)
+        one_list = PQLists(codes, offsets)
         hits, mask, qn = (
             kernels.ivfpq_hits(pq.M, words, pq.dsub),
             kernel_mask(self, allowed),
@@ -174,9 +179,8 @@ class PQIndex(Index):
         )
 
         def call(s, e, starts, t, rows, vals, counts):
-            base = np.zeros((e - s, 1), np.float32)
-            hits(qn[s:e], *args, np.float32(-1.0), base, lists[s:e], codes, offsets, starts, t,
-                 mask, rows, vals, counts)  # fmt: skip
+            probes = Probes(lists[s:e], np.zeros((e - s, 1), np.float32))
+            hits(qn[s:e], tables, one_list, probes, mask, RangeHits(starts, t, rows, vals, counts))
 
         return probed_hits(radius, ip, lists, np.array([n], np.int64), call)
 

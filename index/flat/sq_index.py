@@ -13,17 +13,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vq import _cpu, kernels
+from vq import _cpu
 from vq._checks import check_real, is_integer
 from vq.faiss_interop import SQ_TYPES, sq_from_faiss
 from vq.index.core.base import Index
 from vq.index.core.faiss_build import faiss_metric, import_faiss, with_id_map
-from vq.index.core.filters import NO_FILTER, IdFilter, kernel_mask
+from vq.index.core.filters import IdFilter, kernel_mask
 from vq.index.core.mapped import read_chunks
 from vq.index.core.ranges import probed_hits
 from vq.index.core.registry import register
 from vq.index.core.searchers import Searcher, kept
 from vq.index.core.searching import NO_IDS, shape_problem
+from vq.kernels.common.bundles import RangeHits, SQCodes, SQLists, TopK
 from vq.kernels.common.constants import metric as kernel_metric
 from vq.kernels.exact.range_scans import sq_hits
 from vq.kernels.sq import sq_scans as sq_kernels
@@ -195,15 +196,11 @@ class SQIndex(Index):
     def search_rows(self, q: torch.Tensor, k: int, allowed: IdFilter | None = None):
         dist = _cpu.empty((q.shape[0], k))
         rows = _cpu.empty((q.shape[0], k), torch.int64)
-        sq_kernels.sq_flat_scan(
-            q.contiguous().numpy(),
-            self.codes.numpy(),
-            *kernel_arrays(self, self.sq),
-            kernel_mask(self, allowed),
-            self.metric == "ip",
-            dist.numpy(),
-            rows.numpy(),
-        )
+        offset, scale, kind = kernel_arrays(self, self.sq)
+        codes = SQCodes(self.codes.numpy(), offset, scale)
+        mask, ip = kernel_mask(self, allowed), self.metric == "ip"
+        out = TopK(dist.numpy(), rows.numpy())
+        sq_kernels.sq_flat_scan(q.contiguous().numpy(), codes, kind, mask, ip, out)
         return dist, rows
 
     def range_hits(self, q: torch.Tensor, radius: float, allowed: IdFilter | None = None):
@@ -213,32 +210,32 @@ class SQIndex(Index):
         ip, n = self.metric == "ip", self.ntotal
         lists, offsets = np.zeros((q.shape[0], 1), np.int64), np.array([0, n], np.int64)
         qn, codes, mask = q.contiguous().numpy(), self.codes.numpy(), kernel_mask(self, allowed)
-        no_centroids, arrays = np.zeros((0, self.dim), np.float32), kernel_arrays(self, self.sq)
+        offset, scale, kind = kernel_arrays(self, self.sq)
+        one_list = SQLists(
+            offsets, codes, np.zeros((0, self.dim), np.float32), False, offset, scale
+        )
 
         def call(s, e, starts, t, rows, vals, counts):
-            sq_hits(qn[s:e], lists[s:e], offsets, codes, no_centroids, False, *arrays,
-                               starts, t, mask, ip, rows, vals, counts)  # fmt: skip
+            hits = RangeHits(starts, t, rows, vals, counts)
+            sq_hits(qn[s:e], one_list, kind, lists[s:e], mask, ip, hits)
 
         return probed_hits(radius, ip, lists, np.array([n], np.int64), call)
 
     def build_lean_search(self):
-        """A few queries on the calling thread: the scan (``sq_flat_range``), then ids."""
+        """A few queries on the calling thread: the scan, then ids (``sq_flat_lean``)."""
         ip = kernel_metric(self.metric == "ip")
-        arrays = kernel_arrays(self, self.sq)
-        codes = self.codes.numpy()
+        offset, scale, kind = kernel_arrays(self, self.sq)
+        codes = tuple(SQCodes(self.codes.numpy(), offset, scale))  # (plain: see bundles)
         ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else NO_IDS
         work, n = self.search_work, self.ntotal
-        fill = np.float32(-np.inf if ip else np.inf)
 
         def search(q: np.ndarray, k: int, ranked: bool, params: dict):
             nq = q.shape[0]
-            if work(nq, min(k, n)) >= _cpu.SERIAL_WORK or not kernels.all_finite(q):
-                return None  # the general path: threads, or the error a query deserves
-            dist = np.empty((nq, min(k, n)), np.float32)
-            rows = np.empty((nq, min(k, n)), np.int64)
-            sq_kernels.sq_flat_range(0, nq, q, codes, *arrays, NO_FILTER, ip, dist, rows)
+            if work(nq, min(k, n)) >= _cpu.SERIAL_WORK:
+                return None  # the general path: threads
             out_dist, out_ids = np.empty((nq, k), np.float32), np.empty((nq, k), np.int64)
-            kernels.rows_to_ids(dist, rows, ids, ip, fill, out_dist, out_ids)
+            if not sq_kernels.sq_flat_lean(q, codes, kind, ids, ip, (out_dist, out_ids)):
+                return None  # the general path: the error a query deserves
             return out_dist, out_ids
 
         return search

@@ -16,34 +16,40 @@ from vq._checks import check_positive
 from vq.index.core.lean import SMALL_BATCH
 from vq.index.core.mapped import read_lists
 from vq.index.core.searching import NO_IDS
+from vq.kernels.common.bundles import Coarse, Finish
 from vq.kernels.common.constants import metric as kernel_metric
 from vq.kernels.common.select import unique_rows, unique_rows_range
 from vq.kernels.common.threads import parallel_for
-from vq.kernels.exact.lean_scans import BOUND_RATIO, BOUND_SPARE, probe_lists
+from vq.kernels.exact.coarse_probe import BOUND_RATIO, BOUND_SPARE, probe_lists
 
 #: an IVF search of more than SMALL_BATCH queries takes the lean path, its queries split between
 #: the threads, where its coarse step is small (at most SPLIT_COARSE products of centroid and
 #: query components: the lean kernels scan the centroids, with no matrix product; fewer where a
-#: bound rules most centroids out, see vq.kernels.exact.lean_scans.probe_bounded) and so is its
+#: bound rules most centroids out, see vq.kernels.exact.coarse_probe.probe_bounded) and so is its
 #: whole estimated work (SPLIT_WORK ns): there the general path's fixed costs (a multi-threaded
 #: BLAS product of a few hundred queries, torch tensors, two pool wake-ups) are most of the time
 SPLIT_COARSE = 1 << 16
 SPLIT_WORK = 20_000_000
 _NO_NORMS = np.zeros(0, np.float32)
-_NO_BOUND = (np.zeros((0, 0), np.float32), np.zeros((0, 0), np.float32), _NO_NORMS,
-             np.zeros((0, 0), np.float32))  # fmt: skip
+_NO_BOUND = (
+    np.zeros((0, 0), np.float32),
+    np.zeros((0, 0), np.float32),
+    _NO_NORMS,
+    np.zeros((0, 0), np.float32),
+)
 
 
 def coarse_arrays(index, ip: bool) -> tuple:
-    """What the lean kernels' coarse step reads: ``(centroids_t float32 [d, nlist], norms
-    float32 [nlist] (empty for "ip"), *bound)`` (the bound of
-    :func:`vq.kernels.exact.lean_scans.probe_bounded`, L2 only), kept until the centroids
+    """What the lean kernels' coarse step reads, a :class:`vq.kernels.common.bundles.Coarse` as
+    a plain tuple: ``(centroids_t float32 [d, nlist], norms float32 [nlist] (empty for "ip"),
+    *bound)`` (the bound of
+    :func:`vq.kernels.exact.coarse_probe.probe_bounded`, L2 only), kept until the centroids
     change."""
     norms = _NO_NORMS if ip else index._centroid_norms()
     c = index.quantizer.codebook
     centroids_t = index.derived("centroids_t", (c,), lambda: c.float().T.contiguous().numpy())
     bound = _NO_BOUND if ip else index._coarse_bound()  # (L2: see probe_bounded)
-    return (centroids_t, norms, *bound)
+    return tuple(Coarse(centroids_t, norms, *bound))
 
 
 def cost_model(index, coarse: tuple) -> tuple[float, float, Callable[[int], int]]:
@@ -85,6 +91,7 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
         ids = NO_IDS  # (the kernel's ids: rows, made unique below)
         row_ids = None if mapped else index.ids.numpy()
     ref_x, ref_ids, k_factor = refine or (None, None, None)  # (None: compiled without it)
+    finish = tuple(Finish(ids, ref_x, ref_ids))  # (plain tuples: vq.kernels.common.bundles)
     nlist, serial_work = index.nlist, _cpu.SERIAL_WORK
     fixed, per_probe, coarse_products = cost_model(index, coarse)
     read_from_file = mapped_scan(index, coarse, ip) if mapped else None
@@ -121,8 +128,8 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
             at, stored = done
         else:
             run = partial(split_queries, kernel) if split_up else kernel
-            if not run(q, coarse, nprobe, *args, ids, ip, ref_x, ref_ids,
-                       width if repeats else kc, out_dist, found, ranked):  # fmt: skip
+            kept = width if repeats else kc  # the kernel's k_candidates
+            if not run(q, coarse, *args, finish, ip, nprobe, kept, (out_dist, found), ranked):
                 return None  # (not finite: the general path says)
             if not repeats:
                 return out_dist, found
@@ -149,15 +156,15 @@ def mapped_scan(index, coarse: tuple, ip: bool) -> Callable:
     c_sq = norms if not ip else (centroids_t * centroids_t).sum(0)
     rows = {name: getattr(index, name) for name in index.row_buffers}
     offsets, nlist = index.offsets.numpy(), index.nlist
-    ref_x = ref_ids = None
+    finish = tuple(Finish(NO_IDS, None, None))  # (no re-ranking of mapped rows)
 
     def scan(q, nprobe: int, kc: int, width: int, repeats: bool, out_dist, found, ranked, split_up):
         lists = near_lists(q, centroids_t, c_sq, ip, nprobe)
         local = read_lists(rows, offsets, np.arange(nlist) if lists is None else lists)
         local_kernel, rest = index._lean_kernel(local)
         run = partial(split_queries, local_kernel) if split_up else local_kernel
-        if not run(q, coarse, nprobe, *rest, NO_IDS, ip, ref_x, ref_ids,
-                   width if repeats else kc, out_dist, found, ranked):  # fmt: skip
+        kept = width if repeats else kc  # the kernel's k_candidates
+        if not run(q, coarse, *rest, finish, ip, nprobe, kept, (out_dist, found), ranked):
             return None
         return index._ids_of(local.stored_rows(found))
 
@@ -165,15 +172,15 @@ def mapped_scan(index, coarse: tuple, ip: bool) -> Callable:
 
 
 def split_queries(kernel, q: np.ndarray, *rest):
-    """``kernel(q, *rest)`` (a lean IVF kernel: the queries first, ``out_dist``, ``out_ids``
+    """``kernel(q, *rest)`` (a lean IVF kernel: the queries first, ``(out_dist, out_ids)``
     and ``ranked`` last) with the queries cut into one slice per thread
     (:func:`vq.kernels.common.threads.parallel_for`); whether every slice was done (False: a slice
     held a query that is not finite)."""
-    *rest, out_dist, out_ids, ranked = rest
+    *rest, (out_dist, out_ids), ranked = rest
     refused = []
 
     def body(q0: int, q1: int) -> None:
-        if not kernel(q[q0:q1], *rest, out_dist[q0:q1], out_ids[q0:q1], ranked):
+        if not kernel(q[q0:q1], *rest, (out_dist[q0:q1], out_ids[q0:q1]), ranked):
             refused.append(q0)
 
     parallel_for(body, q.shape[0], grain=SMALL_BATCH)
@@ -182,14 +189,13 @@ def split_queries(kernel, q: np.ndarray, *rest):
 
 def near_lists(q, centroids_t, c_sq, inner_product: bool, nprobe: int) -> np.ndarray | None:
     """Every list a lean search of ``q`` (float32 [nq, d]) may probe (the lean kernels run
-    :func:`vq.kernels.exact.lean_scans.probe_lists` over ``centroids_t`` [d, nlist] themselves): the
-    lists whose score, as computed here (the same kernel, on the calling thread), is within a
+    :func:`vq.kernels.exact.coarse_probe.probe_lists` over ``centroids_t`` [d, nlist] themselves):
+    the lists whose score, as computed here (the same kernel, on the calling thread), is within a
     rounding bound of the ``nprobe``-th smallest (int64, any shape), or None for all of them
-    (``c_sq``: float32 [nlist], the centroids' squared norms). Each score is a float32 dot
-    product of d terms, within ``δ = (d + 3) · 2⁻²⁴ · (‖q‖² + ‖c‖²)`` of the exact value
-    wherever it is computed, so a list the lean kernel picks lies within 4 δ of this
-    ``nprobe``-th value; the band is twice that wide (None where it reaches past the
-    ``2 nprobe + 8`` nearest)."""
+    (``c_sq``: float32 [nlist], the centroids' squared norms). Each score is a float32 dot product
+    of d terms, within ``δ = (d + 3) · 2⁻²⁴ · (‖q‖² + ‖c‖²)`` of the exact value wherever it is
+    computed, so a list the lean kernel picks lies within 4 δ of this ``nprobe``-th value; the band
+    is twice that wide (None where it reaches past the ``2 nprobe + 8`` nearest)."""
     nlist = c_sq.shape[0]
     wide = min(nlist, 2 * nprobe + 8)
     scores = np.empty((q.shape[0], wide), dtype=np.float32)

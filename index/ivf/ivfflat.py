@@ -20,8 +20,9 @@ from vq.index.core.searching import shape_problem
 from vq.index.ivf.ivf_faiss import lists_from_faiss
 from vq.index.ivf.ivf_index import IVF_FACTORY, IVFIndex, IVFSearch, ivf_arguments
 from vq.index.ivf.sketches import sketch_ranges, sketch_rows
+from vq.kernels.common.bundles import FlatLists, RangeHits, TopK
 from vq.kernels.common.rowdist import MIN_SPLIT, head_dims
-from vq.kernels.exact.exact_scans import NO_ROW_IDS, NO_SKETCH
+from vq.kernels.exact.ivf_flat import NO_ROW_IDS, NO_SKETCH
 from vq.kernels.exact.sketch import FACTORS, sketch_width
 
 #: IVFFlat.prunes: the least share of the centroids' variance in a row's head that pays
@@ -161,17 +162,21 @@ class IVFFlat(IVFIndex):
 
     def _sketch(self, store) -> tuple:
         """The scans' ``sketch`` over ``store``: its rows' sketches, the ranges and centroids
-        where :meth:`scans_sketches` (else :data:`vq.kernels.exact.exact_scans.NO_SKETCH`)."""
+        where :meth:`scans_sketches` (else :data:`vq.kernels.exact.ivf_flat.NO_SKETCH`)."""
         if not self.scans_sketches():
             return NO_SKETCH
-        return (store.sketches.contiguous().numpy(), store.sketch_factors.contiguous().numpy(),
-                self.sketch_low.numpy(), self.sketch_step.numpy(),
-                self._centroid_array())  # fmt: skip
+        return (
+            store.sketches.contiguous().numpy(),
+            store.sketch_factors.contiguous().numpy(),
+            self.sketch_low.numpy(),
+            self.sketch_step.numpy(),
+            self._centroid_array(),
+        )
 
     def _lean_kernel(self, store) -> tuple:
         x, offsets = store.vectors.contiguous().numpy(), store.offsets.numpy()
-        args = (x, offsets, self.prunes(), self._row_ids(store), self._sketch(store))
-        return kernels.ivf_flat_lean, args
+        lists = FlatLists(x, offsets, self.prunes(), self._row_ids(store), self._sketch(store))
+        return kernels.ivf_flat_lean, (tuple(lists),)
 
     def range_hits(self, q, radius: float, allowed=None, nprobe=None, max_codes=None) -> list:
         """The probed lists' hits, a block of queries (bounded probed rows) at a time."""
@@ -180,25 +185,22 @@ class IVFFlat(IVFIndex):
         x, offsets, qn = self.vectors.numpy(), self.offsets.numpy(), q.contiguous().numpy()
 
         def call(s, e, starts, t, rows, vals, counts):
-            kernels.ivf_flat_range_search(qn[s:e], x, lists[s:e], offsets, starts, t, mask, ip,
-                                          rows, vals, counts)  # fmt: skip
+            hits = RangeHits(starts, t, rows, vals, counts)
+            kernels.ivf_flat_range_search(qn[s:e], x, offsets, lists[s:e], mask, ip, hits)
 
         return probed_hits(radius, ip, lists, self.list_sizes().numpy(), call, self._copy_ids())
 
     def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked, allowed, store) -> None:
-        kernels.ivf_flat_scan(
-            q.contiguous().numpy(),
+        flat_lists = FlatLists(
             store.vectors.numpy(),
-            lists.contiguous().numpy(),
             store.offsets.numpy(),
-            allowed,
-            self.metric == "ip",
-            out_dist.numpy(),
-            out_rows.numpy(),
             self.prunes(),
             self._row_ids(store),
             self._sketch(store),
         )
+        probes, ip = lists.contiguous().numpy(), self.metric == "ip"
+        out = TopK(out_dist.numpy(), out_rows.numpy())
+        kernels.ivf_flat_scan(q.contiguous().numpy(), flat_lists, probes, allowed, ip, out)
 
 
 class IVFFlatSearch(IVFSearch):

@@ -36,6 +36,15 @@ from vq.index.ivf.ivf_faiss import lists_from_faiss
 from vq.index.ivf.ivf_index import IVF_FACTORY, IVFIndex, ivf_arguments
 from vq.index.ivf.ivfpq_search import IVFPQSearch, residual_terms
 from vq.index.ivf.ivfpq_tables import ListTables, filled_table
+from vq.kernels.common.bundles import (
+    PackedLists,
+    PQLists,
+    Probes,
+    RangeHits,
+    ScaledTopK,
+    Tables,
+    TopK,
+)
 from vq.kernels.fastscan import fastscan_scans as fastscan_kernels
 from vq.kernels.fastscan.fastscan_ivf import ivf_fastscan_lean, ivf_fastscan_lists
 from vq.quantizers.product import pq_decode
@@ -228,13 +237,14 @@ class IVFPQ(IVFIndex):
         return IVFPQSearch(self, k, nprobe, capacity, code_dtype, copy)
 
     # -- scans ----------------------------------------------------------------------------
-    def _kernel_args(self, lists=None) -> tuple:
-        """The codebooks as the numba kernels take them (see ``kernels.ivfpq_scanner``):
-        ``(codebooks_t [M, dsub, ksub], norms [M, ksub], centroids [nlist, dim], list_tables
-        [nlist or 0, M * ksub], kind, alpha)``, and whether the coarse scores are the tables'
-        base; kept until the codebooks change. ``list_tables`` (the precomputed table, where
-        it is used) holds the rows of ``lists`` (int64, any shape; None: of every list): a
-        kernel given it must probe no other list."""
+    def _kernel_args(self, lists=None) -> Tables:
+        """The codebooks as the numba kernels take them (see ``kernels.ivfpq_scanner``): a
+        :class:`vq.kernels.common.bundles.Tables` (codebooks_t [M, dsub, ksub], norms
+        [M, ksub], centroids [nlist, dim], list_tables [nlist or 0, M * ksub], kind, alpha,
+        and whether the coarse scores are the tables' base); kept until the codebooks change.
+        ``list_tables`` (the precomputed table, where it is used) holds the rows of ``lists``
+        (int64, any shape; None: of every list): a kernel given it must probe no other
+        list."""
         c, cb = self.quantizer.codebook, self.pq.codebooks
 
         def compute():
@@ -255,62 +265,51 @@ class IVFPQ(IVFIndex):
             list_tables = self._list_table(lists).view(self.nlist, -1).numpy()
         else:
             list_tables = np.zeros((0, self.pq.M * self.pq.ksub), np.float32)
-        return (*arrays, list_tables, kind, alpha), coarse_base
+        return Tables(*arrays, list_tables, kind, alpha, coarse_base)
 
     def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked, allowed, store) -> None:
         # the kernels build each query's tables themselves (from C-contiguous rows)
         q = q.contiguous()
-        args, coarse_base = self._kernel_args(lists.numpy())
-        base = coarse.numpy() if coarse_base else np.zeros(tuple(coarse.shape), np.float32)
-        tables = (*args, np.ascontiguousarray(base), lists.contiguous().numpy())
+        tables = self._kernel_args(lists.numpy())
+        base = coarse.numpy() if tables.coarse_base else np.zeros(tuple(coarse.shape), np.float32)
+        probes = Probes(lists.contiguous().numpy(), np.ascontiguousarray(base))
         if self.fast_scan:  # (rows read from the file: packed for this scan alone)
             packed = (self._packed if store is self else PackedCodes()).get(
                 store.codes, store.offsets
             )
+            packed_lists = PackedLists(packed.list_blocks, store.offsets.numpy(), packed.packed)
             scale, offset = np.empty(q.shape[0], np.float32), np.empty(q.shape[0], np.float32)
+            out = ScaledTopK(out_dist.numpy(), out_rows.numpy(), scale, offset)
             scan = ivf_fastscan_lists(self.pq.M // 2, self.pq.dsub, fastscan_kernels.best_isa())
-            scan(
-                q.numpy(),
-                *tables,
-                packed.list_blocks,
-                store.offsets.numpy(),
-                packed.packed,
-                block_bits(allowed, store.offsets, packed.list_blocks),
-                out_dist.numpy(),
-                out_rows.numpy(),
-                scale,
-                offset,
-                ranked,
-            )
+            mask = block_bits(allowed, store.offsets, packed.list_blocks)
+            scan(q.numpy(), tables, packed_lists, probes, mask, out, ranked)
             return
         codes, words = kernels.code_view(store.codes.contiguous().numpy(), self.pq.ksub)
-        kernels.ivfpq_scanner(self.pq.M, words, self.pq.dsub)(
-            q.numpy(),
-            *tables,
-            codes,
-            store.offsets.numpy(),
-            row_bits(allowed),
-            out_dist.numpy(),
-            out_rows.numpy(),
-        )
+        pq_lists = PQLists(codes, store.offsets.numpy())
+        out = TopK(out_dist.numpy(), out_rows.numpy())
+        scan = kernels.ivfpq_scanner(self.pq.M, words, self.pq.dsub)
+        scan(q.numpy(), tables, pq_lists, probes, row_bits(allowed), out)
 
     def range_hits(self, q, radius: float, allowed=None, nprobe=None, max_codes=None) -> list:
         """The probed lists' hits by the ADC values of the top-k scan (fast-scan indexes too,
         with float tables: exact ADC distances, not the quantized ones), a block of queries
         at a time."""
         coarse, lists = self.nearest_lists(q, self.effective_nprobe(nprobe))
-        args, coarse_base = self._kernel_args(_NO_LISTS)
+        tables = self._kernel_args(_NO_LISTS)
         terms = np.zeros(0, np.float32)
-        if args[3].shape[0]:  # L2 by residual: a term per row, not a table per probe
-            terms, args = self._row_terms(), (*args[:3], args[3][:0], *args[4:])
-        base = coarse.numpy() if coarse_base else np.zeros(tuple(coarse.shape), np.float32)
+        if tables.list_tables.shape[0]:  # L2 by residual: a term per row, not a table per probe
+            terms = self._row_terms()
+            tables = Tables(*tables[:3], tables.list_tables[:0], *tables[4:])
+        base = coarse.numpy() if tables.coarse_base else np.zeros(tuple(coarse.shape), np.float32)
         lists, qn, offsets = lists.numpy(), q.contiguous().numpy(), self.offsets.numpy()
         codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)
+        pq_lists = PQLists(codes, offsets)
         hits, mask = kernels.ivfpq_hits(self.pq.M, words, self.pq.dsub), kernel_mask(self, allowed)
 
         def call(s, e, starts, t, rows, vals, counts):
-            hits(qn[s:e], *args, np.ascontiguousarray(base[s:e]), np.ascontiguousarray(lists[s:e]),
-                 codes, offsets, starts, t, mask, rows, vals, counts, terms)  # fmt: skip
+            probes = Probes(np.ascontiguousarray(lists[s:e]), np.ascontiguousarray(base[s:e]))
+            found = RangeHits(starts, t, rows, vals, counts)
+            hits(qn[s:e], tables, pq_lists, probes, mask, found, terms)
 
         sizes = self.list_sizes().numpy()
         return probed_hits(radius, self.metric == "ip", lists, sizes, call, self._copy_ids())
@@ -323,7 +322,7 @@ class IVFPQ(IVFIndex):
         return self.derived("row_terms", sources, lambda: residual_terms(self).numpy())
 
     def _lean_kernel(self, store) -> tuple:
-        args, coarse_base = self._kernel_args(_NO_LISTS)  # the lean kernel probes by itself
+        tables = self._kernel_args(_NO_LISTS)  # the lean kernel probes by itself
         offsets = store.offsets.numpy()
         if self.fast_scan:
             packed = (self._packed if store is self else PackedCodes()).get(
@@ -331,12 +330,13 @@ class IVFPQ(IVFIndex):
             )
             isa = fastscan_kernels.best_isa()
             kernel = ivf_fastscan_lean(self.pq.M // 2, self.pq.dsub, isa)
-            args = (*args, coarse_base, packed.list_blocks, offsets, packed.packed)
+            lists = PackedLists(packed.list_blocks, offsets, packed.packed)
         else:
             codes, words = kernels.code_view(store.codes.contiguous().numpy(), self.pq.ksub)
             kernel = kernels.ivfpq_lean(self.pq.M, words, self.pq.dsub)
-            args = (*args, coarse_base, codes, offsets)
-        list_tables, state = args[3], self._tables
+            lists = PQLists(codes, offsets)
+        args = (tuple(tables), tuple(lists))  # (plain tuples: see vq.kernels.common.bundles)
+        list_tables, state = tables.list_tables, self._tables
         if not (list_tables.shape[0] and state.missing):
             return kernel, args
         inputs = self._table_inputs()
@@ -344,9 +344,10 @@ class IVFPQ(IVFIndex):
             state.fill(store.lists, list_tables, inputs)
             return kernel, args
 
-        def lean(q, coarse, nprobe, *rest):  # first the rows it may read
-            state.fill_near(q, coarse[0], coarse[1], nprobe, list_tables, inputs)
-            return kernel(q, coarse, nprobe, *rest)
+        def lean(q, coarse, tables, lists, finish, ip, nprobe, *rest):  # the rows it may read first
+            centroids_t, c_norms = coarse[:2]  # (a Coarse, as a plain tuple)
+            state.fill_near(q, centroids_t, c_norms, nprobe, list_tables, inputs)
+            return kernel(q, coarse, tables, lists, finish, ip, nprobe, *rest)
 
         return lean, args
 

@@ -31,6 +31,7 @@ from vq.index.flat.sq_index import (
 )
 from vq.index.ivf.ivf_faiss import lists_from_faiss
 from vq.index.ivf.ivf_index import IVF_FACTORY, IVFIndex, IVFSearch, ivf_arguments
+from vq.kernels.common.bundles import RangeHits, SQLists, TopK
 from vq.kernels.exact.range_scans import sq_hits
 from vq.kernels.sq import sq_scans as sq_kernels
 from vq.quantizers.scalar_codes import decode_stored, stored_values
@@ -145,19 +146,18 @@ class IVFSQ(IVFIndex):
         return IVFSQSearch(self, k, nprobe, capacity, copy)
 
     def _scan_numba(self, q, coarse, lists, out_dist, out_rows, ranked, allowed, store) -> None:
-        sq_kernels.sq_ivf_scan(
-            q.contiguous().numpy(),
-            lists.contiguous().numpy(),
+        offset, scale, kind = kernel_arrays(self, self.sq)
+        sq_lists = SQLists(
             store.offsets.numpy(),
             store.codes.numpy(),
             self._centroid_array(),
             self.by_residual,
-            *kernel_arrays(self, self.sq),
-            allowed,
-            self.metric == "ip",
-            out_dist.numpy(),
-            out_rows.numpy(),
+            offset,
+            scale,
         )
+        probes, ip = lists.contiguous().numpy(), self.metric == "ip"
+        out = TopK(out_dist.numpy(), out_rows.numpy())
+        sq_kernels.sq_ivf_scan(q.contiguous().numpy(), sq_lists, kind, probes, allowed, ip, out)
 
     def range_hits(self, q, radius: float, allowed=None, nprobe=None, max_codes=None) -> list:
         """The probed lists' hits by the scan's distances on the codes
@@ -166,22 +166,26 @@ class IVFSQ(IVFIndex):
         ip, mask = self.metric == "ip", kernel_mask(self, allowed)
         lists = self.nearest_lists(q, self.effective_nprobe(nprobe))[1].numpy()
         qn, codes, offsets = q.contiguous().numpy(), self.codes.numpy(), self.offsets.numpy()
-        arrays = (self._centroid_array(), self.by_residual, *kernel_arrays(self, self.sq))
+        offset, scale, kind = kernel_arrays(self, self.sq)
+        sq_lists = SQLists(offsets, codes, self._centroid_array(), self.by_residual, offset, scale)
 
         def call(s, e, starts, t, rows, vals, counts):
-            sq_hits(qn[s:e], lists[s:e], offsets, codes, *arrays, starts, t, mask, ip,
-                               rows, vals, counts)  # fmt: skip
+            hits = RangeHits(starts, t, rows, vals, counts)
+            sq_hits(qn[s:e], sq_lists, kind, lists[s:e], mask, ip, hits)
 
         return probed_hits(radius, ip, lists, self.list_sizes().numpy(), call, self._copy_ids())
 
     def _lean_kernel(self, store) -> tuple:
-        args = (
+        offset, scale, kind = kernel_arrays(self, self.sq)
+        sq_lists = SQLists(
             store.offsets.numpy(),
             store.codes.numpy(),
             self._centroid_array(),
             self.by_residual,
+            offset,
+            scale,
         )
-        return sq_kernels.sq_ivf_lean, (*args, *kernel_arrays(self, self.sq))
+        return sq_kernels.sq_ivf_lean, (tuple(sq_lists), kind)  # (plain: see bundles)
 
 
 class IVFSQSearch(IVFSearch):

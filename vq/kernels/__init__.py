@@ -9,26 +9,25 @@ variant) are the ``*_template`` modules, one cached source file per configuratio
 - :mod:`vq.kernels.pq.coding`: exact arg-min, PQ encode/decode, additive decode, k-means++ steps.
 - :mod:`vq.kernels.pq.adc`: look-up-table (ADC) scans of PQ codes fused with top-k, over a flat
   code array or CSR inverted lists, and the tables they read.
-- :mod:`vq.kernels.exact.exact_scans`: exact-distance scans fused with top-k (IVF-Flat lists,
-re-ranking
-  candidates, Flat blocks) and rows to ids.
+- :mod:`vq.kernels.exact.exact_scans`: exact-distance scans fused with top-k (re-ranking
+  candidates, Flat blocks) and rows to ids; :mod:`vq.kernels.exact.ivf_flat`: IVF-Flat lists.
 - :mod:`vq.kernels.exact.sketch`: 7-bit row sketches whose bounds let an IVF-Flat scan skip the
   exact distance of rows that cannot enter its top k (integer products by ``vpmaddubsw``).
 - :mod:`vq.kernels.common.select`: the k nearest columns of rows of inner products (coarse steps).
 - :mod:`vq.kernels.fastscan.fastscan_scans`, :mod:`vq.kernels.fastscan.fastscan_ivf`: 4-bit
-fast-scan (byte-shuffle
-  look-ups of uint8 tables), flat and over inverted lists; :mod:`vq.kernels.fastscan.fastscan_pack`
-  packs inverted lists into its blocks (only the lists that changed).
+  fast-scan (byte-shuffle look-ups of uint8 tables), flat and over inverted lists;
+  :mod:`vq.kernels.fastscan.fastscan_pack` packs inverted lists into its blocks (only the
+  lists that changed).
 - :mod:`vq.kernels.common.rows`: stored rows moved in place (add, remove_ids, merge_from).
 - :mod:`vq.kernels.common.simd`: 16-float vector helpers (LLVM intrinsics) the kernels share, and
   ``fetch_add``, the atomic counter from which a split search's threads claim queries.
-- :mod:`vq.kernels.exact.lean_scans`: the lean path of a few queries (flat rows, the coarse probe),
-on
-  the calling thread.
+- :mod:`vq.kernels.exact.lean_scans`: the lean path of a few queries (flat rows, IVF-Flat), on
+  the calling thread; :mod:`vq.kernels.exact.coarse_probe`: its coarse step.
+- :mod:`vq.kernels.common.bundles`: the named tuples the kernels take (the coarse quantizer,
+  the inverted lists of each kind, the tables, the outputs).
 - :mod:`vq.kernels.common.heaps`: float and int64-key heaps, and the keys that order ties by row.
-- :mod:`vq.kernels.graph.graph_search`, :mod:`vq.kernels.graph.graph_build`: HNSW search (on the
-vectors or on
-  int8 codes) and batched parallel construction.
+- :mod:`vq.kernels.graph.graph_search`, :mod:`vq.kernels.graph.graph_build`: HNSW search (on
+  the vectors or on int8 codes) and batched parallel construction.
 - :mod:`vq.kernels.common.threads`: the thread pool the kernels run on.
 - :mod:`vq.kernels.jit.numba_compat`: every use of numba's internals (the kernels' dispatcher
   and cache objects, the inliner's copy of a callee's scope), checked against a range of numba
@@ -36,16 +35,16 @@ vectors or on
 """
 
 from vq.kernels.common.select import smallest_k_rows, unique_rows
+from vq.kernels.exact.coarse_probe import probe_lists
 from vq.kernels.exact.exact_scans import (
     heap_push_block,
     heaps_sorted,
-    ivf_flat_range,
-    ivf_flat_scan,
     refine_lean,
     refine_range,
     refine_scan,
     rows_to_ids,
 )
+from vq.kernels.exact.ivf_flat import ivf_flat_range, ivf_flat_scan
 from vq.kernels.exact.lean_scans import (
     all_finite,
     flat_finish,
@@ -54,7 +53,6 @@ from vq.kernels.exact.lean_scans import (
     flat_rows,
     ivf_flat_lean,
     nearest_lean,
-    probe_lists,
 )
 from vq.kernels.exact.range_scans import flat_range_block, ivf_flat_range_search
 from vq.kernels.pq.adc import (

@@ -318,28 +318,44 @@ def fetch_add(typingctx, counter, value):
 
 @intrinsic
 def borrow(typingctx, array):
-    """``array`` without its reference count: the same data, shape and strides, no owner.
+    """``array`` without its reference count: the same data, shape and strides, no owner (a
+    tuple or named tuple: the same tuple with each of its arrays borrowed, nested tuples
+    too, other fields as they are).
 
     Numba counts references to an array's memory with atomic instructions, at every view
     (``a[i]``, ``a[i:j]``) a kernel takes and drops. In a hot loop of a kernel called from
     Python those atomics cost more than the work (and two threads counting on one array
-    contend for its cache line: a search of 1,000 queries on two threads lost 20-30% to
-    them). A borrowed array's views count nothing. The caller keeps the real array alive
-    for the call; a borrowed array (or a view of it) must not outlive it, nor be returned.
+    contend for its cache line). A borrowed array's views count nothing. The caller keeps the
+    real array alive for the call; a borrowed array (or a view of it) must not outlive it, nor
+    be returned.
     """
-    if not isinstance(array, types.Array):
-        raise numba.core.errors.TypingError(f"borrow: expected an array, got {array}")
+    if not isinstance(array, types.Array | types.BaseTuple):
+        raise numba.core.errors.TypingError(f"borrow: expected an array or a tuple, got {array}")
 
     def codegen(context, builder, signature, args):
-        src = context.make_array(array)(context, builder, args[0])
-        out = context.make_array(array)(context, builder)
+        return _borrowed(context, builder, array, args[0])
+
+    return array(array), codegen
+
+
+def _borrowed(context, builder, typ, value):
+    if isinstance(typ, types.Array):
+        src = context.make_array(typ)(context, builder, value)
+        out = context.make_array(typ)(context, builder)
         for field in ("nitems", "itemsize", "data", "shape", "strides"):
             setattr(out, field, getattr(src, field))
         out.meminfo = ir.Constant(out.meminfo.type, None)
         out.parent = ir.Constant(out.parent.type, None)
         return out._getvalue()
-
-    return array(array), codegen
+    if isinstance(typ, types.BaseTuple):
+        items = [
+            _borrowed(context, builder, t, builder.extract_value(value, i))
+            for i, t in enumerate(typ.types)
+        ]
+        return context.make_tuple(builder, typ, items)
+    if context.enable_nrt:  # (a scalar, None: nothing; anything else keeps its count right)
+        context.nrt.incref(builder, typ, value)
+    return value
 
 
 if numba.config.DISABLE_JIT:  # the kernels run as plain Python (numba's debugging mode)

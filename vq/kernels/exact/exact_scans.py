@@ -1,6 +1,7 @@
-"""Exact distances fused with top-k: the inverted lists of an IVF-Flat index, the candidates
-of a re-ranking step, the blocks of a Flat search, and the step every CPU search ends with
-(rows to ids, padding).
+"""Exact distances fused with top-k: the distance every exact scan computes
+(:func:`exact_distance`), the candidates of a re-ranking step, the blocks of a Flat search,
+and the step every CPU search ends with (rows to ids, padding). The lists of an IVF-Flat index
+are :mod:`vq.kernels.exact.ivf_flat`.
 
 Each scan keeps, per query, a max-heap of the k smallest distances (:mod:`vq.kernels.common.heaps`);
 among equal distances the first one scanned stays. Threads split the queries
@@ -16,21 +17,10 @@ from numba.extending import overload
 from vq.kernels.common.constants import L2, constant_metric, metric
 from vq.kernels.common.halves import stored_value
 from vq.kernels.common.heaps import heap_replace_top, heap_reset, heap_sorted
-from vq.kernels.common.rowdist import ip_row, l2_heads4, l2_row, l2_tail
+from vq.kernels.common.rowdist import ip_row, l2_row
 from vq.kernels.common.simd import borrow, prefetch_line
 from vq.kernels.common.threads import parallel_for
-from vq.kernels.exact.sketch import (
-    centre_distance,
-    sketch_dots4,
-    sketch_lower,
-    sketch_prepare,
-)
 from vq.kernels.jit.cache import kernel
-
-#: ``row_ids`` of a scan whose rows are distinct vectors (no spilled copies)
-NO_ROW_IDS = np.zeros(0, dtype=np.int64)
-#: ``sketch`` of a scan without sketches
-NO_SKETCH = None
 
 
 def exact_distance(x, vectors, i, inner_product):
@@ -82,179 +72,6 @@ def _half_distance(x, vectors, i, inner_product):
             diff = x[j] - stored_value(vectors, i, j)
             d += diff * diff
     return d
-
-
-def ivf_flat_scan(queries, vectors, probes, offsets, allowed, inner_product, out_dist, out_idx,
-                  prune=False, row_ids=NO_ROW_IDS, sketch=NO_SKETCH):  # fmt: skip
-    """Exact distances to the vectors of the probed inverted lists, fused with top-k; threads
-    split the queries.
-
-    Args:
-        queries: float32 [nq, d]; vectors: float32 [n, d], stored list after list.
-        probes: int64 [nq, nprobe], the lists to scan (-1: skip); offsets: int64 [nlist + 1].
-        allowed: uint8 [n], 0 for rows a filtered search skips, or [0]: no filter.
-        inner_product: False for squared L2 distances, True for negated inner products (so
-            that smaller is better in both cases).
-        out_dist: float32 [nq, k] ascending (+inf padding); out_idx: int64 [nq, k] rows in
-            ``vectors`` (-1 padding).
-        prune: (L2) compute a row's head first, four rows at a time, and its tail only where
-            the head is below the heap's threshold (:mod:`vq.kernels.common.rowdist`): the same
-            results, faster where the first dimensions carry most of the distance (vectors
-            rotated into their principal axes), slower elsewhere.
-        row_ids: int64 [n], the id of each row, where a vector is stored in more than one
-            list (spilled lists): a row whose id the heap holds already is not offered, so
-            the k rows found hold k distinct ids (the first row of each scanned, and the k
-            best ids of all the probed rows: the copies of a vector hold the same floats, so
-            they score the same); [0]: rows are offered whatever their id.
-        sketch: (codes uint8 [n, width], factors float32 [n, 4], low float32 [d], step
-            float32 [d], centroids float32 [nlist, d]): the rows' sketches
-            (:mod:`vq.kernels.exact.sketch`), whose bounds skip the exact distance of a row that
-            cannot enter the heap (the same results); None (:data:`NO_SKETCH`): none.
-    """
-    parallel_for(ivf_flat_range, probes.shape[0], queries, vectors, probes, offsets, allowed,
-                 metric(inner_product), out_dist, out_idx, bool(prune), row_ids,
-                 sketch)  # fmt: skip
-
-
-@kernel(nogil=True, fastmath=True)
-def ivf_flat_range(q0, q1, queries, vectors, probes, offsets, allowed, inner_product, out_dist,
-                   out_idx, prune, row_ids, sketch):  # fmt: skip
-    """:func:`ivf_flat_scan` for queries ``q0..q1`` (int64) on the calling thread. (``sketch``
-    None: numba drops the sketched loop while it compiles, so an index without sketches never
-    compiles it, as :func:`finish_lean` does with its re-ranking.)"""
-    queries, out_dist, out_idx = borrow(queries), borrow(out_dist), borrow(out_idx)
-    vectors, probes, offsets = borrow(vectors), borrow(probes), borrow(offsets)
-    allowed, row_ids = borrow(allowed), borrow(row_ids)
-    k = out_dist.shape[1]
-    heap_d = np.empty(k, dtype=np.float32)
-    heap_i = np.empty(k, dtype=np.int64)
-    if sketch is None:
-        for q in range(q0, q1):
-            heap_reset(heap_d, heap_i)
-            x = queries[q]
-            for p in range(probes.shape[1]):
-                lst = probes[q, p]
-                if lst < 0:
-                    continue
-                start, end = offsets[lst], offsets[lst + 1]
-                # the metric and the pruning constants in each copy (see exact_distance)
-                if inner_product:
-                    _scan_rows(x, vectors, start, end, allowed, True, row_ids, heap_d, heap_i)
-                elif prune:
-                    _scan_heads(x, vectors, start, end, allowed, row_ids, heap_d, heap_i)
-                else:
-                    _scan_rows(x, vectors, start, end, allowed, False, row_ids, heap_d, heap_i)
-            heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
-    else:
-        _sketched_queries(q0, q1, queries, vectors, probes, offsets, allowed, inner_product,
-                          row_ids, sketch, heap_d, heap_i, out_dist, out_idx)  # fmt: skip
-
-
-@njit(inline="always", fastmath=True)
-def _sketched_queries(q0, q1, queries, vectors, probes, offsets, allowed, inner_product, row_ids,
-                      sketch, heap_d, heap_i, out_dist, out_idx):  # fmt: skip
-    """:func:`ivf_flat_range`'s loop with sketches (:func:`_scan_sketched`)."""
-    codes, factors, low, step, centroids = sketch
-    codes, factors, centroids = borrow(codes), borrow(factors), borrow(centroids)
-    query_codes = np.zeros(codes.shape[1], dtype=np.int8)
-    margin = np.float32((queries.shape[1] + 32) * 2.0**-20)
-    for q in range(q0, q1):
-        heap_reset(heap_d, heap_i)
-        x = queries[q]
-        prepared = sketch_prepare(x, low, step, query_codes)
-        for p in range(probes.shape[1]):
-            lst = probes[q, p]
-            if lst < 0:
-                continue
-            start, end = offsets[lst], offsets[lst + 1]
-            bound = (query_codes, codes, factors, prepared, centre_distance(x, centroids, lst),
-                     margin)  # fmt: skip
-            if inner_product:
-                _scan_sketched(x, vectors, start, end, allowed, True, row_ids, bound, heap_d,
-                               heap_i)  # fmt: skip
-            else:
-                _scan_sketched(x, vectors, start, end, allowed, False, row_ids, bound, heap_d,
-                               heap_i)  # fmt: skip
-        heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
-
-
-@njit(inline="always")
-def _held(heap_i, row_ids, row):
-    """Whether the heap holds a row of ``row``'s id (the heap's free slots hold row -1)."""
-    wanted = row_ids[row]
-    for j in range(heap_i.shape[0]):
-        r = heap_i[j]
-        if r >= 0 and row_ids[r] == wanted:
-            return True
-    return False
-
-
-@njit(inline="always", fastmath=True)
-def _scan_rows(x, vectors, start, end, allowed, inner_product, row_ids, heap_d, heap_i):
-    """Rows ``start..end`` offered to the max-heap, one whole distance at a time (with
-    ``row_ids``, a row whose id the heap holds is not)."""
-    filtered = allowed.shape[0] > 0
-    spilled = row_ids.shape[0] > 0
-    threshold = heap_d[0]
-    for i in range(start, end):
-        if filtered and allowed[i] == 0:
-            continue
-        d = exact_distance(x, vectors, i, inner_product)
-        if d < threshold and not (spilled and _held(heap_i, row_ids, i)):
-            heap_replace_top(heap_d, heap_i, d, i)
-            threshold = heap_d[0]
-
-
-@njit(inline="always", fastmath=True)
-def _scan_heads(x, vectors, start, end, allowed, row_ids, heap_d, heap_i):
-    """:func:`_scan_rows` (L2) with the heads of four rows first, a row's tail only where its
-    head is below the heap's threshold (the last row repeated to fill the last four)."""
-    filtered = allowed.shape[0] > 0
-    spilled = row_ids.shape[0] > 0
-    threshold = heap_d[0]
-    last = end - 1
-    for i in range(start, end, 4):
-        h0, h1, h2, h3 = l2_heads4(x, vectors, i, min(i + 1, last), min(i + 2, last),
-                                   min(i + 3, last))  # fmt: skip
-        if min(min(h0, h1), min(h2, h3)) >= threshold:
-            continue  # (no row of the four can enter the heap)
-        for r in range(min(4, end - i)):
-            h = h0 if r == 0 else h1 if r == 1 else h2 if r == 2 else h3
-            row = i + r
-            if h >= threshold or (filtered and allowed[row] == 0):
-                continue
-            d = h + l2_tail(x, vectors, row)
-            if d < threshold and not (spilled and _held(heap_i, row_ids, row)):
-                heap_replace_top(heap_d, heap_i, d, row)
-                threshold = heap_d[0]
-
-
-@njit(inline="always", fastmath=True)
-def _scan_sketched(x, vectors, start, end, allowed, inner_product, row_ids, bound, heap_d,
-                   heap_i):  # fmt: skip
-    """:func:`_scan_rows` with each row's sketch bound first (four rows' integer products at
-    a time): a row's exact distance only where its lower bound is below the heap's threshold
-    (``bound`` = (query codes, codes, factors, prepared query, ρ, margin): see
-    :func:`vq.kernels.exact.sketch.sketch_lower`)."""
-    query_codes, codes, factors, prepared, rho, margin = bound
-    filtered = allowed.shape[0] > 0
-    spilled = row_ids.shape[0] > 0
-    threshold = heap_d[0]
-    last = end - 1
-    for i in range(start, end, 4):
-        p0, p1, p2, p3 = sketch_dots4(query_codes, codes, i, min(i + 1, last), min(i + 2, last),
-                                      min(i + 3, last))  # fmt: skip
-        for r in range(min(4, end - i)):
-            dot = p0 if r == 0 else p1 if r == 1 else p2 if r == 2 else p3
-            row = i + r
-            if filtered and allowed[row] == 0:
-                continue
-            if sketch_lower(dot, factors, row, prepared, rho, margin, inner_product) >= threshold:
-                continue  # (its exact distance is at least its bound)
-            d = exact_distance(x, vectors, row, inner_product)
-            if d < threshold and not (spilled and _held(heap_i, row_ids, row)):
-                heap_replace_top(heap_d, heap_i, d, row)
-                threshold = heap_d[0]
 
 
 _PREFETCH_AHEAD = 4  # candidates whose vectors refine_scan fetches before their turn

@@ -6,9 +6,8 @@ product, torch tensor or thread-pool wake-up before them.
   merges the parts of a split one.
 - :func:`flat_rows`: exact distances of rows ``r0..r1`` to a few queries into per-query heaps,
   each stored vector read once for all the queries; :func:`flat_parts` splits the rows.
-- :func:`probe_lists`: the coarse step of an IVF search, inner products with the centroids
-  (:func:`products`) and the ``nprobe`` nearest, as :func:`vq.kernels.smallest_k_rows` ranks
-  them; :func:`project_range`: a pre-transform's map of a few queries.
+- :func:`project_range`: a pre-transform's map of a few queries (the coarse step of an IVF
+  search is :mod:`vq.kernels.exact.coarse_probe`).
 - :func:`ivf_flat_lean`: a whole IVF-Flat search of a few queries in one call.
 - :func:`nearest_lean`: a vector quantizer's encode of a few vectors.
 - :func:`all_finite`: the input check.
@@ -20,21 +19,15 @@ of these calls costs: the lean path hands whole steps to kernels instead.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from vq.kernels.common.bundles import Coarse, Finish, FlatLists, TopK
 from vq.kernels.common.constants import L2, metric
-from vq.kernels.common.dots import (
-    DOT_COLUMNS,
-    DOT_ROWS,
-    column_dots16,
-    column_dots_rows,
-    column_dots_wide,
-)
 from vq.kernels.common.heaps import EMPTY_KEY, heap_replace_top_row, heap_sorted
-from vq.kernels.common.select import _insert, _smallest_k_row, row_scratch
 from vq.kernels.common.simd import borrow
 from vq.kernels.common.threads import parallel_for
-from vq.kernels.exact.exact_scans import finish_lean, ivf_flat_range
+from vq.kernels.exact.coarse_probe import PROBE_COLUMNS, probe_few, probe_lists, products
+from vq.kernels.exact.exact_scans import finish_lean
+from vq.kernels.exact.ivf_flat import ivf_flat_range
 from vq.kernels.jit.cache import kernel
 
 
@@ -137,75 +130,6 @@ def flat_lean(queries, vectors, x_norms, ids, inner_product, out_dist, out_ids):
     return True
 
 
-@kernel(nogil=True, fastmath=True)
-def probe_lists(queries, centroids_t, c_norms, inner_product, out_scores, out_lists):
-    """The ``nprobe`` nearest centroids of each query, on the calling thread.
-
-    Args:
-        queries: float32 [nq, d]; centroids_t: float32 [d, nlist], the centroids transposed
-            (the products of 16 centroids then take one vector step per dimension, with no
-            sum across a vector); c_norms: float32 [nlist], their squared norms (read for l2).
-        inner_product: rank by -⟨q, c⟩ rather than by squared L2 distance.
-        out_scores: float32 [nq, nprobe], ascending: ‖q - c‖² clamped at 0, or -⟨q, c⟩;
-            out_lists: int64 [nq, nprobe], their centroids (ties by lower number).
-
-    The products, up to :data:`PROBE_COLUMNS` centroids:
-    :func:`vq.kernels.common.dots.column_dots_rows`
-    over ``DOT_COLUMNS`` centroids and ``DOT_ROWS`` queries at a time (4 x 64 with AVX-512:
-    3x one query by 64 columns, which was 2x numba's loop, at 256 x 128), for up to
-    :data:`PROBE_QUERIES` queries in turn, so that those centroids stay in cache for all
-    of them. More centroids: numba's loop, a query at a time (with rows of more than 4 KiB
-    the strided reads of 64 columns contend for the same cache sets, and the registers no
-    longer pay: 0.9-1.3x at 2,048-4,096 centroids).
-    """
-    queries, out_scores, out_lists = borrow(queries), borrow(out_scores), borrow(out_lists)
-    nq = queries.shape[0]
-    nlist = centroids_t.shape[1]
-    rows = np.empty((min(nq, PROBE_QUERIES), nlist), dtype=np.float32)
-    values = row_scratch(nlist)
-    held = nlist <= PROBE_COLUMNS
-    for q0 in range(0, nq, PROBE_QUERIES):
-        q1 = min(nq, q0 + PROBE_QUERIES)
-        products(queries, q0, q1, centroids_t, held, rows)
-        for q in range(q0, q1):
-            _smallest_k_row(rows[q - q0], queries[q], c_norms, inner_product, out_scores[q],
-                            out_lists[q], values)  # fmt: skip
-
-
-@njit(nogil=True, fastmath=True)
-def products(queries, q0, q1, columns_t, held, out):
-    """``out[i - q0] = queries[i] @ columns_t`` for i in ``q0..q1``: queries float32 [nq, d]
-    (C-contiguous), columns_t float32 [d, n], out float32 [>= q1 - q0, n]. ``held``: sums in
-    vector registers (:func:`vq.kernels.common.dots.column_dots_rows` over ``DOT_COLUMNS`` columns
-    and ``DOT_ROWS`` queries at a time, then 16 columns), the rest by numba's loop (all of
-    them without ``held``). Each product is the same whichever way it is computed for the
-    same ``held`` and n."""
-    dim, n = queries.shape[1], columns_t.shape[1]
-    wide, blocks = n - n % DOT_COLUMNS, n - n % 16
-    first = 0
-    if held:
-        for c in range(0, wide, DOT_COLUMNS):  # sums in registers over all of a query
-            q = q0
-            while q + DOT_ROWS <= q1:  # several queries at a time
-                column_dots_rows(queries, q * dim, dim, columns_t, c, out, (q - q0) * n + c, n)
-                q += DOT_ROWS
-            for r in range(q, q1):
-                column_dots_wide(queries, r * dim, columns_t, c, out, (r - q0) * n + c)
-        for q in range(q0, q1):
-            for c in range(wide, blocks, 16):
-                column_dots16(queries, q * dim, columns_t, c, out[q - q0], c)
-        first = blocks
-    for q in range(q0, q1):
-        rest = out[q - q0, first:]  # (a loop from a variable start does not vectorise: 4x)
-        for c in range(n - first):
-            rest[c] = 0.0
-        for j in range(dim):
-            xj = queries[q, j]
-            columns = columns_t[j, first:]
-            for c in range(n - first):
-                rest[c] += xj * columns[c]
-
-
 @kernel(nogil=True)
 def project_range(q0, q1, queries, matrix_t, mean, out):
     """``out[q] = (queries[q] - mean) @ matrix_t`` for q in ``q0..q1`` on the calling thread: a
@@ -224,12 +148,6 @@ def project_range(q0, q1, queries, matrix_t, mean, out):
         for j in range(dim):
             centred[i, j] = queries[q0 + i, j] - mean[j]
     products(centred, np.int64(0), n, matrix_t, matrix_t.shape[1] <= PROBE_COLUMNS, out[q0:q1])
-
-
-#: probe_lists computes the products of this many queries with each group of centroids
-PROBE_QUERIES = 16
-#: and holds sums in registers up to this many centroids
-PROBE_COLUMNS = 1024
 
 
 @kernel(nogil=True)
@@ -272,155 +190,34 @@ def all_finite(x):
     return True
 
 
-@njit(nogil=True)
-def probe_few(queries, coarse, nprobe, inner_product):
-    """The coarse step of a lean IVF search into new arrays: the scores float32 [nq, nprobe]
-    and the lists int64 [nq, nprobe]. ``coarse`` = (centroids_t float32 [d, nlist], c_norms
-    float32 [nlist], *bound): :func:`probe_bounded` where ``bound`` (the four arrays it
-    takes) has axes, the metric is L2 and there are at least ``BOUND_RATIO`` centroids for
-    each it computes first, else :func:`probe_lists`."""
-    nq = queries.shape[0]
-    scores = np.empty((nq, nprobe), dtype=np.float32)
-    probes = np.empty((nq, nprobe), dtype=np.int64)
-    centroids_t, c_norms, axes_t, proj_t, proj_norms, rows = coarse
-    few = c_norms.shape[0] < BOUND_RATIO * (nprobe + BOUND_SPARE)
-    if inner_product or axes_t.shape[1] == 0 or few:
-        probe_lists(queries, centroids_t, c_norms, inner_product, scores, probes)
-    else:
-        probe_bounded(queries, centroids_t, c_norms, axes_t, proj_t, proj_norms, rows, scores,
-                      probes)  # fmt: skip
-    return scores, probes
-
-
-#: probe_bounded computes the exact distances of this many more centroids than nprobe first
-BOUND_SPARE = 4
-#: and takes over from probe_lists where there are at least this many centroids for each of
-#: those (Zen 1, one core, 128 dimensions: 256 centroids 2.6 -> 2.1 us a query at nprobe 1,
-#: equal at 4, slower at 12; 1,024 centroids 14.1 -> 6.4 at nprobe 1, 15.8 -> 9.9 at 12)
-BOUND_RATIO = 32
-#: and takes the whole coarse step for a query whose bound leaves more than this many
-BOUND_MOST = 64
-
-
-@njit(nogil=True, fastmath=True)
-def probe_bounded(queries, centroids_t, c_norms, axes_t, proj_t, proj_norms, rows, out_scores,
-                  out_lists):  # fmt: skip
-    """:func:`probe_lists` (L2) with most centroids ruled out by a lower bound: the distance
-    between the query's and a centroid's coordinates on a few orthonormal axes (the
-    centroids' principal axes: :func:`vq.index.ivf.ivf_index.coarse_bound`) is at most their
-    distance. The ``nprobe + BOUND_SPARE`` centroids of least bound get exact distances; T is the
-    nprobe-th least of those; every other centroid whose bound is within a rounding margin
-    of T gets one too; the ``nprobe`` least exact distances are the result. The same lists
-    as :func:`probe_lists` (and the same scores, up to the order of a float32 sum: a near-tie
-    may go the other way, as between this and the general path's BLAS products).
-
-    Args:
-        queries, centroids_t, c_norms, out_scores, out_lists: as :func:`probe_lists`'s.
-        axes_t: float32 [d, r], the axes as columns; proj_t: float32 [r, nlist], the
-            centroids' coordinates on them; proj_norms: float32 [nlist], their squared
-            norms; rows: float32 [nlist, d], the centroids (C-contiguous).
-
-    Work per query: d r + nlist r + (nprobe + a few) d products instead of nlist d (NSynth
-    embeddings, 256 centroids of 128 dims, 32 axes: about 5 exact distances at nprobe 3 and
-    18 at nprobe 12).
-    """
-    nq, dim = queries.shape
-    nlist, r = c_norms.shape[0], axes_t.shape[1]
-    nprobe = out_scores.shape[1]
-    m = nprobe + BOUND_SPARE
-    block = min(nq, PROBE_QUERIES)
-    coords = np.empty((block, r), dtype=np.float32)
-    bounds = np.empty((block, nlist), dtype=np.float32)
-    values = row_scratch(nlist)
-    near_d, near_i = np.empty(m, dtype=np.float32), np.empty(m, dtype=np.int64)
-    exact = np.empty(nlist, dtype=np.float32)
-    stamp = np.zeros(nlist, dtype=np.int64)
-    picked = np.empty(BOUND_MOST, dtype=np.int64)
-    full = np.empty((1, nlist), dtype=np.float32)
-    c_max = np.float32(0.0)
-    for c in range(nlist):
-        c_max = max(c_max, c_norms[c])
-    for q0 in range(0, nq, PROBE_QUERIES):
-        q1 = min(nq, q0 + PROBE_QUERIES)
-        products(queries, q0, q1, axes_t, r <= PROBE_COLUMNS, coords)
-        products(coords, np.int64(0), q1 - q0, proj_t, nlist <= PROBE_COLUMNS, bounds)
-        for q in range(q0, q1):
-            x = queries[q]
-            # values: every centroid's bound as probe_lists ranks it (near_*: the m least)
-            _smallest_k_row(bounds[q - q0], coords[q - q0], proj_norms, L2, near_d, near_i,
-                            values)  # fmt: skip
-            q_norm = np.float32(0.0)
-            for j in range(dim):
-                q_norm += x[j] * x[j]
-            # the nprobe-th least exact distance among the m of least bound
-            for j in range(m):
-                c = near_i[j]
-                exact[c] = _exact_score(x, q_norm, rows, c_norms, c)
-                stamp[c] = q + 1
-                near_d[j] = exact[c]
-            _sort_values(near_d)
-            limit = near_d[nprobe - 1] + (dim + r + 16) * np.float32(2.0**-20) * (q_norm + c_max)
-            count = 0
-            for c in range(nlist):  # every centroid whose bound is below the limit, in order
-                if values[c] <= limit:
-                    if count == BOUND_MOST:
-                        break
-                    if stamp[c] != q + 1:
-                        exact[c] = _exact_score(x, q_norm, rows, c_norms, c)
-                    picked[count] = c
-                    count += 1
-            if count == BOUND_MOST or count < nprobe:  # a loose bound (or no finite one)
-                products(queries, q, q + 1, centroids_t, nlist <= PROBE_COLUMNS, full)
-                _smallest_k_row(full[0], x, c_norms, L2, out_scores[q], out_lists[q], values)
-                continue
-            size = 0
-            for j in range(count):  # in column order: ties to the lower centroid
-                c = picked[j]
-                if size < nprobe or exact[c] < out_scores[q, nprobe - 1]:
-                    size = _insert(out_scores[q], out_lists[q], size, exact[c], c)
-
-
-@njit(inline="always", fastmath=True)
-def _exact_score(x, q_norm, rows, c_norms, c):
-    """‖x - c‖² as :func:`probe_lists` ranks it: ‖x‖² + ‖c‖² - 2 ⟨x, c⟩, clamped at 0."""
-    dot = np.float32(0.0)
-    for j in range(x.shape[0]):
-        dot += x[j] * rows[c, j]
-    return max((q_norm + c_norms[c]) - np.float32(2.0) * dot, np.float32(0.0))
-
-
-@njit(inline="always")
-def _sort_values(v):
-    for a in range(1, v.shape[0]):  # (a few values: insertion)
-        t = v[a]
-        b = a - 1
-        while b >= 0 and v[b] > t:
-            v[b + 1] = v[b]
-            b -= 1
-        v[b + 1] = t
-
-
 @kernel(nogil=True)
-def ivf_flat_lean(queries, coarse, nprobe, vectors, offsets, prune, row_ids, sketch, ids,
-                  inner_product, ref_vectors, ref_ids, k_candidates, out_dist, out_ids,
-                  ranked):  # fmt: skip
+def ivf_flat_lean(queries, coarse, lists, finish, inner_product, nprobe, k_candidates, out, ranked):
     """A search of a few queries in an IVF-Flat index on the calling thread in one call, from
-    the coarse step to ids (the lean path): :func:`probe_few` (``coarse`` as it takes it),
-    :func:`vq.kernels.ivf_flat_range` over the ``nprobe`` lists of ``vectors`` [n, d] (CSR
-    ``offsets``; ``prune``: heads first; ``row_ids``: each id once, for spilled lists, or
-    [0]; ``sketch``: the rows' sketches, or :data:`vq.kernels.exact.exact_scans.NO_SKETCH`) for the
-    ``k_candidates`` nearest, then :func:`vq.kernels.exact.exact_scans.finish_lean` (ids, or
-    the re-ranking of a wrapping ``Refine`` with ``ref_vectors``/``ref_ids``): ``out_dist``
-    float32 [nq, k] ascending (negated back to inner products with ``inner_product``; +inf /
-    -inf padding), ``out_ids`` int64 [nq, k] (-1 padding). Returns False (and does nothing)
-    if a query holds a NaN or an infinity."""
+    the coarse step to ids (the lean path): :func:`~vq.kernels.exact.coarse_probe.probe_few`
+    over ``coarse``, :func:`vq.kernels.exact.ivf_flat.ivf_flat_range` over the ``nprobe``
+    lists of ``lists`` for the ``k_candidates`` nearest, then
+    :func:`vq.kernels.exact.exact_scans.finish_lean` (ids, or the re-ranking of a wrapping
+    ``Refine``): ``out`` = (distances float32 [nq, k] ascending, negated back to inner
+    products with ``inner_product``, +inf / -inf padding; ids int64 [nq, k], -1 padding).
+    Returns False (and does nothing) if a query holds a NaN or an infinity.
+
+    ``coarse``, ``lists``, ``finish`` and ``out``: a
+    :class:`~vq.kernels.common.bundles.Coarse`, :class:`~vq.kernels.common.bundles.FlatLists`,
+    :class:`~vq.kernels.common.bundles.Finish` and (out_dist, out_ids), as plain tuples
+    (:mod:`vq.kernels.common.bundles`); ``ranked`` is not read (results are always ranked)."""
+    coarse, lists, finish = Coarse(*coarse), FlatLists(*lists), Finish(*finish)
+    out_dist, out_ids = out
     if not all_finite(queries):
         return False
     nq, k = queries.shape[0], k_candidates
     _, probes = probe_few(queries, coarse, nprobe, inner_product)
-    dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
-    ivf_flat_range(np.int64(0), np.int64(nq), queries, vectors, probes, offsets,
-                   np.zeros(0, dtype=np.uint8), inner_product, dist, rows, prune,
-                   row_ids, sketch)  # fmt: skip
-    finish_lean(queries, dist, rows, ids, inner_product, ref_vectors, ref_ids, out_dist, out_ids)
+    found = TopK(np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64))
+    no_filter = np.zeros(0, dtype=np.uint8)  # (not a global: typed read-only, it would
+    # compile the range kernel a second time, beside the general path's)
+    ivf_flat_range(
+        np.int64(0), np.int64(nq), queries, lists, probes, no_filter, inner_product, found
+    )
+    dist, rows = found
+    ids, ref_x, ref_ids = finish
+    finish_lean(queries, dist, rows, ids, inner_product, ref_x, ref_ids, out_dist, out_ids)
     return True

@@ -24,64 +24,77 @@ from vq.kernels.sq.sq_scans import BLOCK, block_distances, sq_kind, sq_prepare
 _NO_CENTROID = np.zeros(0, np.float32)
 
 
-def flat_range_block(scores, x_norms, first, thresholds, allowed, inner_product, out_rows,
-                     out_dist, counts):  # fmt: skip
+def flat_range_block(scores, x_norms, first, allowed, inner_product, hits):
     """The hits of a block of a Flat search: scores float32 [nq, b] (⟨q, x⟩ of vectors
-    ``first .. first + b``), x_norms float32 [b] (l2), thresholds float32 [nq] on ``‖x‖² −
-    2⟨q, x⟩`` (l2: the radius minus ‖q‖²) or on ``−⟨q, x⟩`` (ip), allowed uint8 [b] or [0]
-    → out_rows int64 [nq, b], out_dist float32 [nq, b] (the ranked values) and counts int64
-    [nq]: query q's hits are the first counts[q] entries of its row."""
-    parallel_for(flat_range_rows, scores.shape[0], scores, x_norms, int(first), thresholds,
-                 allowed, metric(inner_product), out_rows, out_dist, counts)  # fmt: skip
+    ``first .. first + b``), x_norms float32 [b] (l2), allowed uint8 [b] or [0], and ``hits``
+    (a :class:`~vq.kernels.common.bundles.RangeHits` whose regions hold b slots each:
+    ``starts[q] = q b``) whose thresholds are on ``‖x‖² − 2⟨q, x⟩`` (l2: the radius minus
+    ‖q‖²) or on ``−⟨q, x⟩`` (ip); the values written are those ranked values."""
+    parallel_for(
+        flat_range_rows,
+        scores.shape[0],
+        scores,
+        x_norms,
+        int(first),
+        allowed,
+        metric(inner_product),
+        hits,
+    )
 
 
 @kernel(nogil=True, fastmath=True)
-def flat_range_rows(q0, q1, scores, x_norms, first, thresholds, allowed, inner_product,
-                    out_rows, out_dist, counts):  # fmt: skip
+def flat_range_rows(q0, q1, scores, x_norms, first, allowed, inner_product, hits):
     """:func:`flat_range_block` for queries ``q0..q1`` on the calling thread."""
-    scores, out_rows, out_dist = borrow(scores), borrow(out_rows), borrow(out_dist)
+    scores, hits = borrow(scores), borrow(hits)
+    starts, thresholds, out_rows, out_dist, counts = hits
     filtered = allowed.shape[0] > 0
     for q in range(q0, q1):
         t = thresholds[q]
-        c = 0
+        c = starts[q]
         for i in range(scores.shape[1]):
             s = scores[q, i]
             d = -s if inner_product else x_norms[i] - np.float32(2.0) * s
             if d < t and (not filtered or allowed[i] != 0):
-                out_rows[q, c] = first + i
-                out_dist[q, c] = d
+                out_rows[c] = first + i
+                out_dist[c] = d
                 c += 1
-        counts[q] = c
+        counts[q] = c - starts[q]
 
 
-def ivf_flat_range_search(queries, vectors, probes, offsets, starts, thresholds, allowed,
-                          inner_product, out_rows, out_dist, counts):  # fmt: skip
+def ivf_flat_range_search(queries, vectors, offsets, probes, allowed, inner_product, hits):
     """The hits of an IVF-Flat search: exact values of the rows of the probed lists
-    (``probes`` int64 [nq, nprobe], -1: skip; CSR ``offsets``) below ``thresholds`` float32
-    [nq] (squared L2, or negated inner products), of those ``allowed`` uint8 [n] (or [0])
-    lets through → query q's region of out_rows int64 / out_dist float32 [total] starts at
-    ``starts[q]`` (int64 [nq], room for every row it probes); counts int64 [nq]."""
-    parallel_for(ivf_flat_range_rows, probes.shape[0], queries, vectors, probes, offsets, starts,
-                 thresholds, allowed, metric(inner_product), out_rows, out_dist,
-                 counts)  # fmt: skip
+    (``probes`` int64 [nq, nprobe], -1: skip; ``vectors`` float32 [n, d] list after list, CSR
+    ``offsets``) below the thresholds of ``hits`` (squared L2, or negated inner products; a
+    :class:`~vq.kernels.common.bundles.RangeHits` with room for every row a query probes), of
+    those ``allowed`` uint8 [n] (or [0]) lets through."""
+    parallel_for(
+        ivf_flat_range_rows,
+        probes.shape[0],
+        queries,
+        vectors,
+        offsets,
+        probes,
+        allowed,
+        metric(inner_product),
+        hits,
+    )
 
 
 @kernel(nogil=True, fastmath=True)
-def ivf_flat_range_rows(q0, q1, queries, vectors, probes, offsets, starts, thresholds, allowed,
-                        inner_product, out_rows, out_dist, counts):  # fmt: skip
+def ivf_flat_range_rows(q0, q1, queries, vectors, offsets, probes, allowed, inner_product, hits):
     """:func:`ivf_flat_range_search` for queries ``q0..q1`` on the calling thread."""
-    queries = borrow(queries)
+    queries, hits = borrow(queries), borrow(hits)
+    lists = (vectors, offsets, probes, allowed)
     if inner_product:  # the metric a constant in each copy (see exact_distance)
-        _flat_hits(q0, q1, queries, vectors, probes, offsets, starts, thresholds, allowed, True,
-                   out_rows, out_dist, counts)  # fmt: skip
+        _flat_hits(q0, q1, queries, lists, True, hits)
     else:
-        _flat_hits(q0, q1, queries, vectors, probes, offsets, starts, thresholds, allowed, False,
-                   out_rows, out_dist, counts)  # fmt: skip
+        _flat_hits(q0, q1, queries, lists, False, hits)
 
 
 @njit(inline="always", fastmath=True)
-def _flat_hits(q0, q1, queries, vectors, probes, offsets, starts, thresholds, allowed,
-               inner_product, out_rows, out_dist, counts):  # fmt: skip
+def _flat_hits(q0, q1, queries, lists, inner_product, hits):
+    vectors, offsets, probes, allowed = lists
+    starts, thresholds, out_rows, out_dist, counts = hits
     filtered = allowed.shape[0] > 0
     for q in range(q0, q1):
         x = queries[q]
@@ -102,32 +115,38 @@ def _flat_hits(q0, q1, queries, vectors, probes, offsets, starts, thresholds, al
         counts[q] = c - starts[q]
 
 
-def sq_hits(queries, probes, offsets, codes, centroids, by_residual, offset, scale,
-            kind, starts, thresholds, allowed, inner_product, out_rows, out_dist,
-            counts):  # fmt: skip
+def sq_hits(queries, lists, kind, probes, allowed, inner_product, hits):
     """Range search (faiss ``range_search`` of ``IndexScalarQuantizer`` /
     ``IndexIVFScalarQuantizer``): the rows of the probed lists whose value (the top-k scans':
-    squared L2, or negated inner product) is below ``thresholds[q]`` float32 [nq], written
-    from ``starts[q]`` (int64 [nq]: room for every row query q probes) of out_rows int64 /
-    out_dist float32 [total], their number into counts int64 [nq]. The other arguments are
-    :func:`vq.kernels.sq.sq_scans.sq_ivf_scan`'s; a flat code array is one list (offsets [0, n],
-    probes zeros [nq, 1], by_residual False). Threads split the queries."""
-    parallel_for(sq_hits_range, queries.shape[0], queries, probes, offsets, codes, centroids,
-                 bool(by_residual), offset, scale, sq_kind(kind), starts, thresholds,
-                 allowed, metric(inner_product), out_rows, out_dist, counts)  # fmt: skip
+    squared L2, or negated inner product) is below their query's threshold, into ``hits`` (a
+    :class:`~vq.kernels.common.bundles.RangeHits` with room for every row a query probes).
+    ``lists`` (a :class:`~vq.kernels.common.bundles.SQLists`), ``kind``, ``probes`` and
+    ``allowed`` are :func:`vq.kernels.sq.sq_scans.sq_ivf_scan`'s; a flat code array is one
+    list (offsets [0, n], probes zeros [nq, 1], by_residual False). Threads split the
+    queries."""
+    parallel_for(
+        sq_hits_range,
+        queries.shape[0],
+        queries,
+        lists,
+        sq_kind(kind),
+        probes,
+        allowed,
+        metric(inner_product),
+        hits,
+    )
 
 
 @kernel(nogil=True, fastmath=True)
-def sq_hits_range(q0, q1, queries, probes, offsets, codes, centroids, by_residual, offset,
-                  scale, kind, starts, thresholds, allowed, inner_product, out_rows,
-                  out_dist, counts):  # fmt: skip
+def sq_hits_range(q0, q1, queries, lists, kind, probes, allowed, inner_product, hits):
     """:func:`sq_hits` for queries ``q0..q1`` (int64) on the calling thread."""
-    queries, codes = borrow(queries), borrow(codes)
+    queries, lists, hits = borrow(queries), borrow(lists), borrow(hits)
+    offsets, _, centroids, by_residual, offset, scale = lists
     qa = np.empty(queries.shape[1], dtype=np.float32)
     buf = np.empty(BLOCK, dtype=np.float32)
     for q in range(q0, q1):
         x = queries[q]
-        c = starts[q]
+        c = hits.starts[q]
         const = np.float32(0.0)
         if not by_residual:
             const = sq_prepare(x, _NO_CENTROID, offset, scale, inner_product, qa)
@@ -137,27 +156,38 @@ def sq_hits_range(q0, q1, queries, probes, offsets, codes, centroids, by_residua
                 continue
             if by_residual:
                 const = sq_prepare(x, centroids[lst], offset, scale, inner_product, qa)
-            c = _hits_rows(codes, offsets[lst], offsets[lst + 1], qa, const, scale, kind,
-                           inner_product, allowed, thresholds[q], out_rows, out_dist, c,
-                           buf)  # fmt: skip
-        counts[q] = c - starts[q]
+            query = (qa, const, hits.thresholds[q])
+            c = _hits_rows(
+                lists,
+                offsets[lst],
+                offsets[lst + 1],
+                query,
+                kind,
+                inner_product,
+                allowed,
+                hits,
+                c,
+                buf,
+            )
+        hits.counts[q] = c - hits.starts[q]
 
 
 @njit(inline="always")
-def _hits_rows(codes, r0, r1, qa, const, scale, kind, inner_product, allowed, t,
-               out_rows, out_dist, c, buf):  # fmt: skip
-    """Rows ``r0..r1`` below ``t`` written from slot ``c`` of out_rows / out_dist, distances
-    computed :data:`BLOCK` rows at a time as the top-k scan does (the kind a
-    :func:`vq.kernels.sq.sq_scans.sq_kind`); returns the next slot."""
+def _hits_rows(lists, r0, r1, query, kind, inner_product, allowed, hits, c, buf):
+    """Rows ``r0..r1`` of ``lists.codes`` below the prepared query's limit (``query`` = (qa,
+    const, limit)) written from slot ``c`` of ``hits``, distances computed :data:`BLOCK` rows
+    at a time as the top-k scan does (``kind`` a :func:`vq.kernels.sq.sq_scans.sq_kind`);
+    returns the next slot."""
+    qa, const, limit = query
     filtered = allowed.shape[0] > 0
     for s in range(r0, r1, BLOCK):
         e = min(s + BLOCK, r1)
-        block_distances(codes, s, e, qa, scale, kind, inner_product, buf)
+        block_distances(lists.codes, s, e, qa, lists.scale, kind, inner_product, buf)
         for i in range(s, e):
             acc = buf[i - s]
             dist = -(const + acc) if inner_product else acc
-            if dist < t and (not filtered or allowed[i] != 0):
-                out_rows[c] = i
-                out_dist[c] = dist
+            if dist < limit and (not filtered or allowed[i] != 0):
+                hits.rows[c] = i
+                hits.values[c] = dist
                 c += 1
     return c

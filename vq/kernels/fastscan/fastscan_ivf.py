@@ -101,21 +101,20 @@ def _write_key(key, scale, offset, out_dist, out_idx, e):
 def ivf_fastscan_lists(n_pairs: int, dsub: int, isa: str):
     """The IVF fast-scan kernel for M = 2 ``n_pairs`` sub-quantizers of ``dsub`` dimensions.
 
-    The returned ``scan(queries, codebooks_t, norms, centroids, list_tables, kind, alpha,
-    base, probes, list_blocks, offsets, packed, allowed, out_dist, out_idx, out_scale,
-    out_offset, ranked)``
-    takes the arguments of :func:`vq.kernels.ivfpq_scanner` (16-entry tables; ``kind`` one of
-    its IP_TABLE / L2_TABLE / RESIDUAL_L2_TABLE; the tables are built per probe only when the
-    list changes them) plus the packed lists of
-    :func:`vq.kernels.fastscan.fastscan_scans.pack_lists`; ``allowed`` is uint32 [nblocks], the rows
-    of each block a filtered search may return (:func:`block_bits`: a block with none is not read,
-    and only the allowed rows among those that pass the SIMD compare are offered to the heap), or
-    [0]: no filter. It finds the k smallest quantized distances d, ties by lower row, and writes
-    their rows (-1 padding) into ``out_idx`` [nq, k], ``d / scale + offset`` (ascending, +inf
-    padding) into ``out_dist`` [nq, k], and each query's ``scale`` and ``offset`` into ``out_scale``
-    and ``out_offset`` [nq]. With ``ranked`` False the k results may come in any order (the
-    candidates of a re-ranking step, spared a sort that costs as much as their scan at a k of
-    100 or more).
+    The returned ``scan(queries, tables, lists, probes, allowed, out, ranked)`` takes
+    :func:`vq.kernels.pq.adc.ivfpq_scanner`'s ``queries``, ``tables`` (16-entry tables, built
+    per probe only when the list changes them) and ``probes``, the packed lists of
+    :func:`vq.kernels.fastscan.fastscan_scans.pack_lists` (a
+    :class:`~vq.kernels.common.bundles.PackedLists`), and ``allowed``: uint32 [nblocks], the
+    rows of each block a filtered search may return (:func:`block_bits`: a block with none
+    is not read, and only the allowed rows among those that pass the SIMD compare are
+    offered to the heap), or [0]: no filter. It finds the k smallest quantized distances d,
+    ties by lower row, and writes into ``out`` (a
+    :class:`~vq.kernels.common.bundles.ScaledTopK` [nq, k]) their rows (-1 padding),
+    ``d / scale + offset`` (ascending, +inf padding) and each query's ``scale`` and
+    ``offset``. With ``ranked`` False the k results may come in any order (the candidates of
+    a re-ranking step, spared a sort that costs as much as their scan at a k of 100 or
+    more).
     """
     return _module(n_pairs, dsub, isa).scan
 
@@ -143,18 +142,12 @@ def block_bits(bits, offsets, list_blocks, out):
 def ivf_fastscan_lean(n_pairs: int, dsub: int, isa: str):
     """A search of a few queries on the calling thread in one call, from the coarse step to
     ids (the lean path, which a thread-pool wake-up or a step per call would cost more than
-    the work): ``lean_search(queries, coarse, nprobe, codebooks_t, norms, centroids,
-    list_tables, kind, alpha, coarse_base, list_blocks, offsets, packed, ids, inner_product,
-    out_dist, out_ids, ranked)``.
-
-    ``coarse`` (centroids_t float32 [d, nlist], c_norms [nlist] read for l2, and the bound
-    arrays) chooses each query's ``nprobe`` lists as :func:`vq.kernels.exact.lean_scans.probe_few`
-    does; ``coarse_base``: whether the coarse scores are added to the distances (by-residual
-    tables); the other inputs are
-    ``ivf_fastscan_lists``'s. ``ids`` int64 [ntotal] (or [0]: the ids are the rows) map rows
-    to ids; ``out_dist`` [nq, k] gets distances (negated back to inner products with
-    ``inner_product``; -inf / +inf padding), ``out_ids`` [nq, k] ids (-1 padding), in
-    ascending order of distance if ``ranked``.
+    the work): ``lean_search(queries, coarse, tables, lists, finish, inner_product, nprobe,
+    k_candidates, out, ranked)``, whose bundles (plain tuples: :mod:`vq.kernels.common.bundles`)
+    are those of :func:`vq.kernels.pq.adc.ivfpq_lean` with the packed lists of
+    ``ivf_fastscan_lists`` in place of the codes: ``out`` = (distances float32 [nq, k],
+    negated back to inner products with ``inner_product``, -inf / +inf padding; ids int64
+    [nq, k], -1 padding), in ascending order of distance if ``ranked``.
     """
     return _module(n_pairs, dsub, isa).lean_search
 

@@ -6,11 +6,21 @@ imported as it is)."""
 import numpy as np
 from numba import njit
 
+from vq.kernels.common.bundles import (
+    Coarse,
+    Finish,
+    PackedLists,
+    Probes,
+    ScaledTopK,
+    ScanState,
+    Tables,
+)
 from vq.kernels.common.heaps import EMPTY_KEY, key_value, row_key, smallest_keys
 from vq.kernels.common.simd import add_row, borrow, copy_row, table_row_kernels
 from vq.kernels.common.threads import get_num_threads, parallel_for
+from vq.kernels.exact.coarse_probe import probe_few
 from vq.kernels.exact.exact_scans import finish_lean
-from vq.kernels.exact.lean_scans import all_finite, probe_few
+from vq.kernels.exact.lean_scans import all_finite
 from vq.kernels.fastscan.fastscan_ivf import IVF_QUERY_BLOCK, _push, _write_key, _write_sorted
 from vq.kernels.fastscan.fastscan_scans import (
     BLOCK,
@@ -22,7 +32,7 @@ from vq.kernels.fastscan.fastscan_scans import (
 )
 from vq.kernels.fastscan.shuffle import rank_filter
 from vq.kernels.jit.cache import kernel
-from vq.kernels.pq.adc import IP_TABLE, L2_TABLE
+from vq.kernels.pq.adc import IP_TABLE, L2_TABLE, RESIDUAL_L2_TABLE
 
 # -- specialised constants (vq.kernels.jit.cache.specialise writes these lines) --
 DSUB = 1
@@ -47,12 +57,12 @@ def _valid(m, row0, end):
 
 
 @kernel(nogil=True)
-def scan_slice(q0, q1, p0, p1, parts, luts, T, shifts, probes, list_blocks, offsets,
-               packed, allowed, heaps, counts):  # fmt: skip
+def scan_slice(q0, q1, p0, p1, parts, lists, probes, allowed, state):
     """A thread's share: the probes p0, p0 + parts, ... (< p1) of queries q0..q1, sorted
     by list, each list read once per group of Q of its queries."""
-    luts, shifts, probes, packed = borrow(luts), borrow(shifts), borrow(probes), borrow(packed)
-    heaps, counts = borrow(heaps), borrow(counts)
+    lists, probes, state = borrow(lists), borrow(probes), borrow(state)  # (see simd.borrow)
+    list_blocks, offsets, packed = lists
+    T, _, luts, shifts, heaps, counts = state
     nprobe, k = probes.shape[1], heaps.shape[1]
     nlist = list_blocks.shape[0] - 1
     filtered = allowed.shape[0] > 0
@@ -130,10 +140,12 @@ def scan_slice(q0, q1, p0, p1, parts, luts, T, shifts, probes, list_blocks, offs
 
 
 @njit(nogil=True)
-def scan_one(q, luts, T, shifts, probes, list_blocks, offsets, packed, allowed, heaps, counts):
+def scan_one(q, lists, probes, allowed, state):
     """Query q alone, its probes in their order (the nearest list first: its k-th best
     settles soonest): what a slice of one query needs, without ``scan_slice``'s sort of the
     probes by list (which lets a group of queries share each list's reads)."""
+    list_blocks, offsets, packed = lists
+    T, _, luts, shifts, heaps, counts = state
     nprobe, k = probes.shape[1], heaps.shape[1]
     filtered = allowed.shape[0] > 0
     lut_rows = np.zeros(Q, dtype=np.int64)
@@ -177,11 +189,14 @@ def scan_one(q, luts, T, shifts, probes, list_blocks, offsets, packed, allowed, 
 
 
 @kernel(nogil=True)
-def tables(q, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base, probes,
-           T, luts, shifts, out_scale, out_offset, table, residual, scratch):  # fmt: skip
+def build_tables(q, queries, tables, probes, state, out, space):
     """Query q's tables (T of them: one per probe, or one for all), quantized with one
-    scale into ``luts[q * T : (q + 1) * T]`` and shifts[q]; ``table`` [M * 16],
-    ``residual`` [dim] and ``scratch`` [T, M, 16] are the calling thread's work space."""
+    scale into ``state.luts[q * T : (q + 1) * T]`` and ``state.shifts[q]``, its scale and
+    offset into ``out``; ``space`` = (table [M * 16], residual [dim], scratch [T, M, 16]) is
+    the calling thread's work space."""
+    codebooks_t, norms, centroids, list_tables, kind, alpha, _ = tables
+    table, residual, scratch = space
+    T = state.per_query
     summed = list_tables.shape[0] > 0
     x = queries[q]
     if kind == IP_TABLE:
@@ -191,138 +206,165 @@ def tables(q, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, 
         for m in range(M):
             l2_row(x, m * DSUB, codebooks_t, m * DSUB * 16, norms, m * 16, table, m * 16)
     for t in range(T):
-        lst = max(probes[q, t], 0)
+        lst = max(probes.lists[q, t], 0)
         if kind != IP_TABLE and kind != L2_TABLE:  # residual tables, per probe
             for d in range(x.shape[0]):
                 residual[d] = x[d] - centroids[lst, d]
             for m in range(M):
-                l2_row(residual, m * DSUB, codebooks_t, m * DSUB * 16, norms, m * 16, table,
-                       m * 16)  # fmt: skip
+                l2_row(residual, m * DSUB, codebooks_t, m * DSUB * 16, norms, m * 16, table, m * 16)
         for m in range(M):  # vector rows: numba's loop here stays scalar
             if summed:
                 add_row(table, m * 16, list_tables, (lst * M + m) * 16, scratch, (t * M + m) * 16)
             else:
                 copy_row(table, m * 16, scratch, (t * M + m) * 16)
-    sc, of = quantize_tables(scratch, base[q], luts[q * T : (q + 1) * T], shifts[q])
-    out_scale[q] = sc
-    out_offset[q] = of
+    luts = state.luts[q * T : (q + 1) * T]
+    sc, of = quantize_tables(scratch, probes.base[q], luts, state.shifts[q])
+    out.scale[q] = sc
+    out.offset[q] = of
 
 
 @kernel(nogil=True)
-def tables_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind, alpha,
-                 base, probes, T, luts, shifts, out_scale, out_offset):  # fmt: skip
-    """``tables`` for queries q0..q1, with one work space."""
-    queries, base, luts, shifts = borrow(queries), borrow(base), borrow(luts), borrow(shifts)
-    table = np.empty(M * 16, dtype=np.float32)
-    residual = np.empty(queries.shape[1], dtype=np.float32)
-    scratch = np.empty((T, M, 16), dtype=np.float32)
+def tables_range(q0, q1, queries, tables, probes, state, out):
+    """``build_tables`` for queries q0..q1, with one work space."""
+    queries, probes, state = borrow(queries), borrow(probes), borrow(state)
+    space = (
+        np.empty(M * 16, dtype=np.float32),
+        np.empty(queries.shape[1], dtype=np.float32),
+        np.empty((state.per_query, M, 16), dtype=np.float32),
+    )
     for q in range(q0, q1):
-        tables(q, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
-            probes, T, luts, shifts, out_scale, out_offset, table, residual, scratch
-        )  # fmt: skip
+        build_tables(q, queries, tables, probes, state, out, space)
 
 
-def scan(queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base, probes,
-         list_blocks, offsets, packed, allowed, out_dist, out_idx, out_scale, out_offset,
-         ranked):  # fmt: skip
+def scan(queries, tables, lists, probes, allowed, out, ranked):
     """See :func:`vq.kernels.fastscan.fastscan_ivf.ivf_fastscan_lists`. Threads take slices of the
     queries; a batch smaller than the thread count has its tables built first, then each
     thread takes every query's probes p with p % parts == its part, into heaps of its own,
     merged at the end."""
-    nq, nprobe = probes.shape
-    k = out_dist.shape[1]
+    nq, nprobe = probes.lists.shape
+    k = out.distances.shape[1]
     # one table per probe where the list changes it, else one per query for all probes
-    T = nprobe if list_tables.shape[0] > 0 or (kind != IP_TABLE and kind != L2_TABLE) else 1
-    luts = np.empty((nq * T, N_PAIRS, 32), dtype=np.uint8)
-    flat_luts = luts.reshape((nq * T * N_PAIRS, 32))  # the rows the block kernels read
+    per_query = nprobe if tables.list_tables.shape[0] > 0 or tables.kind == RESIDUAL_L2_TABLE else 1
+    luts = np.empty((nq * per_query, N_PAIRS, 32), dtype=np.uint8)
+    lut_rows = luts.reshape((nq * per_query * N_PAIRS, 32))  # the rows the block kernels read
     shifts = np.empty((nq, nprobe), dtype=np.int32)
     threads = get_num_threads()
     parts = 1 if nq >= threads else max(1, min(threads, nprobe))
     heaps = np.full((parts, nq, k), EMPTY_KEY, dtype=np.int64)
     counts = np.zeros((parts, nq), dtype=np.int64)  # keys in each heap
     if parts == 1:  # each thread a slice of the queries, from tables to results
-        parallel_for(serve_slice, nq, queries, codebooks_t, norms, centroids, list_tables,
-            kind, alpha, base, probes, T, luts, flat_luts, shifts, list_blocks, offsets, packed,
-            allowed, heaps[0], counts[0], out_dist, out_idx, out_scale, out_offset, ranked,
-        )  # fmt: skip
+        state = ScanState(per_query, luts, lut_rows, shifts, heaps[0], counts[0])
+        parallel_for(serve_slice, nq, queries, tables, lists, probes, allowed, state, out, ranked)
         return
-    tables_range(0, nq, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
-                 probes, T, luts, shifts, out_scale, out_offset)  # fmt: skip
+    state = ScanState(per_query, luts, lut_rows, shifts, heaps[0], counts[0])
+    tables_range(0, nq, queries, tables, probes, state, out)
+    parts_states = [
+        ScanState(per_query, luts, lut_rows, shifts, heaps[p], counts[p]) for p in range(parts)
+    ]
 
     def scan_parts(part0: int, part1: int) -> None:
         for part in range(part0, part1):
-            scan_slice(0, nq, part, nprobe, parts, flat_luts, T, shifts, probes, list_blocks,
-                       offsets, packed, allowed, heaps[part], counts[part])  # fmt: skip
+            scan_slice(0, nq, part, nprobe, parts, lists, probes.lists, allowed, parts_states[part])
 
     parallel_for(scan_parts, parts)
-    merge_parts(heaps, out_scale, out_offset, out_dist, out_idx)  # distinct rows per part
+    merge_parts(heaps, out)  # distinct rows per part
 
 
 @kernel(nogil=True)
-def lean_search(queries, coarse_step, nprobe, codebooks_t, norms, centroids,
-                list_tables, kind, alpha, coarse_base, list_blocks, offsets, packed, ids,
-                inner_product, ref_vectors, ref_ids, k_candidates, out_dist, out_ids,
-                ranked):  # fmt: skip
+def lean_search(
+    queries, coarse, tables, lists, finish, inner_product, nprobe, k_candidates, out, ranked
+):
     """A few queries on the calling thread, from the coarse step to ids (and through the
     re-ranking of a wrapping ``Refine``), in one call (the lean path: see
-    :func:`vq.kernels.fastscan.fastscan_ivf.ivf_fastscan_lean`); False (and nothing done) if a query
-    holds a NaN or an infinity."""
+    :func:`vq.kernels.fastscan.fastscan_ivf.ivf_fastscan_lean`); False (and nothing done) if a
+    query holds a NaN or an infinity."""
+    coarse, tables = Coarse(*coarse), Tables(*tables)
+    lists, finish = PackedLists(*lists), Finish(*finish)
+    out_dist, out_ids = out
     if not all_finite(queries):
         return False
     nq, k = queries.shape[0], k_candidates
-    coarse, probes = probe_few(queries, coarse_step, nprobe, inner_product)
-    base = coarse if coarse_base else np.zeros((nq, nprobe), dtype=np.float32)
-    summed = list_tables.shape[0] > 0
-    T = nprobe if summed or (kind != IP_TABLE and kind != L2_TABLE) else 1
+    scores, probed = probe_few(queries, coarse, nprobe, inner_product)
+    base = scores if tables.coarse_base else np.zeros((nq, nprobe), dtype=np.float32)
+    summed = tables.list_tables.shape[0] > 0
+    T = nprobe if summed or tables.kind == RESIDUAL_L2_TABLE else 1
     luts = np.empty((nq * T, N_PAIRS, 32), dtype=np.uint8)
-    flat_luts = luts.reshape((nq * T * N_PAIRS, 32))
+    lut_rows = luts.reshape((nq * T * N_PAIRS, 32))
     shifts = np.empty((nq, nprobe), dtype=np.int32)
-    heaps = np.full((nq, k), EMPTY_KEY, dtype=np.int64)
-    counts = np.zeros(nq, dtype=np.int64)
+    state = ScanState(
+        T,
+        luts,
+        lut_rows,
+        shifts,
+        np.full((nq, k), EMPTY_KEY, dtype=np.int64),
+        np.zeros(nq, dtype=np.int64),
+    )
     scale_offset = np.empty((2, nq), dtype=np.float32)
-    dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
-    serve_slice(np.int64(0), np.int64(nq), queries, codebooks_t, norms, centroids, list_tables,
-        kind, alpha, base, probes, T, luts, flat_luts, shifts, list_blocks, offsets, packed,
-        np.zeros(0, dtype=np.uint32), heaps, counts, dist, rows, scale_offset[0], scale_offset[1],
+    found = ScaledTopK(
+        np.empty((nq, k), dtype=np.float32),
+        np.empty((nq, k), dtype=np.int64),
+        scale_offset[0],
+        scale_offset[1],
+    )
+    no_filter = np.zeros(0, dtype=np.uint32)
+    serve_slice(
+        np.int64(0),
+        np.int64(nq),
+        queries,
+        tables,
+        lists,
+        Probes(probed, base),
+        no_filter,
+        state,
+        found,
         ranked,
-    )  # fmt: skip
-    finish_lean(queries, dist, rows, ids, inner_product, ref_vectors, ref_ids, out_dist, out_ids)
+    )
+    ids, ref_x, ref_ids = finish
+    finish_lean(
+        queries,
+        found.distances,
+        found.labels,
+        ids,
+        inner_product,
+        ref_x,
+        ref_ids,
+        out_dist,
+        out_ids,
+    )
     return True
 
 
 @kernel(nogil=True)
-def serve_slice(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
-                probes, T, luts, flat_luts, shifts, list_blocks, offsets, packed, allowed, heaps,
-                counts, out_dist, out_idx, out_scale, out_offset, ranked):  # fmt: skip
+def serve_slice(q0, q1, queries, tables, lists, probes, allowed, state, out, ranked):
     """Queries q0..q1, from their tables to their results."""
-    heaps, counts = borrow(heaps), borrow(counts)  # (views per query: see simd.borrow)
-    out_dist, out_idx = borrow(out_dist), borrow(out_idx)
-    k = out_dist.shape[1]
-    nprobe = probes.shape[1]
-    tables_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
-                 probes, T, luts, shifts, out_scale, out_offset)  # fmt: skip
+    lists, state, out = borrow(lists), borrow(state), borrow(out)  # (views: see simd.borrow)
+    heaps, counts = state.heaps, state.counts
+    k = out.distances.shape[1]
+    nprobe = probes.lists.shape[1]
+    tables_range(q0, q1, queries, tables, probes, state, out)
     if q1 - q0 == 1:
-        scan_one(q0, flat_luts, T, shifts, probes, list_blocks, offsets, packed, allowed, heaps,
-                 counts)  # fmt: skip
+        scan_one(q0, lists, probes.lists, allowed, state)
     else:  # every query's nearest list first: its k-th best settles sooner
         one = np.int64(1)
         for p0, p1 in ((np.int64(0), min(one, nprobe)), (one, nprobe)):
-            scan_slice(q0, q1, p0, p1, one, flat_luts, T, shifts, probes, list_blocks, offsets,
-                       packed, allowed, heaps, counts)  # fmt: skip
+            scan_slice(q0, q1, p0, p1, one, lists, probes.lists, allowed, state)
     for q in range(q0, q1):
-        scale, offset = out_scale[q], out_offset[q]
+        scale, offset = out.scale[q], out.offset[q]
         if ranked:
-            _write_sorted(heaps[q], counts[q], scale, offset, out_dist[q], out_idx[q])
+            _write_sorted(heaps[q], counts[q], scale, offset, out.distances[q], out.labels[q])
         else:  # candidates for re-ranking, not sorted: leaves (the nearer half, roughly)
             # first, which lets the re-ranking heap settle sooner
             for e in range(k):
-                _write_key(heaps[q, k - 1 - e], scale, offset, out_dist[q], out_idx[q], e)
+                _write_key(heaps[q, k - 1 - e], scale, offset, out.distances[q], out.labels[q], e)
 
 
 @kernel(nogil=True)
-def merge_parts(heaps, out_scale, out_offset, out_dist, out_idx):
-    """Each query's k smallest keys over the parts' heaps [parts, nq, k], as results."""
-    out_dist, out_idx = borrow(out_dist), borrow(out_idx)
+def merge_parts(heaps, out):
+    """Each query's k smallest keys over the parts' heaps [parts, nq, k], as results into
+    ``out`` (a :class:`~vq.kernels.common.bundles.ScaledTopK`, whose scale and offset are
+    read)."""
+    out = borrow(out)
+    out_dist, out_idx, out_scale, out_offset = out
     parts, nq, k = heaps.shape
     keys = np.empty(parts * k, dtype=np.int64)
     best = np.empty(k, dtype=np.int64)

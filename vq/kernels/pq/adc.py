@@ -145,27 +145,28 @@ def ivfpq_scanner(n_tables: int, words: bool, dsub: int):
     """ADC scan of the probed inverted lists, fused with top-k, specialised for M tables of
     sub-vectors of ``dsub`` dimensions.
 
-    The returned kernel ``ivfpq_scan(queries, codebooks_t, norms, centroids, list_tables,
-    kind, alpha, base, probes, codes, offsets, allowed, out_dist, out_idx)`` builds each
-    query's tables itself (cheaper than materialising [nq, M, ksub] in memory) and takes:
+    The returned kernel ``ivfpq_scan(queries, tables, lists, probes, allowed, out)`` builds
+    each query's tables itself (cheaper than materialising [nq, M, ksub] in memory) and takes:
         queries: float32 [nq, d].
-        codebooks_t: float32 [M, dsub, ksub], the PQ codebooks transposed; norms: float32
-            [M, ksub], their squared norms.
-        centroids: float32 [nlist, d], the coarse centroids (read for RESIDUAL_L2_TABLE).
-        list_tables: float32 [nlist, M * ksub] added to the query's table for each probed list
-            (faiss's precomputed ``||r||² + 2⟨c, r⟩``), or [0, M * ksub] for none.
-        kind: IP_TABLE (``alpha · ⟨x_m, c⟩``), L2_TABLE (``||x_m - c||²``) or
-            RESIDUAL_L2_TABLE (``||(x - centroid)_m - c||²``, one table per probe).
-        alpha: float, the factor of IP_TABLE (-2 with precomputed L2 terms, -1 for inner
-            products, so that smaller is nearer).
-        base: float32 [nq, nprobe], added to every distance of that probe (the coarse term).
-        probes: int64 [nq, nprobe], the lists to scan (-1: skip).
-        codes: [n, M] in list order (the uint32 view with ``words``, see :func:`code_view`);
-            offsets: int64 [nlist + 1].
+        tables: a :class:`~vq.kernels.common.bundles.Tables`:
+            codebooks_t float32 [M, dsub, ksub], the PQ codebooks transposed, and norms
+            float32 [M, ksub], their squared norms; centroids float32 [nlist, d], the coarse
+            centroids (read for RESIDUAL_L2_TABLE); list_tables float32 [nlist, M * ksub],
+            added to the query's table for each probed list (faiss's precomputed ``||r||² +
+            2⟨c, r⟩``), or [0, M * ksub] for none; kind: IP_TABLE (``alpha · ⟨x_m, c⟩``),
+            L2_TABLE (``||x_m - c||²``) or RESIDUAL_L2_TABLE (``||(x - centroid)_m - c||²``,
+            one table per probe); alpha: the factor of IP_TABLE (-2 with precomputed L2
+            terms, -1 for inner products, so that smaller is nearer); coarse_base (read by
+            the lean kernel only).
+        lists: a :class:`~vq.kernels.common.bundles.PQLists`: codes [n, M] in list order (the
+            uint32 view with ``words``, see :func:`code_view`) and offsets int64 [nlist + 1].
+        probes: a :class:`~vq.kernels.common.bundles.Probes`: the lists to scan, int64
+            [nq, nprobe] (-1: skip), and base float32 [nq, nprobe], added to every distance
+            of that probe (the coarse term).
         allowed: uint64 [ceil(n / 64)], the rows a filtered search may return as bit words
             (:mod:`vq.kernels.common.bitmask`), or [0]: no filter.
-        out_dist: float32 [nq, k], the k smallest distances ascending (+inf padding);
-        out_idx: int64 [nq, k], their rows in ``codes`` (-1 padding).
+        out: a :class:`~vq.kernels.common.bundles.TopK` [nq, k]: the k smallest distances
+            ascending (+inf padding), their rows in ``codes`` (-1 padding).
 
     Threads split the queries.
     """
@@ -175,27 +176,26 @@ def ivfpq_scanner(n_tables: int, words: bool, dsub: int):
 @functools.cache
 def ivfpq_hits(n_tables: int, words: bool, dsub: int):
     """Range search over the probed inverted lists (:func:`ivfpq_scanner`'s tables and
-    values): ``ivfpq_hits(queries, codebooks_t, norms, centroids, list_tables, kind, alpha,
-    base, probes, codes, offsets, starts, thresholds, allowed, out_rows, out_dist, counts)``
-    writes query q's rows whose value is below ``thresholds[q]`` (float32 [nq]) and their
-    values from ``starts[q]`` (int64 [nq]: room for every row it probes) of out_rows int64 /
-    out_dist float32 [total], and their number into counts int64 [nq]. A flat PQ code array
-    is one list (offsets [0, n], probes zeros [nq, 1])."""
+    values): ``ivfpq_hits(queries, tables, lists, probes, allowed, hits, row_terms)`` writes
+    query q's rows whose value is below its threshold, and their values, into ``hits`` (a
+    :class:`~vq.kernels.common.bundles.RangeHits` with room for every row it probes);
+    ``row_terms`` float32 [n] is added to each row's value, or [0]. A flat PQ code array is
+    one list (offsets [0, n], probes zeros [nq, 1])."""
     return _ivfpq_module(n_tables, words, dsub).ivfpq_hits
 
 
 @functools.cache
 def ivfpq_lean(n_tables: int, words: bool, dsub: int):
     """A search of a few queries on the calling thread in one call, from the coarse step to
-    ids (the lean path): ``lean_search(queries, coarse, nprobe, codebooks_t, norms,
-    centroids, list_tables, kind, alpha, coarse_base, codes, offsets, ids, inner_product,
-    out_dist, out_ids, ranked)``, results always ranked. ``coarse`` (centroids_t float32
-    [d, nlist], c_norms [nlist] read for l2, and the bound arrays) chooses each query's
-    ``nprobe`` lists as :func:`vq.kernels.exact.lean_scans.probe_few` does; ``coarse_base``: whether
-    the coarse scores are the ``base`` of :func:`ivfpq_scanner` (else 0); ``ids`` int64
-    [ntotal] (or [0]: the rows are the ids); ``out_dist`` float32 [nq, k] ascending
-    (negated back to inner products with ``inner_product``; +inf / -inf padding) and
-    ``out_ids`` int64 [nq, k] (-1 padding); the other inputs are :func:`ivfpq_scanner`'s."""
+    ids (the lean path): ``lean_search(queries, coarse, tables, lists, finish,
+    inner_product, nprobe, k_candidates, out, ranked)``, results always ranked: ``coarse`` (a
+    :class:`~vq.kernels.common.bundles.Coarse`) chooses each query's ``nprobe`` lists as
+    :func:`vq.kernels.exact.coarse_probe.probe_few` does; ``tables`` and ``lists`` are
+    :func:`ivfpq_scanner`'s (``tables.coarse_base``: whether the coarse scores are the base
+    of the distances, else 0); ``finish`` (a :class:`~vq.kernels.common.bundles.Finish`)
+    maps rows to ids or re-ranks them; ``out`` = (distances float32 [nq, k] ascending,
+    negated back to inner products with ``inner_product``, +inf / -inf padding; ids int64
+    [nq, k], -1 padding). The bundles are plain tuples (:mod:`vq.kernels.common.bundles`)."""
     return _ivfpq_module(n_tables, words, dsub).lean_search
 
 

@@ -7,11 +7,13 @@ import numpy as np
 from numba import njit
 
 from vq.kernels.common.bitmask import list_word, trailing_zeros
+from vq.kernels.common.bundles import Coarse, Finish, PQLists, Probes, Tables, TopK
 from vq.kernels.common.heaps import heap_replace_top, heap_reset, heap_sorted
 from vq.kernels.common.simd import borrow
 from vq.kernels.common.threads import parallel_for
+from vq.kernels.exact.coarse_probe import probe_few
 from vq.kernels.exact.exact_scans import finish_lean
-from vq.kernels.exact.lean_scans import all_finite, probe_few
+from vq.kernels.exact.lean_scans import all_finite
 from vq.kernels.jit.cache import kernel
 from vq.kernels.pq.adc import (
     IP_TABLE,
@@ -29,36 +31,32 @@ WORDS = False
 # -- end of specialised constants --
 
 
-def ivfpq_scan(queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base, probes,
-               codes, offsets, allowed, out_dist, out_idx):  # fmt: skip
+def ivfpq_scan(queries, tables, lists, probes, allowed, out):
     """Threads split the queries (the work buffers are allocated once per thread)."""
-    parallel_for(ivfpq_range, probes.shape[0], queries, codebooks_t, norms, centroids,
-                 list_tables, kind, alpha, base, probes, codes, offsets, allowed, out_dist,
-                 out_idx)  # fmt: skip
+    parallel_for(ivfpq_range, probes.lists.shape[0], queries, tables, lists, probes, allowed, out)
 
 
 @kernel(nogil=True)
-def ivfpq_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base,
-                probes, codes, offsets, allowed, out_dist, out_idx):  # fmt: skip
+def ivfpq_range(q0, q1, queries, tables, lists, probes, allowed, out):
     """Queries q0..q1 on the calling thread: each one's tables, then its probed lists."""
-    queries, list_tables = borrow(queries), borrow(list_tables)  # (views: simd.borrow)
-    out_dist, out_idx = borrow(out_dist), borrow(out_idx)
-    k = out_dist.shape[1]
+    queries, tables, lists = borrow(queries), borrow(tables), borrow(lists)  # (simd.borrow)
+    probes, out = borrow(probes), borrow(out)
+    codes, offsets = lists
+    k = out.distances.shape[1]
     filtered = allowed.shape[0] > 0
     heap_d = np.empty(k, dtype=np.float32)
     heap_i = np.empty(k, dtype=np.int64)
-    table, buf, residual = _work_buffers(queries, norms, list_tables)
+    table, buf, residual = _work_buffers(queries, tables)
     for q in range(q0, q1):
         heap_reset(heap_d, heap_i)
         x = queries[q]
-        _query_table(x, codebooks_t, norms, kind, alpha, table)
-        for p in range(probes.shape[1]):
-            lst = probes[q, p]
+        _query_table(x, tables, table)
+        for p in range(probes.lists.shape[1]):
+            lst = probes.lists[q, p]
             if lst < 0:
                 continue
-            t = _probe_table(x, lst, kind, table, buf, residual, centroids, codebooks_t, norms,
-                             list_tables)  # fmt: skip
-            b = base[q, p]
+            t = _probe_table(x, lst, tables, table, buf, residual)
+            b = probes.base[q, p]
             lo, hi = offsets[lst], offsets[lst + 1]
             if filtered:
                 if hi > lo:
@@ -70,7 +68,7 @@ def ivfpq_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kin
                 if d < threshold:
                     heap_replace_top(heap_d, heap_i, d, i)
                     threshold = heap_d[0]
-        heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
+        heap_sorted(heap_d, heap_i, out.distances[q], out.labels[q])
 
 
 @njit(inline="always")
@@ -92,40 +90,45 @@ def _scan_allowed(t, codes, lo, hi, b, bits, heap_d, heap_i):
 NO_TERMS = np.zeros(0, dtype=np.float32)
 
 
-def ivfpq_hits(queries, codebooks_t, norms, centroids, list_tables, kind, alpha, base, probes,
-               codes, offsets, starts, thresholds, allowed, out_rows, out_dist, counts,
-               row_terms=NO_TERMS):  # fmt: skip
-    """Range search: ``ivfpq_scan``'s values below ``thresholds`` float32 [nq] → query q's
-    hits from ``starts[q]`` of out_rows int64 / out_dist float32 [total], counts int64 [nq]
-    (see :mod:`vq.kernels.exact.range_scans`); ``row_terms`` float32 [n], added to each row's value
-    (faiss's per-vector ``||r||² + 2⟨c, r⟩`` of L2 by residual, with IP tables and no list
-    tables), or [0]. Threads split the queries."""
-    parallel_for(ivfpq_hits_range, probes.shape[0], queries, codebooks_t, norms, centroids,
-                 list_tables, kind, alpha, base, probes, codes, offsets, starts, thresholds,
-                 allowed, out_rows, out_dist, counts, row_terms)  # fmt: skip
+def ivfpq_hits(queries, tables, lists, probes, allowed, hits, row_terms=NO_TERMS):
+    """Range search: ``ivfpq_scan``'s values below the thresholds of ``hits`` (a
+    :class:`~vq.kernels.common.bundles.RangeHits`; see :mod:`vq.kernels.exact.range_scans`);
+    ``row_terms`` float32 [n], added to each row's value (faiss's per-vector ``||r||² +
+    2⟨c, r⟩`` of L2 by residual, with IP tables and no list tables), or [0]. Threads split
+    the queries."""
+    parallel_for(
+        ivfpq_hits_range,
+        probes.lists.shape[0],
+        queries,
+        tables,
+        lists,
+        probes,
+        allowed,
+        hits,
+        row_terms,
+    )
 
 
 @kernel(nogil=True)
-def ivfpq_hits_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables, kind, alpha,
-                     base, probes, codes, offsets, starts, thresholds, allowed, out_rows,
-                     out_dist, counts, row_terms):  # fmt: skip
+def ivfpq_hits_range(q0, q1, queries, tables, lists, probes, allowed, hits, row_terms):
     """:func:`ivfpq_hits` for queries q0..q1 on the calling thread."""
-    queries, list_tables = borrow(queries), borrow(list_tables)
+    queries, tables, lists, hits = borrow(queries), borrow(tables), borrow(lists), borrow(hits)
+    codes, offsets = lists
+    starts, thresholds, out_rows, out_dist, counts = hits
     filtered = allowed.shape[0] > 0
     by_row = row_terms.shape[0] > 0
-    table, buf, residual = _work_buffers(queries, norms, list_tables)
+    table, buf, residual = _work_buffers(queries, tables)
     for q in range(q0, q1):
         x = queries[q]
         limit = thresholds[q]
         c = starts[q]
-        _query_table(x, codebooks_t, norms, kind, alpha, table)
-        for p in range(probes.shape[1]):
-            lst = probes[q, p]
+        _query_table(x, tables, table)
+        for p in range(probes.lists.shape[1]):
+            lst = probes.lists[q, p]
             if lst < 0:
                 continue
-            t = _probe_table(x, lst, kind, table, buf, residual, centroids, codebooks_t, norms,
-                             list_tables)  # fmt: skip
-            b = base[q, p]
+            t = _probe_table(x, lst, tables, table, buf, residual)
+            b = probes.base[q, p]
             for i in range(offsets[lst], offsets[lst + 1]):
                 if filtered and allowed[i] == 0:
                     continue
@@ -140,33 +143,35 @@ def ivfpq_hits_range(q0, q1, queries, codebooks_t, norms, centroids, list_tables
 
 
 @kernel(nogil=True)
-def _work_buffers(queries, norms, list_tables):
-    size = list_tables.shape[1] if list_tables.shape[0] else norms.size
+def _work_buffers(queries, tables):
+    list_tables = tables.list_tables
+    size = list_tables.shape[1] if list_tables.shape[0] else tables.norms.size
     table = np.empty(size, dtype=np.float32)
     buf = np.empty(size, dtype=np.float32)
     return table, buf, np.empty(queries.shape[1], dtype=np.float32)
 
 
 @kernel(nogil=True)
-def _query_table(x, codebooks_t, norms, kind, alpha, table):
+def _query_table(x, tables, table):
     """The query's own table (IP_TABLE, L2_TABLE; RESIDUAL_L2_TABLE builds one per probe)."""
-    if kind == IP_TABLE:
-        _inner_product_table(x, codebooks_t, table, N_TABLES, DSUB, alpha)
-    elif kind == L2_TABLE:
-        _l2_table(x, codebooks_t, norms, table, N_TABLES, DSUB)
+    if tables.kind == IP_TABLE:
+        _inner_product_table(x, tables.codebooks_t, table, N_TABLES, DSUB, tables.alpha)
+    elif tables.kind == L2_TABLE:
+        _l2_table(x, tables.codebooks_t, tables.norms, table, N_TABLES, DSUB)
 
 
 @kernel(nogil=True)
-def _probe_table(x, lst, kind, table, buf, residual, centroids, codebooks_t, norms, list_tables):
+def _probe_table(x, lst, tables, table, buf, residual):
     """The table of probe ``lst``: the residual's (into ``buf``), the query's plus the list's
     precomputed terms (into ``buf``), or the query's own."""
-    if kind == RESIDUAL_L2_TABLE:
+    if tables.kind == RESIDUAL_L2_TABLE:
+        centroids = tables.centroids
         for s in range(x.shape[0]):
             residual[s] = x[s] - centroids[lst, s]
-        _l2_table(residual, codebooks_t, norms, buf, N_TABLES, DSUB)
+        _l2_table(residual, tables.codebooks_t, tables.norms, buf, N_TABLES, DSUB)
         return buf
-    if list_tables.shape[0] > 0:
-        lt = list_tables[lst]
+    if tables.list_tables.shape[0] > 0:
+        lt = tables.list_tables[lst]
         for j in range(buf.shape[0]):
             buf[j] = table[j] + lt[j]
         return buf
@@ -174,21 +179,31 @@ def _probe_table(x, lst, kind, table, buf, residual, centroids, codebooks_t, nor
 
 
 @kernel(nogil=True)
-def lean_search(queries, coarse_step, nprobe, codebooks_t, norms, centroids,
-                list_tables, kind, alpha, coarse_base, codes, offsets, ids, inner_product,
-                ref_vectors, ref_ids, k_candidates, out_dist, out_ids, ranked):  # fmt: skip
+def lean_search(
+    queries, coarse, tables, lists, finish, inner_product, nprobe, k_candidates, out, ranked
+):
     """A few queries on the calling thread, from the coarse step to ids (and through the
     re-ranking of a wrapping ``Refine``), in one call (the lean path: see
-    :func:`vq.kernels.ivfpq_lean`); results always ranked. False (and nothing done) if a query
-    holds a NaN or an infinity."""
+    :func:`vq.kernels.pq.adc.ivfpq_lean`); results always ranked. False (and nothing done) if a
+    query holds a NaN or an infinity."""
+    coarse, tables, lists, finish = (
+        Coarse(*coarse),
+        Tables(*tables),
+        PQLists(*lists),
+        Finish(*finish),
+    )
+    out_dist, out_ids = out
     if not all_finite(queries):
         return False
     nq, k = queries.shape[0], k_candidates
-    coarse, probes = probe_few(queries, coarse_step, nprobe, inner_product)
-    base = coarse if coarse_base else np.zeros((nq, nprobe), dtype=np.float32)
-    dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
-    ivfpq_range(np.int64(0), np.int64(nq), queries, codebooks_t, norms, centroids, list_tables,
-                kind, alpha, base, probes, codes, offsets, np.zeros(0, dtype=np.uint64), dist,
-                rows)  # fmt: skip
-    finish_lean(queries, dist, rows, ids, inner_product, ref_vectors, ref_ids, out_dist, out_ids)
+    scores, probed = probe_few(queries, coarse, nprobe, inner_product)
+    base = scores if tables.coarse_base else np.zeros((nq, nprobe), dtype=np.float32)
+    found = TopK(np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64))
+    no_filter = np.zeros(0, dtype=np.uint64)
+    ivfpq_range(
+        np.int64(0), np.int64(nq), queries, tables, lists, Probes(probed, base), no_filter, found
+    )
+    dist, rows = found
+    ids, ref_x, ref_ids = finish
+    finish_lean(queries, dist, rows, ids, inner_product, ref_x, ref_ids, out_dist, out_ids)
     return True

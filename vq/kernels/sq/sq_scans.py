@@ -44,13 +44,15 @@ from numba import njit
 from numba.core.errors import TypingError
 from numba.extending import overload
 
+from vq.kernels.common.bundles import Coarse, Finish, SQCodes, SQLists, TopK
 from vq.kernels.common.constants import Static, metric, static_value
 from vq.kernels.common.halves import half_value
 from vq.kernels.common.heaps import heap_replace_top, heap_reset, heap_sorted
 from vq.kernels.common.simd import borrow
 from vq.kernels.common.threads import parallel_for
-from vq.kernels.exact.exact_scans import finish_lean
-from vq.kernels.exact.lean_scans import all_finite, probe_few
+from vq.kernels.exact.coarse_probe import probe_few
+from vq.kernels.exact.exact_scans import finish_lean, rows_to_ids
+from vq.kernels.exact.lean_scans import all_finite
 from vq.kernels.jit.cache import kernel
 
 SQ8, SQ6, SQ4, SQ_FP16, SQ_BF16 = 0, 1, 2, 3, 4
@@ -223,18 +225,21 @@ def block_distances(codes, r0, r1, qa, scale, kind, inner_product, out):
 
 
 @njit(inline="always")
-def _push_rows(codes, r0, r1, qa, const, scale, kind, inner_product, allowed, heap_d,
-               heap_i, buf):  # fmt: skip
-    """Offer rows ``r0..r1`` to the max-heap ``heap_d``/``heap_i``, :data:`BLOCK` at a time
-    (``buf`` float32 [BLOCK]), the kind (a :func:`sq_kind`) a constant (a loop holding every
-    kind's code ran 3x slower at 8 bits). Rows whose ``allowed`` byte is 0 are skipped
+def _push_rows(codes, r0, r1, query, kind, inner_product, allowed, heap, buf):
+    """Offer rows ``r0..r1`` of ``codes`` (an :class:`~vq.kernels.common.bundles.SQCodes` or
+    :class:`~vq.kernels.common.bundles.SQLists`: its codes and scale) to the max-heap ``heap``
+    = (distances, rows), :data:`BLOCK` at a time (``buf`` float32 [BLOCK]), for the prepared
+    ``query`` = (qa, const), the kind (a :func:`sq_kind`) a constant: a loop holding every
+    kind's code runs several times slower. Rows whose ``allowed`` byte is 0 are skipped
     (``allowed`` empty: none is); the filter is read only for rows that would enter the heap,
     so that an unfiltered scan and a dense filter pay nearly nothing for it."""
+    qa, const = query
+    heap_d, heap_i = heap
     filtered = allowed.shape[0] > 0
     threshold = heap_d[0]
     for s in range(r0, r1, BLOCK):
         e = min(s + BLOCK, r1)
-        block_distances(codes, s, e, qa, scale, kind, inner_product, buf)
+        block_distances(codes.codes, s, e, qa, codes.scale, kind, inner_product, buf)
         for i in range(s, e):
             acc = buf[i - s]
             dist = -(const + acc) if inner_product else acc
@@ -243,74 +248,108 @@ def _push_rows(codes, r0, r1, qa, const, scale, kind, inner_product, allowed, he
                 threshold = heap_d[0]
 
 
-def sq_flat_scan(queries, codes, offset, scale, kind, allowed, inner_product, out_dist,
-                 out_idx):  # fmt: skip
+def sq_flat_scan(queries, codes, kind, allowed, inner_product, out):
     """Distances to every code row fused with top-k (faiss ``IndexScalarQuantizer``'s
     search); threads split the queries.
 
     Args:
-        queries: float32 [nq, d]; codes: uint8 [n, code_size].
-        offset, scale: float32 [d] (see the module docstring); kind: ``SQ8``, ``SQ6``,
-            ``SQ4``, ``SQ_FP16`` or ``SQ_BF16``.
+        queries: float32 [nq, d].
+        codes: an :class:`~vq.kernels.common.bundles.SQCodes`: codes uint8 [n, code_size],
+            offset and scale float32 [d] (see the module docstring).
+        kind: ``SQ8``, ``SQ6``, ``SQ4``, ``SQ_FP16`` or ``SQ_BF16``.
         allowed: uint8 [n], 0 for rows a filtered search skips, or [0]: no filter.
         inner_product: False for squared L2 distances, True for negated inner products.
-        out_dist: float32 [nq, k] ascending (+inf padding); out_idx: int64 [nq, k] rows
-            (-1 padding).
+        out: a :class:`~vq.kernels.common.bundles.TopK` [nq, k]: distances ascending (+inf
+            padding), rows (-1 padding).
     """
-    parallel_for(sq_flat_range, queries.shape[0], queries, codes, offset, scale,
-                 sq_kind(kind), allowed, metric(inner_product), out_dist, out_idx)  # fmt: skip
+    parallel_for(
+        sq_flat_range,
+        queries.shape[0],
+        queries,
+        codes,
+        sq_kind(kind),
+        allowed,
+        metric(inner_product),
+        out,
+    )
 
 
 @kernel(nogil=True, fastmath=True)
-def sq_flat_range(q0, q1, queries, codes, offset, scale, kind, allowed, inner_product,
-                  out_dist, out_idx):  # fmt: skip
+def sq_flat_range(q0, q1, queries, codes, kind, allowed, inner_product, out):
     """:func:`sq_flat_scan` for queries ``q0..q1`` (int64) on the calling thread."""
-    queries, codes = borrow(queries), borrow(codes)
-    out_dist, out_idx = borrow(out_dist), borrow(out_idx)
-    k = out_dist.shape[1]
-    heap_d = np.empty(k, dtype=np.float32)
-    heap_i = np.empty(k, dtype=np.int64)
+    queries, codes, out = borrow(queries), borrow(codes), borrow(out)
+    k = out.distances.shape[1]
+    heap = (np.empty(k, dtype=np.float32), np.empty(k, dtype=np.int64))
     qa = np.empty(queries.shape[1], dtype=np.float32)
     buf = np.empty(BLOCK, dtype=np.float32)
+    n = codes.codes.shape[0]
     for q in range(q0, q1):
-        heap_reset(heap_d, heap_i)
-        const = sq_prepare(queries[q], _NO_CENTROID, offset, scale, inner_product, qa)
-        _push_rows(codes, 0, codes.shape[0], qa, const, scale, kind, inner_product,
-                   allowed, heap_d, heap_i, buf)  # fmt: skip
-        heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
+        heap_reset(heap[0], heap[1])
+        const = sq_prepare(queries[q], _NO_CENTROID, codes.offset, codes.scale, inner_product, qa)
+        _push_rows(codes, 0, n, (qa, const), kind, inner_product, allowed, heap, buf)
+        heap_sorted(heap[0], heap[1], out.distances[q], out.labels[q])
 
 
-def sq_ivf_scan(queries, probes, offsets, codes, centroids, by_residual, offset, scale,
-                kind, allowed, inner_product, out_dist, out_idx):  # fmt: skip
+@kernel(nogil=True)
+def sq_flat_lean(queries, codes, kind, ids, inner_product, out):
+    """A search of a few queries in a flat SQ index on the calling thread in one call (the
+    lean path): :func:`sq_flat_range` over every row, then the rows mapped to ``ids`` (int64
+    [n], or [0]: the rows are the ids) into ``out`` = (distances float32 [nq, k], negated back
+    to inner products with ``inner_product``, +inf / -inf padding; ids int64 [nq, k], -1
+    padding; k may exceed the rows). ``codes``: an :class:`~vq.kernels.common.bundles.SQCodes`
+    as a plain tuple (:mod:`vq.kernels.common.bundles`). Returns False (and does nothing) if
+    a query holds a NaN or an infinity."""
+    codes = SQCodes(*codes)
+    out_dist, out_ids = out
+    if not all_finite(queries):
+        return False
+    nq, k = queries.shape[0], min(out_dist.shape[1], codes.codes.shape[0])
+    found = TopK(np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64))
+    no_filter = np.zeros(0, dtype=np.uint8)  # (not a global: see sq_ivf_lean)
+    sq_flat_range(np.int64(0), np.int64(nq), queries, codes, kind, no_filter, inner_product, found)
+    fill = np.float32(-np.inf) if inner_product else np.float32(np.inf)
+    rows_to_ids(found.distances, found.labels, ids, inner_product, fill, out_dist, out_ids)
+    return True
+
+
+def sq_ivf_scan(queries, lists, kind, probes, allowed, inner_product, out):
     """Distances to the codes of the probed inverted lists fused with top-k (faiss
     ``IndexIVFScalarQuantizer``'s scan); threads split the queries.
 
     Args:
-        queries: float32 [nq, d]; probes: int64 [nq, nprobe], the lists to scan (-1: skip);
-            offsets: int64 [nlist + 1]; codes: uint8 [n, code_size], list after list.
-        centroids: float32 [nlist, d]; by_residual: the codes of list l encode ``x - c_l``.
-        offset, scale, kind, allowed, inner_product: as :func:`sq_flat_scan`.
-        out_dist: float32 [nq, k] ascending (+inf padding); out_idx: int64 [nq, k] rows
-            (-1 padding).
+        queries: float32 [nq, d].
+        lists: an :class:`~vq.kernels.common.bundles.SQLists`: CSR offsets, codes uint8
+            [n, code_size] list after list, the coarse centroids float32 [nlist, d],
+            ``by_residual`` (the codes of list l encode ``x - c_l``), offset and scale.
+        kind, allowed, inner_product: as :func:`sq_flat_scan`.
+        probes: int64 [nq, nprobe], the lists to scan (-1: skip).
+        out: a :class:`~vq.kernels.common.bundles.TopK` [nq, k]: distances ascending (+inf
+            padding), rows (-1 padding).
     """
-    parallel_for(sq_ivf_range, queries.shape[0], queries, probes, offsets, codes, centroids,
-                 bool(by_residual), offset, scale, sq_kind(kind), allowed,
-                 metric(inner_product), out_dist, out_idx)  # fmt: skip
+    parallel_for(
+        sq_ivf_range,
+        queries.shape[0],
+        queries,
+        lists,
+        sq_kind(kind),
+        probes,
+        allowed,
+        metric(inner_product),
+        out,
+    )
 
 
 @kernel(nogil=True, fastmath=True)
-def sq_ivf_range(q0, q1, queries, probes, offsets, codes, centroids, by_residual, offset, scale,
-                 kind, allowed, inner_product, out_dist, out_idx):  # fmt: skip
+def sq_ivf_range(q0, q1, queries, lists, kind, probes, allowed, inner_product, out):
     """:func:`sq_ivf_scan` for queries ``q0..q1`` (int64) on the calling thread."""
-    queries, codes = borrow(queries), borrow(codes)
-    out_dist, out_idx = borrow(out_dist), borrow(out_idx)
-    k = out_dist.shape[1]
-    heap_d = np.empty(k, dtype=np.float32)
-    heap_i = np.empty(k, dtype=np.int64)
+    queries, lists, out = borrow(queries), borrow(lists), borrow(out)
+    offsets, _, centroids, by_residual, offset, scale = lists
+    k = out.distances.shape[1]
+    heap = (np.empty(k, dtype=np.float32), np.empty(k, dtype=np.int64))
     qa = np.empty(queries.shape[1], dtype=np.float32)
     buf = np.empty(BLOCK, dtype=np.float32)
     for q in range(q0, q1):
-        heap_reset(heap_d, heap_i)
+        heap_reset(heap[0], heap[1])
         x = queries[q]
         const = np.float32(0.0)
         if not by_residual:
@@ -321,28 +360,33 @@ def sq_ivf_range(q0, q1, queries, probes, offsets, codes, centroids, by_residual
                 continue
             if by_residual:
                 const = sq_prepare(x, centroids[lst], offset, scale, inner_product, qa)
-            _push_rows(codes, offsets[lst], offsets[lst + 1], qa, const, scale, kind,
-                       inner_product, allowed, heap_d, heap_i, buf)  # fmt: skip
-        heap_sorted(heap_d, heap_i, out_dist[q], out_idx[q])
+            r0, r1 = offsets[lst], offsets[lst + 1]
+            _push_rows(lists, r0, r1, (qa, const), kind, inner_product, allowed, heap, buf)
+        heap_sorted(heap[0], heap[1], out.distances[q], out.labels[q])
 
 
 @kernel(nogil=True)
-def sq_ivf_lean(queries, coarse, nprobe, offsets, codes, centroids, by_residual,
-                offset, scale, kind, ids, inner_product, ref_vectors,
-                ref_ids, k_candidates, out_dist, out_ids, ranked):  # fmt: skip
+def sq_ivf_lean(
+    queries, coarse, lists, kind, finish, inner_product, nprobe, k_candidates, out, ranked
+):
     """A search of a few queries in an IVF-SQ index on the calling thread in one call, from
-    the coarse step to ids (the lean path; see :func:`vq.kernels.ivf_flat_lean`, whose
-    arguments it shares, with the codes and their decoding in place of the vectors).
-    Returns False (and does nothing) if a query holds a NaN or an infinity."""
+    the coarse step to ids (the lean path; see :func:`vq.kernels.exact.lean_scans.ivf_flat_lean`,
+    whose arguments it shares, with an :class:`~vq.kernels.common.bundles.SQLists` and its
+    ``kind`` in place of the vectors). Returns False (and does nothing) if a query holds a
+    NaN or an infinity."""
+    coarse, lists, finish = Coarse(*coarse), SQLists(*lists), Finish(*finish)
+    out_dist, out_ids = out
     if not all_finite(queries):
         return False
     nq, k = queries.shape[0], k_candidates
     _, probes = probe_few(queries, coarse, nprobe, inner_product)
-    dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
+    found = TopK(np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64))
     no_filter = np.zeros(0, dtype=np.uint8)  # (a global is typed read-only: this call would
     # compile the range kernel a second time, beside the general path's)
-    sq_ivf_range(np.int64(0), np.int64(nq), queries, probes, offsets, codes, centroids,
-                 by_residual, offset, scale, kind, no_filter, inner_product, dist,
-                 rows)  # fmt: skip
-    finish_lean(queries, dist, rows, ids, inner_product, ref_vectors, ref_ids, out_dist, out_ids)
+    sq_ivf_range(
+        np.int64(0), np.int64(nq), queries, lists, kind, probes, no_filter, inner_product, found
+    )
+    dist, rows = found
+    ids, ref_x, ref_ids = finish
+    finish_lean(queries, dist, rows, ids, inner_product, ref_x, ref_ids, out_dist, out_ids)
     return True

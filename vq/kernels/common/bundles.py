@@ -1,0 +1,171 @@
+"""The kernels' arguments with names: named tuples of the arrays that travel together.
+
+A kernel takes a few of these instead of a long row of positional arrays. Inside a kernel an
+attribute costs nothing (numba keeps a named tuple's fields as it keeps separate arguments),
+and numba caches the kernels that take them. Their fields are arrays, scalars, None or plain
+tuples; never a :class:`~vq.kernels.common.constants.Static` (a metric or a scalar-quantizer
+kind stays an argument of its own, which numba types without Python), and never another
+named tuple. A field that may be None (numba compiles away the branch a None decides) is
+passed on to the function that tests it as an argument of its own: numba decides such a
+branch from the types of a function's arguments, not from the fields of a tuple.
+
+Cost model of a call from Python: numba's dispatcher types a named tuple in about a
+microsecond (it reads the class's name and fields on every call), a plain tuple in a few tens
+of nanoseconds per field. So the kernels that answer one query at a time (the lean kernels)
+take the bundles that belong to an index as plain tuples (``tuple(bundle)``, made once per
+index) and name them again on their first line (``coarse = Coarse(*coarse)``: the same
+types, so the kernels they call compile once for both paths); every other kernel takes named
+tuples.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+
+class TopK(NamedTuple):
+    """The k nearest of each query, as a scan writes them."""
+
+    distances: np.ndarray  #: float32 [nq, k], ascending (+inf padding)
+    labels: np.ndarray  #: int64 [nq, k]: stored rows (or ids), -1 padding
+
+
+class RangeHits(NamedTuple):
+    """Where a range search writes each query's hits: query q's hits are ``rows`` and
+    ``values`` from ``starts[q]`` on (room for every row it may hit), ``counts[q]`` of
+    them."""
+
+    starts: np.ndarray  #: int64 [nq]
+    thresholds: np.ndarray  #: float32 [nq]: a row is a hit when its value is below
+    rows: np.ndarray  #: int64 [total]
+    values: np.ndarray  #: float32 [total]: squared L2, or negated inner products
+    counts: np.ndarray  #: int64 [nq]
+
+
+class Coarse(NamedTuple):
+    """The coarse quantizer of an IVF index as the lean kernels' coarse step reads it
+    (:func:`vq.kernels.exact.coarse_probe.probe_few`)."""
+
+    centroids_t: np.ndarray  #: float32 [d, nlist]: the centroids transposed
+    norms: np.ndarray  #: float32 [nlist]: their squared norms (read for L2)
+    axes_t: np.ndarray  #: float32 [d, r]: the bound's axes as columns (r = 0: no bound)
+    proj_t: np.ndarray  #: float32 [r, nlist]: the centroids' coordinates on them
+    proj_norms: np.ndarray  #: float32 [nlist]: their squared norms
+    rows: np.ndarray  #: float32 [nlist, d]: the centroids (C-contiguous)
+
+
+class Finish(NamedTuple):
+    """What the last step of a lean IVF search reads: the stored rows' ids and the re-ranking
+    of a wrapping ``Refine`` (:func:`vq.kernels.exact.exact_scans.finish_lean`)."""
+
+    ids: np.ndarray  #: int64 [n]: the id of each stored row, or [0]: the rows are the ids
+    ref_vectors: np.ndarray | None  #: float32 [n', d]: the Refine's vectors; None: no re-ranking
+    ref_ids: np.ndarray | None  #: int64 [n'] (or [0]): their ids; None with ref_vectors
+
+
+class FlatLists(NamedTuple):
+    """The inverted lists of an IVF-Flat index (:mod:`vq.kernels.exact.ivf_flat`)."""
+
+    vectors: np.ndarray  #: float32 [n, d] (or uint16 fp16 bits), list after list
+    offsets: np.ndarray  #: int64 [nlist + 1]: list l is rows offsets[l]:offsets[l + 1]
+    prune: bool  #: (L2) a row's head first, its tail only where the head may enter the heap
+    row_ids: np.ndarray  #: int64 [n]: each row's id where lists are spilled, else [0]
+    sketch: tuple | None  #: the rows' sketches (:mod:`vq.kernels.exact.sketch`), or None
+
+
+class SQCodes(NamedTuple):
+    """Scalar-quantizer codes of a flat index and their decoding (:mod:`vq.kernels.sq.sq_scans`;
+    the kind is an argument of its own)."""
+
+    codes: np.ndarray  #: uint8 [n, code_size]
+    offset: np.ndarray  #: float32 [d]
+    scale: np.ndarray  #: float32 [d]
+
+
+class SQLists(NamedTuple):
+    """The inverted lists of an IVF-SQ index (a flat index is one list: offsets [0, n])."""
+
+    offsets: np.ndarray  #: int64 [nlist + 1]
+    codes: np.ndarray  #: uint8 [n, code_size], list after list
+    centroids: np.ndarray  #: float32 [nlist, d]
+    by_residual: bool  #: the codes of list l encode x - centroids[l]
+    offset: np.ndarray  #: float32 [d]
+    scale: np.ndarray  #: float32 [d]
+
+
+class Tables(NamedTuple):
+    """How an IVF-PQ scan builds each query's look-up tables (the kinds:
+    :func:`vq.kernels.pq.adc.ivfpq_scanner`), and whether the coarse scores are the base of
+    its distances."""
+
+    codebooks_t: np.ndarray  #: float32 [M, dsub, ksub]: the PQ codebooks transposed
+    norms: np.ndarray  #: float32 [M, ksub]: their squared norms
+    centroids: np.ndarray  #: float32 [nlist, d]: the coarse centroids (residual tables)
+    list_tables: np.ndarray  #: float32 [nlist or 0, M * ksub]: precomputed terms per list
+    kind: int  #: IP_TABLE, L2_TABLE or RESIDUAL_L2_TABLE
+    alpha: float  #: the factor of IP_TABLE
+    coarse_base: bool  #: the coarse scores are added to every distance of their probe
+
+
+class Probes(NamedTuple):
+    """The lists each query probes, and the term its distances in each start from."""
+
+    lists: np.ndarray  #: int64 [nq, nprobe] (-1: skipped)
+    base: np.ndarray  #: float32 [nq, nprobe]
+
+
+class PQLists(NamedTuple):
+    """The inverted lists of an IVF-PQ index (a flat code array is one list)."""
+
+    codes: np.ndarray  #: [n, M] codes (or their uint32 view: :func:`vq.kernels.pq.adc.code_view`)
+    offsets: np.ndarray  #: int64 [nlist + 1]
+
+
+class PackedLists(NamedTuple):
+    """The inverted lists of an IVF fast-scan index, packed in blocks of 32 vectors
+    (:func:`vq.kernels.fastscan.fastscan_scans.pack_lists`)."""
+
+    list_blocks: np.ndarray  #: int64 [nlist + 1]: list l is blocks list_blocks[l]:[l + 1]
+    offsets: np.ndarray  #: int64 [nlist + 1]: its stored rows
+    packed: np.ndarray  #: uint8 [nblocks * M / 2, 32]
+
+
+class ScaledTopK(NamedTuple):
+    """A fast-scan's results: float distances ``d / scale + offset`` of its quantized ones."""
+
+    distances: np.ndarray  #: float32 [nq, k] (+inf padding)
+    labels: np.ndarray  #: int64 [nq, k]: stored rows (-1 padding)
+    scale: np.ndarray  #: float32 [nq]: each query's table scale
+    offset: np.ndarray  #: float32 [nq]: and offset
+
+
+class Graph(NamedTuple):
+    """An HNSW graph as plain arrays (:mod:`vq.kernels.graph.graph_search`)."""
+
+    nbr0: np.ndarray  #: int32 [n, 2M]: level-0 neighbours, -1 after the last
+    up_off: np.ndarray  #: int64 [n + 1]: node v's upper levels are rows up_off[v]:up_off[v + 1]
+    up_nbr: np.ndarray  #: int32 [rows, M]: of these neighbour lists
+    entry: int  #: the entry point, a node of the top level
+    max_level: int  #: the top level
+
+
+class Walk(NamedTuple):
+    """What a graph traversal reads of the nodes (:mod:`vq.kernels.graph.graph_store`)."""
+
+    store: object  #: float32 [n, d], or a tuple of codes the traversal ranks by
+    data: np.ndarray  #: float32 [n, d]: the vectors (re-ranking, neighbour choice)
+    rerank: bool  #: the traversal's nodes are re-ranked on ``data``
+
+
+class ScanState(NamedTuple):
+    """The working arrays of an IVF fast-scan of one batch
+    (:mod:`vq.kernels.fastscan.fastscan_ivf`)."""
+
+    per_query: int  #: T, the tables of each query: one per probe, or one for all of them
+    luts: np.ndarray  #: uint8 [nq * T, M / 2, 32]: the quantized tables
+    lut_rows: np.ndarray  #: uint8 [nq * T * M / 2, 32]: the same bytes, as the blocks read them
+    shifts: np.ndarray  #: int32 [nq, nprobe]: each probe's quantized base
+    heaps: np.ndarray  #: int64 [nq, k]: each query's keys (quantized distance << 40 | row)
+    counts: np.ndarray  #: int64 [nq]: the keys in each heap
