@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from vq.index.graph.hnsw_graph import CODES_RATIO, insertion_codes
-from vq.kernels.graph import graph_build, graph_store
+from vq.kernels.common.bundles import Graph
+from vq.kernels.graph import graph_build, graph_search, graph_store
 
 M = 8
 
@@ -22,8 +23,10 @@ def build(x: np.ndarray, codes, ef: int = 40):
     up_off = np.concatenate([[0], np.cumsum(levels, dtype=np.int64)])
     up_nbr = np.full((int(up_off[-1]), M), -1, np.int32)
     order = np.argsort(-levels, kind="stable").astype(np.int64)
-    entry, _ = graph_build.hnsw_insert(order, x, False, levels, nbr0, up_off, up_nbr, -1, -1, ef,
-                                       codes)  # fmt: skip
+    walk = graph_search.traversal(x, codes)
+    entry, _ = graph_build.hnsw_insert(
+        order, Graph(nbr0, up_off, up_nbr, -1, -1), walk, False, levels, ef
+    )
     return nbr0, up_nbr, entry
 
 

@@ -1,15 +1,17 @@
-"""The HNSW search kernel's parts (vq.kernels.graph.graph_search): the descent takes faiss's greedy
-path, the sorted beam expands the nodes faiss's scan of the beam expands (and ends sorted), and
-visit stamps that wrap around (an epoch per query's beam) change nothing."""
+"""The HNSW search kernel's parts (vq.kernels.graph.graph_search, graph_walk): the descent takes
+faiss's greedy path, the sorted beam expands the nodes faiss's scan of the beam expands (and ends
+sorted), and visit stamps that wrap around (an epoch per query's beam) change nothing."""
 
 from __future__ import annotations
 
 import numpy as np
 
 import vq
+from vq.kernels.common.bundles import BeamSpace, Graph, TopK
 from vq.kernels.common.constants import metric
 from vq.kernels.common.simd import NO_CLAIM
 from vq.kernels.graph import graph_search as graph
+from vq.kernels.graph import graph_walk
 
 DIM, N = 16, 600
 
@@ -44,9 +46,10 @@ def test_descent_takes_faiss_greedy_path():
     assert index.max_level >= 2  # a descent through more than one level
     data, nbr0, up_off, up_nbr = index._arrays()
     entry = int(index.entry_point[0])
+    arrays = Graph(nbr0, up_off, up_nbr, entry, index.max_level)
     moved = 0
     for x in queries:
-        v, dv = graph.descend(x, data, False, up_off, up_nbr, entry, index.max_level, 0)
+        v, dv = graph_walk.descend(x, data, False, arrays, 0)
         assert v == plain_greedy(x, data, nbr0, up_off, up_nbr, entry, index.max_level)
         assert np.isclose(dv, ((data[v] - x) ** 2).sum(dtype=np.float32), rtol=1e-5)
         moved += v != entry
@@ -89,14 +92,15 @@ def test_the_sorted_beam_expands_the_nodes_of_faiss_scan_of_the_beam():
     scratch = np.empty(nbr0.shape[1], np.int64)
     dist = np.empty(nbr0.shape[1], np.float32)
     no_filter = np.zeros(0, np.uint8)
+    arrays = Graph(nbr0, up_off, up_nbr, int(index.entry_point[0]), index.max_level)
     checked = 0
     for cap, ef in ((10, 10), (10, 4), (24, 24), (64, 64), (40, 12)):
         hd, hi = np.empty(cap, np.float32), np.empty(cap, np.int64)
         for x in queries[:10]:
             entry = int(x @ x) % index.ntotal  # any node: the beam alone is compared
             d0 = np.float32(((data[entry] - x) ** 2).sum(dtype=np.float32))
-            size, _ = graph.beam(x, data, False, nbr0, up_off, up_nbr, 0, entry, d0, cap, ef,
-                                 seen, hd, hi, scratch, dist, no_filter, hd, hi)  # fmt: skip
+            space = BeamSpace(hd, hi, scratch, dist, hd, hi, seen)
+            size, _ = graph_walk.beam(x, data, False, arrays, 0, entry, d0, ef, no_filter, space)
             want = scan_beam(x, data, nbr0, entry, cap, ef)
             assert hi[:size].tolist() == want, (cap, ef)  # the same nodes, ascending
             assert np.all(np.diff(hd[:size]) >= 0)
@@ -107,11 +111,12 @@ def test_the_sorted_beam_expands_the_nodes_of_faiss_scan_of_the_beam():
 def test_visit_stamps_that_wrap_around_give_the_results_of_fresh_ones():
     index, queries = small_index(1)
     data, nbr0, up_off, up_nbr = index._arrays()
-    args = (data, False, nbr0, up_off, up_nbr, int(index.entry_point[0]), index.max_level, 8)
+    arrays = Graph(nbr0, up_off, up_nbr, int(index.entry_point[0]), index.max_level)
+    walk = graph.traversal(data, None)
 
     def search(seen):
         out = np.empty((queries.shape[0], 5), np.float32), np.empty((queries.shape[0], 5), np.int64)
-        graph.hnsw_search(queries, *args, seen, *out)
+        graph.hnsw_search(queries, arrays, walk, False, 8, seen, TopK(*out))
         return out
 
     want = search(graph.new_seen(1, index.ntotal))
@@ -127,22 +132,21 @@ def test_visit_stamps_that_wrap_around_give_the_results_of_fresh_ones():
 def test_lean_searches_sharing_a_claim_counter_answer_each_query_once():
     index, queries = small_index(2)
     data, nbr0, up_off, up_nbr = index._arrays()
-    store, rerank = graph.traversal_store(data, None)
-    args = (store, data, rerank, metric(False), nbr0, up_off, up_nbr,
-            int(index.entry_point[0]), index.max_level, 16, graph.new_seen(1, N),
-            np.zeros(0, np.int64))  # fmt: skip
+    arrays = tuple(Graph(nbr0, up_off, up_nbr, int(index.entry_point[0]), index.max_level))
+    walk = tuple(graph.traversal(data, None))
+    args = (arrays, walk, metric(False), 16, graph.new_seen(1, N), np.zeros(0, np.int64))
     nq = queries.shape[0]
     want = np.empty((nq, 5), np.float32), np.empty((nq, 5), np.int64)
-    assert graph.hnsw_search_lean(queries, *args, NO_CLAIM, 8, *want)
+    assert graph.hnsw_search_lean(queries, *args, NO_CLAIM, 8, want)
     for chunk in (1, 3, 8, 64):
         claim = np.zeros(1, np.int64)
         got = np.full((nq, 5), np.nan, np.float32), np.full((nq, 5), -2, np.int64)
-        assert graph.hnsw_search_lean(queries, *args, claim, chunk, *got)
+        assert graph.hnsw_search_lean(queries, *args, claim, chunk, got)
         np.testing.assert_array_equal(got[1], want[1])
         np.testing.assert_array_equal(got[0], want[0])
         assert claim[0] >= nq  # every chunk claimed: a second caller finds none left
         untouched = np.full((nq, 5), -2, np.int64)
-        assert graph.hnsw_search_lean(queries, *args, claim, chunk, got[0], untouched)
+        assert graph.hnsw_search_lean(queries, *args, claim, chunk, (got[0], untouched))
         assert (untouched == -2).all()
 
 

@@ -69,13 +69,24 @@ def test_the_lean_and_the_general_graph_search_share_one_compiled_range_kernel()
     lean = index.search(frozen, 5)
     filtered = index.search(frozen, 5, allowed=np.arange(300))
     np.testing.assert_array_equal(lean[1], filtered[1])  # (numpy in, numpy out)
-    float_l2 = [
+    float_l2 = [  # (walk = Walk(store, data): a float traversal reads data itself)
         sig
         for sig in graph.hnsw_search_range.signatures
-        if sig[4] == sig[3] and sig[7] == L2._numba_type_
+        if sig[4].types[0] == sig[4].types[1] and sig[5] == L2._numba_type_
     ]
     assert len(float_l2) == 1, float_l2
-    assert all(t.mutable for t in float_l2[0] if isinstance(t, types.Array))
+    assert all(t.mutable for t in _arrays(float_l2[0]))
+
+
+def _arrays(types_: tuple) -> list:
+    """The array types in a signature, those in (named) tuples too."""
+    found = []
+    for t in types_:
+        if isinstance(t, types.BaseTuple):
+            found += _arrays(t.types)
+        elif isinstance(t, types.Array):
+            found.append(t)
+    return found
 
 
 @njit

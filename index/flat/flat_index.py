@@ -15,6 +15,7 @@ from vq.index.core.registry import register
 from vq.index.core.searchers import Searcher, kept
 from vq.index.core.searching import NO_IDS, shape_problem
 from vq.kernels.common import threads
+from vq.kernels.common.bundles import RangeHits
 from vq.kernels.common.constants import metric as kernel_metric
 
 _NO_NORMS = np.zeros(0, np.float32)
@@ -133,9 +134,11 @@ class FlatIndex(Index):
                 scores = torch.mm(qs, x[j : j + xb].T).numpy()
                 rows, vals = np.empty(scores.shape, np.int64), np.empty(scores.shape, np.float32)
                 counts = np.empty(scores.shape[0], np.int64)
-                kernels.flat_range_block(scores, norms[j : j + xb], j, t.astype(np.float32),
-                                         mask[j : j + xb], ip, rows, vals, counts)  # fmt: skip
                 starts = np.arange(scores.shape[0]) * scores.shape[1]
+                found = RangeHits(
+                    starts, t.astype(np.float32), rows.reshape(-1), vals.reshape(-1), counts
+                )
+                kernels.flat_range_block(scores, norms[j : j + xb], j, mask[j : j + xb], ip, found)
                 hits = counted(counts, starts, rows.reshape(-1), vals.reshape(-1), s)
                 del rows, vals
                 if not ip:  # ‖q‖² back, as faiss adds it

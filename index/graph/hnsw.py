@@ -54,6 +54,7 @@ from vq.index.graph.hnsw_graph import (
 )
 from vq.index.graph.hnsw_lean import hnsw_lean_search
 from vq.index.graph.hnsw_searcher import HNSWSearch
+from vq.kernels.common.bundles import Graph, TopK
 from vq.kernels.common.threads import get_num_threads
 from vq.kernels.graph import graph_build, graph_store
 from vq.kernels.graph import graph_search as graph
@@ -215,9 +216,9 @@ class HNSW(Index):
         order = perm[np.argsort(-new_levels[perm - n0], kind="stable")]
         stored = self._search_store()[1:] if self.traversal == "int8" else ()
         codes = insertion_codes(data, n0, stored)  # what the insertions walk (or None)
-        entry, _ = graph_build.hnsw_insert(order, data, self.metric == "ip", levels, nbr0, up_off,
-                                           up_nbr, int(self.entry_point[0]), self.max_level,
-                                           self.efConstruction, codes)  # fmt: skip
+        arrays = Graph(nbr0, up_off, up_nbr, int(self.entry_point[0]), self.max_level)
+        walk, ip = graph.traversal(data, codes), self.metric == "ip"
+        entry, _ = graph_build.hnsw_insert(order, arrays, walk, ip, levels, self.efConstruction)
         self._append_ids(ids)
         self._set_graph(None, nbr0, levels, up_off, up_nbr, entry, self.neighbors.device)
         self._keep_batch(encoded, data)
@@ -293,9 +294,9 @@ class HNSW(Index):
         out_rows = np.empty((q.shape[0], k), np.int64)
         seen = self._seen_pool.take(slots, self.ntotal)
         try:
-            graph.hnsw_search(q, data, self.metric == "ip", nbr0, up_off, up_nbr,
-                              int(self.entry_point[0]), self.max_level, ef, seen, out_dist,
-                              out_rows, tuple(codes) or None, mask)  # fmt: skip
+            arrays = Graph(nbr0, up_off, up_nbr, int(self.entry_point[0]), self.max_level)
+            walk, out = graph.traversal(data, tuple(codes) or None), TopK(out_dist, out_rows)
+            graph.hnsw_search(q, arrays, walk, self.metric == "ip", ef, seen, out, mask)
         finally:
             self._seen_pool.give_back(seen)
         return out_dist, out_rows

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from vq.index.core.searching import shape_problem
+from vq.kernels.common.bundles import TopK
 from vq.kernels.graph import graph_search as graph
 from vq.kernels.graph import graph_store
 
@@ -185,8 +186,8 @@ def filtered_rows(index, q: np.ndarray, k: int, ef: int, slots: int, allowed) ->
     def scan(rows, which):
         out_dist = np.empty((which.shape[0], k), np.float32)
         out_rows = np.empty((which.shape[0], k), np.int64)
-        graph.rows_scan(np.ascontiguousarray(q[which]), data, index.metric == "ip", rows,
-                        out_dist, out_rows, tuple(codes) or None)  # fmt: skip
+        walk, out = graph.traversal(data, tuple(codes) or None), TopK(out_dist, out_rows)
+        graph.rows_scan(np.ascontiguousarray(q[which]), walk, index.metric == "ip", rows, out)
         return out_dist, out_rows
 
     def search(mask):

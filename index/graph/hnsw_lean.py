@@ -9,6 +9,7 @@ import numpy as np
 from vq._checks import check_positive
 from vq.index.core.lean import SMALL_BATCH
 from vq.index.core.searching import NO_IDS
+from vq.kernels.common.bundles import Graph
 from vq.kernels.common.constants import metric
 from vq.kernels.common.simd import NO_CLAIM
 from vq.kernels.common.threads import parallel_for
@@ -24,12 +25,12 @@ def hnsw_lean_search(index):
     thread, to ids; more split between the threads. The graph's arrays, entry point and top
     level are read once here (the lean search is rebuilt when the index changes), so that a
     single query costs the kernel and little else."""
-    ip, n = index.metric == "ip", index.ntotal
+    ip, n = metric(index.metric == "ip"), index.ntotal
     ids = index.ids.numpy() if index.ids.shape[0] == n else NO_IDS
     data, nbr0, up_off, up_nbr, *codes = index._arrays()
-    store, rerank = graph.traversal_store(data, tuple(codes) or None)
-    graph_args = (store, data, rerank, metric(ip), nbr0, up_off, up_nbr,
-                  int(index.entry_point[0]), index.max_level)  # fmt: skip
+    # (plain tuples: see vq.kernels.common.bundles)
+    arrays = tuple(Graph(nbr0, up_off, up_nbr, int(index.entry_point[0]), index.max_level))
+    walk = tuple(graph.traversal(data, tuple(codes) or None))
     pool = index._seen_pool
 
     def search(q: np.ndarray, k: int, ranked: bool, params: dict):
@@ -41,14 +42,16 @@ def hnsw_lean_search(index):
             np.empty((q.shape[0], k), np.float32),
             np.empty((q.shape[0], k), np.int64),
         )
+        out = (out_dist, out_ids)
         if q.shape[0] > SMALL_BATCH:  # each thread its own visit stamps, claiming chunks
             refused, claim = [], np.zeros(1, np.int64)  # of queries from one counter
 
             def body(t0: int, t1: int) -> None:
                 seen = pool.take(1, n)
                 try:
-                    if not graph.hnsw_search_lean(q, *graph_args, int(ef), seen, ids, claim,
-                                                      CLAIM_CHUNK, out_dist, out_ids):  # fmt: skip
+                    if not graph.hnsw_search_lean(
+                        q, arrays, walk, ip, int(ef), seen, ids, claim, CLAIM_CHUNK, out
+                    ):
                         refused.append(t0)
                 finally:
                     pool.give_back(seen)
@@ -57,8 +60,9 @@ def hnsw_lean_search(index):
             return None if refused else (out_dist, out_ids)
         seen = pool.take(1, n)
         try:
-            done = graph.hnsw_search_lean(q, *graph_args, int(ef), seen, ids, NO_CLAIM,
-                                              CLAIM_CHUNK, out_dist, out_ids)  # fmt: skip
+            done = graph.hnsw_search_lean(
+                q, arrays, walk, ip, int(ef), seen, ids, NO_CLAIM, CLAIM_CHUNK, out
+            )
         finally:
             pool.give_back(seen)
         return (out_dist, out_ids) if done else None  # (not finite: the general path says)

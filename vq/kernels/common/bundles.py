@@ -7,7 +7,10 @@ tuples; never a :class:`~vq.kernels.common.constants.Static` (a metric or a scal
 kind stays an argument of its own, which numba types without Python), and never another
 named tuple. A field that may be None (numba compiles away the branch a None decides) is
 passed on to the function that tests it as an argument of its own: numba decides such a
-branch from the types of a function's arguments, not from the fields of a tuple.
+branch from the types of a function's arguments, not from the fields of a tuple. A kernel
+writes into a bundle's arrays through names unpacked from it (``rows, counts = ...``), never
+through a field (``hits.counts[q] = c``): for a tuple that is not an argument of the function
+(one it borrowed, say), numba's dead-code pass after inlining drops a store into such a field.
 
 Cost model of a call from Python: numba's dispatcher types a named tuple in about a
 microsecond (it reads the class's name and fields on every call), a plain tuple in a few tens
@@ -154,9 +157,31 @@ class Graph(NamedTuple):
 class Walk(NamedTuple):
     """What a graph traversal reads of the nodes (:mod:`vq.kernels.graph.graph_store`)."""
 
-    store: object  #: float32 [n, d], or a tuple of codes the traversal ranks by
-    data: np.ndarray  #: float32 [n, d]: the vectors (re-ranking, neighbour choice)
-    rerank: bool  #: the traversal's nodes are re-ranked on ``data``
+    store: object  #: the vectors, (int8 codes, factors) or (SQ codes, offset, scale, kind)
+    data: np.ndarray  #: float32 [n, d]: the vectors (re-ranking, neighbour choice), or [0, d]
+
+
+class BeamSpace(NamedTuple):
+    """One thread's working arrays for beam searches (:func:`vq.kernels.graph.graph_walk.beam`)."""
+
+    beam_d: np.ndarray  #: float32 [cap]: the beam's distances, ascending
+    beam_i: np.ndarray  #: int64 [cap]: its nodes
+    nodes: np.ndarray  #: int64 [2M]: a node's unvisited neighbours
+    dist: np.ndarray  #: float32 [2M]: their distances
+    kept_d: np.ndarray  #: float32 [cap] (or [0] unfiltered): the allowed nodes' max-heap
+    kept_i: np.ndarray  #: int64 [cap] (or [0])
+    seen: np.ndarray  #: uint16 [n + 1]: visit stamps, the epoch in the last slot
+
+
+class Links(NamedTuple):
+    """A batch's reverse links grouped by the list they extend
+    (:func:`vq.kernels.graph.graph_build.reverse_links`): group g adds
+    ``sources[starts[g]:starts[g + 1]]`` to node ``targets[g]``'s list at ``levels[g]``."""
+
+    targets: np.ndarray  #: int64 [g]
+    levels: np.ndarray  #: int64 [g]
+    starts: np.ndarray  #: int64 [g + 1]
+    sources: np.ndarray  #: int64 [links]
 
 
 class ScanState(NamedTuple):

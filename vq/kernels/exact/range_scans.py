@@ -142,11 +142,13 @@ def sq_hits_range(q0, q1, queries, lists, kind, probes, allowed, inner_product, 
     """:func:`sq_hits` for queries ``q0..q1`` (int64) on the calling thread."""
     queries, lists, hits = borrow(queries), borrow(lists), borrow(hits)
     offsets, _, centroids, by_residual, offset, scale = lists
+    # (the outputs as named arrays: numba drops a write through a field of a tuple made here)
+    starts, thresholds, out_rows, out_dist, counts = hits
     qa = np.empty(queries.shape[1], dtype=np.float32)
     buf = np.empty(BLOCK, dtype=np.float32)
     for q in range(q0, q1):
         x = queries[q]
-        c = hits.starts[q]
+        c = starts[q]
         const = np.float32(0.0)
         if not by_residual:
             const = sq_prepare(x, _NO_CENTROID, offset, scale, inner_product, qa)
@@ -156,7 +158,8 @@ def sq_hits_range(q0, q1, queries, lists, kind, probes, allowed, inner_product, 
                 continue
             if by_residual:
                 const = sq_prepare(x, centroids[lst], offset, scale, inner_product, qa)
-            query = (qa, const, hits.thresholds[q])
+            query = (qa, const, thresholds[q])
+            out = (out_rows, out_dist)
             c = _hits_rows(
                 lists,
                 offsets[lst],
@@ -165,20 +168,21 @@ def sq_hits_range(q0, q1, queries, lists, kind, probes, allowed, inner_product, 
                 kind,
                 inner_product,
                 allowed,
-                hits,
+                out,
                 c,
                 buf,
             )
-        hits.counts[q] = c - hits.starts[q]
+        counts[q] = c - starts[q]
 
 
 @njit(inline="always")
-def _hits_rows(lists, r0, r1, query, kind, inner_product, allowed, hits, c, buf):
+def _hits_rows(lists, r0, r1, query, kind, inner_product, allowed, out, c, buf):
     """Rows ``r0..r1`` of ``lists.codes`` below the prepared query's limit (``query`` = (qa,
-    const, limit)) written from slot ``c`` of ``hits``, distances computed :data:`BLOCK` rows
-    at a time as the top-k scan does (``kind`` a :func:`vq.kernels.sq.sq_scans.sq_kind`);
-    returns the next slot."""
+    const, limit)) written from slot ``c`` of ``out`` = (rows, values), distances computed
+    :data:`BLOCK` rows at a time as the top-k scan does (``kind`` a
+    :func:`vq.kernels.sq.sq_scans.sq_kind`); returns the next slot."""
     qa, const, limit = query
+    out_rows, out_dist = out
     filtered = allowed.shape[0] > 0
     for s in range(r0, r1, BLOCK):
         e = min(s + BLOCK, r1)
@@ -187,7 +191,7 @@ def _hits_rows(lists, r0, r1, query, kind, inner_product, allowed, hits, c, buf)
             acc = buf[i - s]
             dist = -(const + acc) if inner_product else acc
             if dist < limit and (not filtered or allowed[i] != 0):
-                hits.rows[c] = i
-                hits.values[c] = dist
+                out_rows[c] = i
+                out_dist[c] = dist
                 c += 1
     return c

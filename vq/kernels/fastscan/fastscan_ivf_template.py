@@ -219,8 +219,9 @@ def build_tables(q, queries, tables, probes, state, out, space):
                 copy_row(table, m * 16, scratch, (t * M + m) * 16)
     luts = state.luts[q * T : (q + 1) * T]
     sc, of = quantize_tables(scratch, probes.base[q], luts, state.shifts[q])
-    out.scale[q] = sc
-    out.offset[q] = of
+    _, _, out_scale, out_offset = out  # (written through names: see vq.kernels.common.bundles)
+    out_scale[q] = sc
+    out_offset[q] = of
 
 
 @kernel(nogil=True)

@@ -21,14 +21,13 @@ taken, and the graph does not depend on the number of threads. Batches grow with
 misses few neighbours by not seeing the rest of its batch; a node that raises the top level
 is inserted alone and becomes the entry point.
 
-The insertion searches may walk int8 codes of the vectors (:func:`hnsw_insert`'s ``codes``,
-as ``HNSW(traversal="int8")`` searches): a quarter of the bytes per visited node, the beam
-then ranked by exact distances and the neighbours chosen on the vectors, so that the lists
-are those of a build on the vectors but for near ties (a third less build time on 384-d
-sentence embeddings at efConstruction 200, the same recall per efSearch).
+The insertion searches may walk int8 codes of the vectors (the store of :func:`hnsw_insert`'s
+``walk``, as ``HNSW(traversal="int8")`` searches): a quarter of the bytes per visited node, the
+beam then ranked by exact distances and the neighbours chosen on the vectors, so that the lists
+are those of a build on the vectors but for near ties, at the same recall per efSearch.
 
 The kernels take the metric as a type (:mod:`vq.kernels.common.constants`), as the search kernels
-do: an L2 build compiles no inner-product code (the first add of an index: 48 -> 23 s on Zen 1).
+do: an L2 build compiles no inner-product code.
 """
 
 from __future__ import annotations
@@ -40,12 +39,13 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
+from vq.kernels.common.bundles import BeamSpace, Graph, Links, Walk
 from vq.kernels.common.constants import metric
 from vq.kernels.common.heaps import heapify_pair, sort_pair_heap
 from vq.kernels.common.simd import borrow
 from vq.kernels.common.threads import get_num_threads, parallel_for
-from vq.kernels.graph.graph_search import beam, descend, pair_distance
-from vq.kernels.graph.graph_store import borrow_store, node_distance, prepare_query
+from vq.kernels.graph.graph_store import borrow_store, node_distance, prepare_query, reranks
+from vq.kernels.graph.graph_walk import beam, descend, pair_distance
 from vq.kernels.jit.cache import kernel
 
 #: a batch holds at most this fraction of the nodes already in the graph (and at least one)
@@ -135,56 +135,53 @@ CLAIM = 1
 
 
 @kernel(nogil=True, fastmath=True)
-def insert_range(s0, s1, nodes, data, store, rerank, ip, levels, nbr0, up_off, up_nbr, entry,
-                 max_level, ef, seen, counter):  # fmt: skip
+def insert_range(s0, s1, nodes, levels, graph, walk, ip, ef, seen, counter):
     """Phase one of a batch, on thread slots ``s0..s1`` (visit stamps ``seen[s]``): each
-    node's own neighbour lists, from a search of the graph without the batch on ``store``
-    (``data`` itself, or int8 codes, then ``rerank``: see :func:`hnsw_insert`). The nodes
-    are taken :data:`CLAIM` at a time from ``counter`` (int64 [1], 0 at the start), so that
-    a thread held up (a busy machine) leaves its share to the others; which thread inserts
-    a node does not change its lists."""
-    data, levels, nbr0, up_off, up_nbr = (borrow(data), borrow(levels), borrow(nbr0),
-                                          borrow(up_off), borrow(up_nbr))  # fmt: skip
-    seen, nodes, store = borrow(seen), borrow(nodes), borrow_store(store)
+    node's own neighbour lists, from a search of ``graph`` without the batch on the ``walk``'s
+    store (the vectors themselves, or int8 codes, then re-ranked: see :func:`hnsw_insert`).
+    The nodes are taken :data:`CLAIM` at a time from ``counter`` (int64 [1], 0 at the start),
+    so that a thread held up (a busy machine) leaves its share to the others; which thread
+    inserts a node does not change its lists."""
+    levels, graph, seen, nodes = borrow(levels), borrow(graph), borrow(seen), borrow(nodes)
+    walk = Walk(borrow_store(walk.store), borrow(walk.data))
+    width = graph.nbr0.shape[1]
     hd = np.empty(ef, dtype=np.float32)
     hi = np.empty(ef, dtype=np.int64)
-    scratch = np.empty(nbr0.shape[1], dtype=np.int64)
-    dist = np.empty(nbr0.shape[1], dtype=np.float32)
+    scratch = np.empty(width, dtype=np.int64)
+    dist = np.empty(width, dtype=np.float32)
     no_filter = np.zeros(0, dtype=np.uint8)
     nb = nodes.shape[0]
     for s in range(s0, s1):
-        stamps = seen[s]
+        space = BeamSpace(hd, hi, scratch, dist, hd, hi, seen[s])  # (no filter: hd, hi unread)
         while True:
             b0 = claim(counter, CLAIM)
             if b0 >= nb:
                 break
             for b in range(b0, min(b0 + CLAIM, nb)):
-                _insert_one(nodes[b], data, store, rerank, ip, levels, nbr0, up_off, up_nbr,
-                            entry, max_level, ef, stamps, hd, hi, scratch, dist,
-                            no_filter)  # fmt: skip
+                _insert_one(nodes[b], levels, graph, walk, ip, ef, space, no_filter)
 
 
 @njit(inline="always", fastmath=True)
-def _insert_one(u, data, store, rerank, ip, levels, nbr0, up_off, up_nbr, entry, max_level, ef,
-                stamps, hd, hi, scratch, dist, no_filter):  # fmt: skip
-    """Node u's own lists at its levels: a beam of ``ef`` per level on ``store``, the beam
-    ranked by the exact distances, then the heuristic on the vectors."""
+def _insert_one(u, levels, graph, walk, ip, ef, space, no_filter):
+    """Node u's own lists at its levels: a beam of ``ef`` per level on the walk's store, the
+    beam ranked by the exact distances, then the heuristic on the vectors."""
+    store, data = walk
+    hd, hi = space.beam_d, space.beam_i
     x = prepare_query(data[u], store, ip)
-    top = min(np.int64(levels[u]), max_level)
-    v, dv = descend(x, store, ip, up_off, up_nbr, entry, max_level, top)
+    top = min(np.int64(levels[u]), graph.max_level)
+    v, dv = descend(x, store, ip, graph, top)
     for level in range(top, -1, -1):
-        size, _ = beam(x, store, ip, nbr0, up_off, up_nbr, level, v, dv, ef, ef, stamps, hd, hi,
-                       scratch, dist, no_filter, hd, hi)  # fmt: skip
-        if rerank:  # the beam on codes: its nodes ranked by their exact distances
+        size, _ = beam(x, store, ip, graph, level, v, dv, ef, no_filter, space)
+        if reranks(store):  # the beam on codes: its nodes ranked by their exact distances
             for j in range(size):
                 hd[j] = pair_distance(data, u, hi[j], ip)
             heapify_pair(hd, hi, size)
             sort_pair_heap(hd, hi, size)
-        m = up_nbr.shape[1]  # hnswlib: M links of its own at every level
+        m = graph.up_nbr.shape[1]  # hnswlib: M links of its own at every level
         if level == 0:
-            select_neighbours(data, ip, hd, hi, size, nbr0, u, m)
+            select_neighbours(data, ip, hd, hi, size, graph.nbr0, u, m)
         else:
-            select_neighbours(data, ip, hd, hi, size, up_nbr, up_off[u] + level - 1, m)
+            select_neighbours(data, ip, hd, hi, size, graph.up_nbr, graph.up_off[u] + level - 1, m)
         v = hi[0]
         dv = node_distance(x, store, v, ip)
 
@@ -221,16 +218,15 @@ LINK_CLAIM = 16
 
 
 @kernel(nogil=True, fastmath=True)
-def link_range(s0, s1, targets, target_levels, starts, sources, data, ip, nbr0, up_off, up_nbr,
-               width, counter):  # fmt: skip
+def link_range(s0, s1, links, data, ip, graph, width, counter):
     """Phase two of a batch, on each thread ``parallel_for`` gave a slice (``s0``, ``s1``
-    are not used otherwise): group g adds ``sources[starts[g]:starts[g + 1]]`` to the list
-    of node ``targets[g]`` at level ``target_levels[g]``; ``width`` bounds a list plus its
-    group. The groups are taken :data:`LINK_CLAIM` at a time from ``counter`` (int64 [1],
-    0 at the start), as the nodes of phase one."""
-    data, nbr0, up_off, up_nbr = borrow(data), borrow(nbr0), borrow(up_off), borrow(up_nbr)
-    targets, target_levels, starts, sources = (borrow(targets), borrow(target_levels),
-                                               borrow(starts), borrow(sources))  # fmt: skip
+    are not used otherwise): each group of ``links`` (a
+    :class:`~vq.kernels.common.bundles.Links`) is added to its target's list; ``width``
+    bounds a list plus its group. The groups are taken :data:`LINK_CLAIM` at a time from
+    ``counter`` (int64 [1], 0 at the start), as the nodes of phase one."""
+    data, graph, links = borrow(data), borrow(graph), borrow(links)
+    targets, target_levels, starts, sources = links
+    nbr0, up_off, up_nbr = graph.nbr0, graph.up_off, graph.up_nbr
     cd = np.empty(width, dtype=np.float32)
     ci = np.empty(width, dtype=np.int64)
     ng = targets.shape[0]
@@ -292,30 +288,30 @@ def reverse_links(batch, nbr0, up_off, up_nbr):
     return targets, target_levels, starts, grouped
 
 
-def hnsw_insert(nodes, data, inner_product, levels, nbr0, up_off, up_nbr, entry, max_level,
-                ef_construction, codes=None):  # fmt: skip
+def hnsw_insert(nodes, graph, walk, inner_product, levels, ef_construction):
     """Insert ``nodes`` into the graph, in place; returns the new ``(entry, max_level)``.
 
     Args:
-        nodes: int64 [b], every row of ``data`` not yet in the graph, in insertion order:
-            by decreasing level (see the module docstring).
-        data, nbr0, up_off, up_nbr: the graph arrays of :mod:`vq.kernels.graph.graph_search`, sized
-        for
-            every node; the new nodes' rows hold -1.
+        nodes: int64 [b], every row of ``walk.data`` not yet in the graph, in insertion
+            order: by decreasing level (see the module docstring).
+        graph: a :class:`~vq.kernels.common.bundles.Graph` of :mod:`vq.kernels.graph.graph_walk`,
+            its arrays sized for every node (the new nodes' rows hold -1); entry and
+            max_level -1 for an empty graph.
+        walk: a :class:`~vq.kernels.common.bundles.Walk`
+            (:func:`vq.kernels.graph.graph_search.traversal`): the vectors (``data``), and what the
+            insertion searches read: the vectors, or int8 codes of every row (int8 [n, d], float32
+            [n, 2]: :func:`vq.kernels.graph.graph_store.int8_codes`), on which the searches walk the
+            graph, a quarter of the bytes per visit, each beam then ranked by exact distances before
+            the neighbours are chosen on ``data`` (the lists they give are those of the float
+            searches but for a few near ties).
         levels: int32 [n], each node's top level.
-        entry, max_level: the entry point and top level (-1, -1 for an empty graph).
         ef_construction: the beam of the insertion searches.
-        codes: None (the insertion searches read ``data``), or int8 codes of every row
-            (int8 [n, d], float32 [n, 2]: :func:`vq.kernels.graph.graph_store.int8_codes`): the
-            searches walk the graph on them, a quarter of the bytes per visit, and each
-            beam is then ranked by exact distances before the neighbours are chosen on
-            ``data`` (the lists they give are those of the float searches but for a few
-            near ties: 99.8% the same neighbours on 384-d sentence embeddings).
     """
     nodes = np.ascontiguousarray(nodes, dtype=np.int64)
     ip = metric(inner_product)  # (a type: each metric compiles its own code)
     ef = int(ef_construction)
-    store, rerank = (data, False) if codes is None else (tuple(codes), True)
+    nbr0, up_off, up_nbr, entry, max_level = graph
+    data = walk.data
     seen = np.zeros((get_num_threads(), data.shape[0] + 1), np.uint16)
     inserted, pos = data.shape[0] - len(nodes), 0
     while pos < len(nodes):
@@ -328,14 +324,14 @@ def hnsw_insert(nodes, data, inner_product, levels, nbr0, up_off, up_nbr, entry,
             size = int(min(max(1, inserted * BATCH_FRACTION), MAX_BATCH))
         batch = nodes[pos : pos + size]
         slots = max(1, min(len(seen), len(batch)))
-        parallel_for(insert_range, slots, batch, data, store, rerank, ip, levels, nbr0, up_off,
-                     up_nbr, int(entry), int(max_level), ef, seen,
-                     np.zeros(1, np.int64))  # fmt: skip
-        targets, tlevels, starts, sources = reverse_links(batch, nbr0, up_off, up_nbr)
-        width = nbr0.shape[1] + int(np.diff(starts).max(initial=0))
-        threads = max(1, min(len(seen), -(-len(targets) // LINK_CLAIM)))
-        parallel_for(link_range, threads, targets, tlevels, starts, sources, data, ip, nbr0,
-                     up_off, up_nbr, width, np.zeros(1, np.int64))  # fmt: skip
+        now = Graph(nbr0, up_off, up_nbr, int(entry), int(max_level))
+        parallel_for(
+            insert_range, slots, batch, levels, now, walk, ip, ef, seen, np.zeros(1, np.int64)
+        )
+        links = Links(*reverse_links(batch, nbr0, up_off, up_nbr))
+        width = nbr0.shape[1] + int(np.diff(links.starts).max(initial=0))
+        threads = max(1, min(len(seen), -(-len(links.targets) // LINK_CLAIM)))
+        parallel_for(link_range, threads, links, data, ip, now, width, np.zeros(1, np.int64))
         if levels[u] > max_level:
             entry, max_level = u, int(levels[u])
         pos += len(batch)

@@ -54,6 +54,18 @@ def prefetch_node(store, i):
     """Ask the CPU for the cache lines of node i in ``store``."""
 
 
+def reranks(store) -> bool:
+    """Whether a traversal on ``store`` re-ranks its nodes on the vectors: for int8 codes (a
+    compile-time constant in a kernel: an overload, resolved by the store's type)."""
+    return isinstance(store, tuple) and len(store) == 2
+
+
+@overload(reranks, inline="always")
+def _reranks(store):
+    value = isinstance(store, types.BaseTuple) and len(store) == 2
+    return lambda store: value
+
+
 def _is_sq(store) -> bool:  # (codes, offset, scale, kind): scalar-quantizer codes
     return isinstance(store, types.BaseTuple) and len(store) == 4
 
