@@ -4,11 +4,11 @@ carries it, so that each value compiles a kernel of its own.
 numba specialises a kernel on its arguments' types, not their values. A flag or a small
 enumeration that picks a loop (the metric; the scalar-quantizer kind) had two ways in:
 
-- tested at run time: LLVM keeps a test inside a loop where it is (scalar code: the IVF-Flat
-  scan ran 1.8x slower so);
+- tested at run time: LLVM keeps a test inside a loop where it is (scalar code, several
+  times slower);
 - tested once, each branch calling an inlined copy of the loop with a literal: fast, but every
-  copy compiles on the first call, whichever one the data needs (HNSW's first search took
-  30 s on Zen 1 for both metrics, an SQ scan 40 s for five kinds).
+  copy compiles on the first call, whichever one the data needs (twice the first search's
+  compile for two metrics, five times for five SQ kinds).
 
 A :class:`Static` argument is the third: ``if value:``, ``value == X`` and ``value != X`` are
 constants in each compilation, which LLVM folds before it optimises the loops, so a kernel

@@ -33,7 +33,7 @@ from vq.kernels.jit.cache import kernel
 ROW_BITS = 40
 ROW_MASK = (1 << ROW_BITS) - 1
 #: an empty slot of a key heap (a constant: np.iinfo inside a kernel would tie it to numba's
-#: arraymath module, whose import costs a cached load 0.3 s)
+#: arraymath module, whose import would cost every cached load)
 EMPTY_KEY = np.iinfo(np.int64).max
 #: the index part of a float_key
 INDEX_MASK = np.int64(0xFFFFFFFF)

@@ -92,6 +92,14 @@ def _part(builder, x_ptr, row_ptrs, start, steps, end, inner_product: bool):
     """The sums of one part for each row: ``steps`` (an i64 value) vector steps of 8 from
     dimension ``start``, then the dimensions from ``start + 8 * steps`` to ``end`` one by one
     (all i64 values), by the module's fixed sequence."""
+    sums, pairs = _paired_steps(builder, x_ptr, row_ptrs, start, steps, inner_product)
+    totals = _reduced(builder, x_ptr, row_ptrs, start, steps, pairs, sums, inner_product)
+    return _scalar_tail(builder, x_ptr, row_ptrs, start, steps, end, totals, inner_product)
+
+
+def _paired_steps(builder, x_ptr, row_ptrs, start, steps, inner_product: bool):
+    """The vector steps of a part two at a time, even steps into one accumulator and odd ones
+    into another: each row's (even, odd) accumulators, and the number of pairs."""
     zero_v = ir.Constant(_V8F, [0.0] * 8)
     entry = builder.basic_block
     pairs = builder.lshr(steps, _const(1))
@@ -113,10 +121,12 @@ def _part(builder, x_ptr, row_ptrs, start, steps, end, inner_product: bool):
     x_even, x_odd = _load8(builder, x_ptr, at), _load8(builder, x_ptr, at_odd)
     nexts = []
     for ptr, (even, odd) in zip(row_ptrs, accs, strict=True):
-        nexts.append((
-            _term(builder, even, x_even, _load8(builder, ptr, at), inner_product),
-            _term(builder, odd, x_odd, _load8(builder, ptr, at_odd), inner_product),
-        ))  # fmt: skip
+        nexts.append(
+            (
+                _term(builder, even, x_even, _load8(builder, ptr, at), inner_product),
+                _term(builder, odd, x_odd, _load8(builder, ptr, at_odd), inner_product),
+            )
+        )
     m_next = builder.add(m, _const(1))
     m.add_incoming(m_next, builder.basic_block)
     for (even, odd), (n_even, n_odd) in zip(accs, nexts, strict=True):
@@ -134,7 +144,12 @@ def _part(builder, x_ptr, row_ptrs, start, steps, end, inner_product: bool):
         odd.add_incoming(zero_v, entry)
         odd.add_incoming(n_odd, loop_end)
         sums.append((even, odd))
-    # an odd step left: into the even accumulator
+    return sums, pairs
+
+
+def _reduced(builder, x_ptr, row_ptrs, start, steps, pairs, sums, inner_product: bool):
+    """Each row's accumulators after an odd step left over (into the even one), the two added
+    and their 8 lanes summed (:func:`_sum8`)."""
     last = builder.add(start, builder.shl(pairs, _const(4)))
     odd_step = builder.append_basic_block("rowdist.odd_step")
     reduce = builder.append_basic_block("rowdist.reduce")
@@ -143,8 +158,10 @@ def _part(builder, x_ptr, row_ptrs, start, steps, end, inner_product: bool):
     builder.cbranch(has_odd, odd_step, reduce)
     builder.position_at_end(odd_step)
     x_last = _load8(builder, x_ptr, last)
-    stepped = [_term(builder, even, x_last, _load8(builder, ptr, last), inner_product)
-               for ptr, (even, _) in zip(row_ptrs, sums, strict=True)]  # fmt: skip
+    stepped = [
+        _term(builder, even, x_last, _load8(builder, ptr, last), inner_product)
+        for ptr, (even, _) in zip(row_ptrs, sums, strict=True)
+    ]
     builder.branch(reduce)
 
     builder.position_at_end(reduce)
@@ -154,9 +171,15 @@ def _part(builder, x_ptr, row_ptrs, start, steps, end, inner_product: bool):
         phi.add_incoming(even, before_odd)
         phi.add_incoming(done, odd_step)
         merged.append(phi)
-    totals = [_sum8(builder, builder.fadd(even, odd))
-              for even, (_, odd) in zip(merged, sums, strict=True)]  # fmt: skip
-    # the dimensions left, one at a time
+    totals = [
+        _sum8(builder, builder.fadd(even, odd)) for even, (_, odd) in zip(merged, sums, strict=True)
+    ]
+    return totals
+
+
+def _scalar_tail(builder, x_ptr, row_ptrs, start, steps, end, totals, inner_product: bool):
+    """Each row's ``totals`` plus the part's dimensions left after its vector steps, one at a
+    time."""
     tail_start = builder.add(start, builder.shl(steps, _const(3)))
     tail = builder.append_basic_block("rowdist.scalar")
     done = builder.append_basic_block("rowdist.done")

@@ -43,8 +43,16 @@ def smallest_k_rows(products, queries, x_norms, inner_product, out_dist, out_idx
             computes it), or -⟨q, x⟩; out_idx: int64 [nq, k] columns; ties by lower column.
             k <= n.
     """
-    parallel_for(smallest_k_range, products.shape[0], products, queries, x_norms,
-                 metric(inner_product), out_dist, out_idx)  # fmt: skip
+    parallel_for(
+        smallest_k_range,
+        products.shape[0],
+        products,
+        queries,
+        x_norms,
+        metric(inner_product),
+        out_dist,
+        out_idx,
+    )
 
 
 @kernel(nogil=True)
@@ -54,8 +62,9 @@ def smallest_k_range(q0, q1, products, queries, x_norms, inner_product, out_dist
     out_dist, out_idx = borrow(out_dist), borrow(out_idx)
     values = row_scratch(products.shape[1])
     for q in range(q0, q1):
-        _smallest_k_row(products[q], queries[q], x_norms, inner_product, out_dist[q], out_idx[q],
-                        values)  # fmt: skip
+        _smallest_k_row(
+            products[q], queries[q], x_norms, inner_product, out_dist[q], out_idx[q], values
+        )
 
 
 @njit(nogil=True)
@@ -170,8 +179,8 @@ def _ranked_values(row, query, x_norms, inner_product, values):
     values[n:] = np.inf
 
 
-#: smallest_k_rows keeps up to this many by insertion, more through a histogram (measured:
-#: equal at k = 16 of 2,048 columns, the histogram 1.5x at 32, 3.7x the heap at 128)
+#: smallest_k_rows keeps up to this many by insertion, more through a histogram (the two break
+#: even about here)
 _INSERTION_K = 16
 #: the bits of -0.0 as an int32
 _NEGATIVE_ZERO = np.int32(-0x7FFFFFFF - 1)
@@ -293,8 +302,9 @@ def unique_rows(dist, rows, ids, out_dist, out_rows):
         out_dist: float32 [nq, k], out_rows: int64 [nq, k] (k <= c): the first row of each
             id in ``rows``, in order, padded with +inf and -1.
     """
-    parallel_for(unique_rows_range, rows.shape[0], dist, rows, ids, out_dist, out_rows,
-                 grain=_UNIQUE_GRAIN)  # fmt: skip
+    parallel_for(
+        unique_rows_range, rows.shape[0], dist, rows, ids, out_dist, out_rows, grain=_UNIQUE_GRAIN
+    )
 
 
 #: queries per slice of unique_rows at least

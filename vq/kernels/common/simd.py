@@ -84,8 +84,9 @@ def _row_min_of(width: int):
 
         def codegen(context, builder, signature, args):
             data = context.make_array(signature.args[0])(context, builder, args[0]).data
-            v = builder.load(builder.bitcast(builder.gep(data, [args[1]]), vec.as_pointer()),
-                             align=4)  # fmt: skip
+            v = builder.load(
+                builder.bitcast(builder.gep(data, [args[1]]), vec.as_pointer()), align=4
+            )
             n = width
             while n > 1:
                 n //= 2

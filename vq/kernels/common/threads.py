@@ -5,8 +5,8 @@ call, ``parallel_for(body, n, *args)``: the range ``[0, n)`` is cut into one con
 per thread and ``body(start, stop, *args)`` runs on each, the calling thread taking slices
 too, the pool's worker threads the rest. The kernels themselves hold no parallel loop.
 
-Why not numba's ``parallel=True``: its loop lowering doubled the first-ever compile of a
-search (an IVF fast-scan kernel: 11.7 s with it, 6.3 s without, on 2 cores), and its threading
+Why not numba's ``parallel=True``: its loop lowering about doubles the first-ever compile of a
+search kernel, and its threading
 layers bring trouble of their own — OpenMP shares libgomp with torch and resets torch's thread
 count when its pool starts, "workqueue" aborts the process when two threads launch parallel
 loops at once, and each parallel region pays a thread wake-up. Here a search of many queries
@@ -35,7 +35,7 @@ _setting: int | None = None
 
 class _Local(threading.local):
     """Per thread: ``limit`` set by :func:`serial`, ``worker`` on a pool thread (defaults here,
-    so that reading them raises nothing: a missing attribute's lookup cost a µs a call)."""
+    so that reading them raises nothing: a missing attribute's lookup costs more than the read)."""
 
     limit: int | None = None
     worker = False
@@ -96,8 +96,8 @@ class _Step:
         self.pending = len(bounds) - 1
         self.error: BaseException | None = None
         self.lock = threading.Lock()
-        self.done = threading.Lock()  # held until the last slice is done (an Event cost
-        self.done.acquire()  # ~3 µs to make and as much to wait on: a tenth of a small step)
+        self.done = threading.Lock()  # held until the last slice is done (an Event costs
+        self.done.acquire()  # several times as much to make and to wait on)
 
     def run(self) -> None:
         """Run slices until none is left unclaimed (under the caller's compile rule)."""

@@ -31,7 +31,7 @@ def exact_distance(x, vectors, i, inner_product):
     Float32 rows: :mod:`vq.kernels.common.rowdist`'s fixed sequence of operations (head + tail), the
     same bit for bit as the scans that test a row's head first. By metric: a loop that calls
     this with ``inner_product`` a run-time flag gets scalar code (LLVM does not take the test
-    out of the loop: the IVF-Flat scan ran 1.8x slower so), so each kernel here tests the flag
+    out of the loop), so each kernel here tests the flag
     once and runs its loop as an inlined function called with the literal ``True`` or
     ``False``, or takes the metric as a type (:mod:`vq.kernels.common.constants`: one metric
     compiled per call, as the graph kernels do). (This body runs with ``NUMBA_DISABLE_JIT=1``;
@@ -95,8 +95,16 @@ def refine_scan(queries, vectors, candidates, inner_product, out_dist, out_idx):
         out_dist: float32 [nq, k] ascending (+inf padding); out_idx: int64 [nq, k] rows of
             ``vectors`` (-1 padding).
     """
-    parallel_for(refine_range, candidates.shape[0], queries, vectors, candidates,
-                 metric(inner_product), out_dist, out_idx)  # fmt: skip
+    parallel_for(
+        refine_range,
+        candidates.shape[0],
+        queries,
+        vectors,
+        candidates,
+        metric(inner_product),
+        out_dist,
+        out_idx,
+    )
 
 
 @kernel(nogil=True, fastmath=True)
@@ -123,7 +131,7 @@ def _refine_queries(q0, q1, queries, vectors, candidates, inner_product, out_dis
         for c in range(min(_PREFETCH_AHEAD, n_cand)):
             _prefetch_vector(vectors, candidates[q, c], row_bytes)
         for c in range(n_cand):
-            # scattered rows: fetch a few candidates ahead (1.5x at 1M vectors)
+            # scattered rows: fetch a few candidates ahead
             if c + _PREFETCH_AHEAD < n_cand:
                 _prefetch_vector(vectors, candidates[q, c + _PREFETCH_AHEAD], row_bytes)
             i = candidates[q, c]
@@ -144,8 +152,7 @@ def refine_lean(queries, vectors, candidates, ids, inner_product, out_dist, out_
     +inf / -inf padding), ``out_ids`` int64 [nq, k] (-1 padding)."""
     nq, k = out_dist.shape
     dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)
-    refine_range(np.int64(0), np.int64(nq), queries, vectors, candidates, inner_product, dist,
-                 rows)  # fmt: skip
+    refine_range(np.int64(0), np.int64(nq), queries, vectors, candidates, inner_product, dist, rows)
     fill = np.float32(-np.inf) if inner_product else np.float32(np.inf)
     rows_to_ids(dist, rows, ids, inner_product, fill, out_dist, out_ids)
 
@@ -162,8 +169,7 @@ def finish_lean(queries, dist, rows, ids, inner_product, ref_vectors, ref_ids, o
     their exact distances (:func:`refine_lean`) and mapped to ``ref_ids``.
 
     None, not an empty array, says "no re-ranking": numba prunes the branch a None argument
-    decides while it compiles, so an index without a ``Refine`` never compiles the re-ranking
-    (4-5 s of its first search on Zen 1).
+    decides while it compiles, so an index without a ``Refine`` never compiles the re-ranking.
     """
     fill = np.float32(-np.inf) if inner_product else np.float32(np.inf)
     if ref_vectors is None:
@@ -189,8 +195,17 @@ def heap_push_block(scores, x_norms, first, allowed, inner_product, heap_d, heap
         heap_d: float32 [nq, k], heap_i: int64 [nq, k]: max-heaps, +inf/-1 when empty;
             finish them with :func:`heaps_sorted`.
     """
-    parallel_for(heap_push_range, scores.shape[0], scores, x_norms, int(first), allowed,
-                 metric(inner_product), heap_d, heap_i)  # fmt: skip
+    parallel_for(
+        heap_push_range,
+        scores.shape[0],
+        scores,
+        x_norms,
+        int(first),
+        allowed,
+        metric(inner_product),
+        heap_d,
+        heap_i,
+    )
 
 
 @kernel(nogil=True, fastmath=True)

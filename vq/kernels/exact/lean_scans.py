@@ -66,8 +66,9 @@ def flat_parts(queries, vectors, x_norms, inner_product, heap_d, heap_i):
     def run(p0: int, p1: int) -> None:
         for p in range(p0, p1):
             r0 = p * per
-            flat_rows(queries, vectors, x_norms, inner_product, r0, min(n, r0 + per), heap_d[p],
-                      heap_i[p])  # fmt: skip
+            flat_rows(
+                queries, vectors, x_norms, inner_product, r0, min(n, r0 + per), heap_d[p], heap_i[p]
+            )
 
     parallel_for(run, parts)
 
@@ -124,8 +125,16 @@ def flat_lean(queries, vectors, x_norms, ids, inner_product, out_dist, out_ids):
     nq, k = out_dist.shape
     heap_d = np.full((1, nq, k), np.inf, dtype=np.float32)
     heap_i = np.full((1, nq, k), -1, dtype=np.int64)
-    flat_rows(queries, vectors, x_norms, inner_product, np.int64(0), np.int64(vectors.shape[0]),
-              heap_d[0], heap_i[0])  # fmt: skip
+    flat_rows(
+        queries,
+        vectors,
+        x_norms,
+        inner_product,
+        np.int64(0),
+        np.int64(vectors.shape[0]),
+        heap_d[0],
+        heap_i[0],
+    )
     flat_finish(heap_d, heap_i, queries, ids, inner_product, out_dist, out_ids)
     return True
 
@@ -175,8 +184,7 @@ def all_finite(x):
     """Whether every value of the float32 array ``x`` [n, d] is finite (one pass, no
     temporary: ``np.isfinite(x).all()`` costs a few µs more on a small array). A row at a
     time without a branch per value (``v - v`` is 0 but for NaN and ±inf), so that the
-    loop is vector code: 3.8 µs for 330 × 128 queries where a test and exit per value took
-    18.6 (Zen 3), a 20th of an HNSW search of them on one thread. ``fastmath=False`` said
+    loop is vector code (a test and exit per value is several times slower). ``fastmath=False`` said
     outright: numba compiles a function called from a kernel with the caller's fastmath
     unless the function sets its own, and fastmath assumes there is no NaN or infinity
     (this test would always pass)."""

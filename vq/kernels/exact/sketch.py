@@ -73,10 +73,12 @@ def _step_avx2(builder, acc, codes, query):
     ``vpmaddubsw`` (pairs of products into int16: at most 2 * 127 * 127, no saturation) and
     ``vpmaddwd`` with ones (pairs of those into int32)."""
     module = builder.module
-    ubsw = module.declare_intrinsic("llvm.x86.avx2.pmadd.ub.sw", fnty=ir.FunctionType(
-        _V16W, [_V32B, _V32B]))  # fmt: skip
-    wd = module.declare_intrinsic("llvm.x86.avx2.pmadd.wd", fnty=ir.FunctionType(
-        _V8D, [_V16W, _V16W]))  # fmt: skip
+    ubsw = module.declare_intrinsic(
+        "llvm.x86.avx2.pmadd.ub.sw", fnty=ir.FunctionType(_V16W, [_V32B, _V32B])
+    )
+    wd = module.declare_intrinsic(
+        "llvm.x86.avx2.pmadd.wd", fnty=ir.FunctionType(_V8D, [_V16W, _V16W])
+    )
     ones = ir.Constant(_V16W, [ir.Constant(_I16, 1)] * 16)
     return builder.add(acc, builder.call(wd, [builder.call(ubsw, [codes, query]), ones]))
 

@@ -61,8 +61,7 @@ def scan(luts, packed, n, allowed, out_dist, out_idx):
     threads = get_num_threads()
     parts = 1 if groups >= threads else max(1, min(threads // max(groups, 1), nblocks))
     if parts == 1:
-        parallel_for(scan_tasks, groups, luts, packed, n, allowed, 1, out_dist[None],
-                     out_idx[None])  # fmt: skip
+        parallel_for(scan_tasks, groups, luts, packed, n, allowed, 1, out_dist[None], out_idx[None])
         return
     part_d = np.empty((parts, nq, k), dtype=np.float32)
     part_i = np.empty((parts, nq, k), dtype=np.int64)
@@ -136,13 +135,23 @@ def build(queries, codebooks_t, norms, inner_product, out_luts, out_scale, out_o
     products (smaller is nearer in both) → out_luts uint8 [>= nq, M / 2, 32] (rows past nq
     untouched), out_scale and out_offset float32 [nq] (see ``quantize_tables``). Threads
     split the queries."""
-    parallel_for(build_range, queries.shape[0], queries, codebooks_t, norms,
-                 metric(inner_product), out_luts, out_scale, out_offset)  # fmt: skip
+    parallel_for(
+        build_range,
+        queries.shape[0],
+        queries,
+        codebooks_t,
+        norms,
+        metric(inner_product),
+        out_luts,
+        out_scale,
+        out_offset,
+    )
 
 
 @kernel(nogil=True)
-def build_range(q0, q1, queries, codebooks_t, norms, inner_product, out_luts, out_scale,
-                out_offset):  # fmt: skip
+def build_range(
+    q0, q1, queries, codebooks_t, norms, inner_product, out_luts, out_scale, out_offset
+):
     """``build`` for queries q0..q1 on the calling thread."""
     queries, out_luts = borrow(queries), borrow(out_luts)  # (views per query: simd.borrow)
     table = np.empty((1, M, 16), dtype=np.float32)  # one work space per thread
@@ -152,11 +161,9 @@ def build_range(q0, q1, queries, codebooks_t, norms, inner_product, out_luts, ou
         x = queries[q]
         for m in range(M):
             if inner_product:
-                ip_row(x, m * DSUB, codebooks_t, m * DSUB * 16, np.float32(-1.0), table,
-                       m * 16)  # fmt: skip
+                ip_row(x, m * DSUB, codebooks_t, m * DSUB * 16, np.float32(-1.0), table, m * 16)
             else:
-                l2_row(x, m * DSUB, codebooks_t, m * DSUB * 16, norms, m * 16, table,
-                       m * 16)  # fmt: skip
+                l2_row(x, m * DSUB, codebooks_t, m * DSUB * 16, norms, m * 16, table, m * 16)
         sc, of = quantize_tables(table, bias, out_luts[q : q + 1], bias_q)
         out_scale[q] = sc
         out_offset[q] = of
@@ -172,14 +179,24 @@ def lean_search(queries, codebooks_t, norms, packed, n, ids, inner_product, out_
     nq = queries.shape[0]
     luts = np.empty((nq, N_PAIRS, 32), dtype=np.uint8)
     scale_offset = np.empty((2, nq), dtype=np.float32)
-    build_range(np.int64(0), np.int64(nq), queries, codebooks_t, norms, inner_product, luts,
-                scale_offset[0], scale_offset[1])  # fmt: skip
+    build_range(
+        np.int64(0),
+        np.int64(nq),
+        queries,
+        codebooks_t,
+        norms,
+        inner_product,
+        luts,
+        scale_offset[0],
+        scale_offset[1],
+    )
     flat_luts = luts.reshape((nq * N_PAIRS, 32))
     nblocks = packed.shape[0] // N_PAIRS
     none = np.zeros(0, dtype=np.uint8)
     for g in range(nq // Q):
-        _scan_blocks(flat_luts, packed, n, none, np.int64(g), np.int64(0), nblocks, out_dist,
-                     out_ids)  # fmt: skip
+        _scan_blocks(
+            flat_luts, packed, n, none, np.int64(g), np.int64(0), nblocks, out_dist, out_ids
+        )
     for q in range(nq):  # quantized distances back to floats (+inf stays +inf)
         for e in range(out_dist.shape[1]):
             out_dist[q, e] = out_dist[q, e] / scale_offset[0, q] + scale_offset[1, q]

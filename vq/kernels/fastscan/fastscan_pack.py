@@ -45,8 +45,8 @@ def repack_lists(l0, l1, codes, offsets, changed, old_packed, old_blocks, packed
         b0, b1 = list_blocks[lst], list_blocks[lst + 1]
         if not changed[lst]:
             src, dst, n = old_blocks[lst] * size // 8, b0 * size // 8, (b1 - b0) * size // 8
-            for w in range(n):  # (a slice assignment compiles its shape error's formatting:
-                words[dst + w] = old_words[src + w]  # 3 s on Zen 1)
+            for w in range(n):  # (a slice assignment compiles its shape error's formatting,
+                words[dst + w] = old_words[src + w]  # seconds of a first compile)
             continue
         first, end = offsets[lst], offsets[lst + 1]
         for b in range(b1 - b0):

@@ -39,8 +39,18 @@ def _mask(indices) -> ir.Constant:
     return ir.Constant(ir.VectorType(_I32, len(indices)), [ir.Constant(_I32, i) for i in indices])
 
 
-def _accumulate(builder, codes_base, luts_base, width, first_pair, pairs_per_load, count,
-                nibbles=(0, 1), pinned=False, multiply=False):  # fmt: skip
+def _accumulate(
+    builder,
+    codes_base,
+    luts_base,
+    width,
+    first_pair,
+    pairs_per_load,
+    count,
+    nibbles=(0, 1),
+    pinned=False,
+    multiply=False,
+):
     """Sums over ``count`` loads of ``pairs_per_load`` rows from row ``first_pair``: for each
     query, [all, odd] of each nibble half in ``nibbles`` (0: low, vectors 0..15; 1: high,
     16..31), e.g. [lo_all, lo_odd, hi_all, hi_odd], as ``width``-byte vectors of 16-bit lanes.
@@ -51,9 +61,9 @@ def _accumulate(builder, codes_base, luts_base, width, first_pair, pairs_per_loa
     stack stores per row for 3 queries instead of about 1.
 
     ``multiply`` (32-byte loads only): the odd bytes are taken by ``vpmaddubsw`` with weights
-    (0, 1), not by a shift. Zen 3 issues shifts on the two pipes that also shuffle and
-    multiplies on the others: 2-4% less per block for 4-5 queries a pass (one nibble half
-    each), 3-18% more for 1-3 (both halves, where the extra weight register is short)."""
+    (0, 1), not by a shift: on CPUs that issue shifts on the pipes that also shuffle and
+    multiplies on the others, a gain for 4-5 queries a pass (one nibble half each), a loss for
+    1-3 (both halves, where the extra weight register is short)."""
     vb, vw = ir.VectorType(_I8, width), ir.VectorType(_I16, width // 2)
     name = "llvm.x86.avx2.pshuf.b" if width == 32 else "llvm.x86.avx512.pshuf.b.512"
     pshufb = builder.module.declare_intrinsic(name, fnty=ir.FunctionType(vb, [vb, vb]))
@@ -87,8 +97,9 @@ def _accumulate(builder, codes_base, luts_base, width, first_pair, pairs_per_loa
 
 def _pin(builder, value):
     """``value`` through an empty asm: the same register, opaque to LLVM's optimisations."""
-    return builder.asm(ir.FunctionType(value.type, [value.type]), "", "=x,0", [value],
-                       side_effect=False)  # fmt: skip
+    return builder.asm(
+        ir.FunctionType(value.type, [value.type]), "", "=x,0", [value], side_effect=False
+    )
 
 
 def _sums_wide(builder, codes_base, luts_base, n_pairs: int):
@@ -240,8 +251,18 @@ def shuffle_block(n_pairs: int, n_queries: int, wide: bool = False):
             # one pass over the rows per nibble half, the low half's distances stored before
             # the high pass starts (LLVM cannot move the loads of that pass above the stores)
             for h in range(2):
-                acc = _accumulate(builder, codes_base, luts_base, 32, 0, 1, n_pairs, (h,),
-                                  pinned=True, multiply=True)  # fmt: skip
+                acc = _accumulate(
+                    builder,
+                    codes_base,
+                    luts_base,
+                    32,
+                    0,
+                    1,
+                    n_pairs,
+                    (h,),
+                    pinned=True,
+                    multiply=True,
+                )
                 for q in range(n_queries):
                     _store_half(builder, _half(builder, *acc[q]), h, q, dist_p)
             for q in range(n_queries):

@@ -40,8 +40,8 @@ def _code_distance(t, codes, i, n_tables, words):
 
     With ``words`` (a compile-time constant) ``codes`` is the uint32 view [n, M / 4] of uint8
     codes with ksub = 256, read a word (4 codes) per load and summed over four accumulators,
-    which breaks the chain of dependent additions: about 1.6x faster than a byte load and one
-    accumulator per table.
+    which breaks the chain of dependent additions (faster than a byte load and one accumulator
+    per table).
     """
     if words:
         d0 = np.float32(0.0)

@@ -82,8 +82,18 @@ def spill_argmin_rows(scores, rdots, x_norms, r_dot_x, r_norms, primary, lam, ou
 
     Threads split the rows.
     """
-    parallel_for(spill_argmin_range, scores.shape[0], scores, rdots, x_norms, r_dot_x, r_norms,
-                 primary, lam, out)  # fmt: skip
+    parallel_for(
+        spill_argmin_range,
+        scores.shape[0],
+        scores,
+        rdots,
+        x_norms,
+        r_dot_x,
+        r_norms,
+        primary,
+        lam,
+        out,
+    )
 
 
 @kernel(nogil=True)
@@ -121,8 +131,18 @@ def assign_accumulate(dots, bias, x, x_norms, out_index, sums, counts, errors):
             its rows' squared distances to their centroid (clamped at 0), where blocks is
             ``ceil(n / ASSIGN_BLOCK)``.
     """
-    parallel_for(assign_accumulate_range, sums.shape[0], dots, bias, x, x_norms, out_index,
-                 sums, counts, errors)  # fmt: skip
+    parallel_for(
+        assign_accumulate_range,
+        sums.shape[0],
+        dots,
+        bias,
+        x,
+        x_norms,
+        out_index,
+        sums,
+        counts,
+        errors,
+    )
 
 
 @kernel(fastmath=True, nogil=True)

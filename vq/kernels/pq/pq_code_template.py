@@ -19,8 +19,9 @@ DSUB = 1
 def pq_encode(x, codebooks_t, norms, codes, sq_err):
     """Threads split the vectors, in blocks of 32 (see ``pq_encoder``)."""
     norm_max = norms.max(axis=1)
-    parallel_for(encode_range, x.shape[0], x, codebooks_t, norms, norm_max, codes, sq_err,
-                 grain=_PQ_BLOCK)  # fmt: skip
+    parallel_for(
+        encode_range, x.shape[0], x, codebooks_t, norms, norm_max, codes, sq_err, grain=_PQ_BLOCK
+    )
 
 
 @kernel(fastmath=True, nogil=True)
@@ -80,8 +81,16 @@ def encode_lean(x, codebooks_t, norms, norm_max, codes):
     a few vectors); False (and nothing done) if a row holds a NaN or an infinity."""
     if not all_finite(x):
         return False
-    encode_range(np.int64(0), np.int64(x.shape[0]), x, codebooks_t, norms, norm_max, codes,
-                 np.empty(0, dtype=np.float32))  # fmt: skip
+    encode_range(
+        np.int64(0),
+        np.int64(x.shape[0]),
+        x,
+        codebooks_t,
+        norms,
+        norm_max,
+        codes,
+        np.empty(0, dtype=np.float32),
+    )
     return True
 
 

@@ -27,8 +27,16 @@ WORDS = False
 
 def adc_scan(tables, codes, allowed, out_dist, out_idx):
     """Threads split the queries, in blocks of 8."""
-    parallel_for(adc_range, tables.shape[0], tables, codes, allowed, out_dist, out_idx,
-                 grain=_ADC_QUERY_BLOCK)  # fmt: skip
+    parallel_for(
+        adc_range,
+        tables.shape[0],
+        tables,
+        codes,
+        allowed,
+        out_dist,
+        out_idx,
+        grain=_ADC_QUERY_BLOCK,
+    )
 
 
 @kernel(nogil=True)
@@ -75,8 +83,9 @@ def lean_search(queries, codebooks_t, norms, codes, ids, inner_product, out_dist
     tables = np.empty((nq, N_TABLES * ksub), dtype=np.float32)
     for q in range(nq):
         if inner_product:  # negated: the scan keeps the smallest sums
-            _inner_product_table(queries[q], codebooks_t, tables[q], N_TABLES, dsub,
-                                 np.float32(-1.0))  # fmt: skip
+            _inner_product_table(
+                queries[q], codebooks_t, tables[q], N_TABLES, dsub, np.float32(-1.0)
+            )
         else:
             _l2_table(queries[q], codebooks_t, norms, tables[q], N_TABLES, dsub)
     dist, rows = np.empty((nq, k), dtype=np.float32), np.empty((nq, k), dtype=np.int64)

@@ -11,7 +11,7 @@ code: an IVF-SQ8 search compiles no 4-bit, 6-bit or 16-bit loop):
 - ``SQ4``: two dimensions per byte, the even one in the low nibble;
 - ``SQ_FP16``, ``SQ_BF16``: two bytes per dimension, a little-endian IEEE half (faiss's fp16)
   or bfloat16, decoded with integer operations that vectorise (no table look-up: a gather
-  per dimension from a 65,536-entry table ran at 0.6x the speed here).
+  per dimension from a 65,536-entry table is slower).
 
 Every kind decodes to ``x̂_j = offset_j + scale_j * v_j`` with v_j the level (``scale = vdiff
 / (2**bits - 1)``, ``offset = vmin + scale / 2``: the cell's centre) or the 16-bit value
@@ -200,8 +200,9 @@ def _kind_sum(codes, row, qa, scale, kind, inner_product):
             "pass vq.kernels.sq.sq_scans.sq_kind(kind)"
         )
     fn = _SUMS[int(value)]
-    return lambda codes, row, qa, scale, kind, inner_product: fn(codes, row, qa, scale,
-                                                                 inner_product)  # fmt: skip
+    return lambda codes, row, qa, scale, kind, inner_product: fn(
+        codes, row, qa, scale, inner_product
+    )
 
 
 @njit(inline="always", fastmath=True)
@@ -213,7 +214,7 @@ def sq_distance(codes, row, qa, const, scale, kind, inner_product):
 
 
 #: rows whose distances a scan computes in one pass before offering them to the heap (a tight
-#: loop per kind that vectorises, apart from the heap's branches: 4x faster at 8 bits)
+#: loop per kind that vectorises, apart from the heap's branches)
 BLOCK = 32
 
 
