@@ -205,14 +205,14 @@ class IVFProbing:
 
 
 def coarse_bound(centroids: np.ndarray) -> tuple:
-    """What :func:`vq.kernels.exact.lean_scans.probe_bounded` takes besides the queries: ``(axes_t
-    float32 [d, r], proj_t float32 [r, nlist], proj_norms float32 [nlist], rows float32
-    [nlist, d])``: the r principal axes of the centroids (float32 [nlist, d]; eigenvectors of
-    their covariance, in float64), r a quarter of d rounded up to 8, the centroids'
-    coordinates on them and the centroids. r = 0 (empty arrays: the full coarse step) where
-    the bound would not pay: under 64 centroids, fewer than twice as many as r, or under 32
-    dimensions. NSynth embeddings (256 centroids of 128 dims): 32 axes hold 97% of the
-    centroids' variance."""
+    """The bound :func:`vq.kernels.exact.coarse_probe.probe_bounded` reads (the last four fields of
+    a :class:`vq.kernels.common.bundles.Coarse`): ``(axes_t float32 [d, r], proj_t float32 [r,
+    nlist], proj_norms float32 [nlist], rows float32 [nlist, d])``: the r principal axes of the
+    centroids (float32 [nlist, d]; eigenvectors of their covariance, in float64), r a quarter of d
+    rounded up to 8, the centroids' coordinates on them and the centroids. r = 0 (empty arrays: the
+    full coarse step) where the bound would not pay: under 64 centroids, fewer than twice as many as
+    r, or under 32 dimensions. NSynth embeddings (256 centroids of 128 dims): 32 axes hold 97% of
+    the centroids' variance."""
     nlist, d = centroids.shape
     r = 8 * -(-d // 32)
     if nlist < max(64, 2 * r) or d < 32:

@@ -1,5 +1,5 @@
 """Inner products of one vector with a block of columns, as LLVM vector code: the coarse step
-of a small IVF search (:func:`vq.kernels.exact.lean_scans.probe_lists`), where the sums of 16
+of a small IVF search (:func:`vq.kernels.exact.coarse_probe.probe_lists`), where the sums of 16
 columns stay in one vector register across the whole vector (a numba loop over the columns stores
 and reloads them at every component). Generic LLVM vector operations, so every CPU runs them;
 plain numpy under numba's DISABLE_JIT.
