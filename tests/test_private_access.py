@@ -53,10 +53,6 @@ ALLOWED = {
     ("vq/export/onnx.py", "_registration"): "as _constants",
     ("vq/kernels/common/simd.py", "_getvalue"): "numba's cgutils struct proxy: how an "
     "@intrinsic reads the LLVM value it built",
-    # numba's cache internals, until vq/kernels/jit/numba_compat.py holds them (kernels branch)
-    ("vq/kernels/jit/cache.py", "_cache"): "numba's dispatcher cache (moving to numba_compat)",
-    ("vq/kernels/jit/cache.py", "_cache_hits"): "as _cache",
-    ("vq/kernels/jit/cache.py", "_load_overload"): "as _cache",
 }
 
 
