@@ -195,17 +195,8 @@ def heap_push_block(scores, x_norms, first, allowed, inner_product, heap_d, heap
         heap_d: float32 [nq, k], heap_i: int64 [nq, k]: max-heaps, +inf/-1 when empty;
             finish them with :func:`heaps_sorted`.
     """
-    parallel_for(
-        heap_push_range,
-        scores.shape[0],
-        scores,
-        x_norms,
-        int(first),
-        allowed,
-        metric(inner_product),
-        heap_d,
-        heap_i,
-    )
+    args = (scores, x_norms, int(first), allowed, metric(inner_product), heap_d, heap_i)
+    parallel_for(heap_push_range, scores.shape[0], *args)
 
 
 @kernel(nogil=True, fastmath=True)

@@ -144,6 +144,12 @@ def _sketched_queries(q0, q1, queries, lists, sketch, probes, allowed, inner_pro
 
 
 @njit(inline="always")
+def _four_rows(i, last):
+    """Rows i .. i + 3, the last row repeated past ``last`` (four-row steps over a list)."""
+    return i, min(i + 1, last), min(i + 2, last), min(i + 3, last)
+
+
+@njit(inline="always")
 def _held(heap_i, row_ids, row):
     """Whether the heap holds a row of ``row``'s id (the heap's free slots hold row -1)."""
     wanted = row_ids[row]
@@ -179,8 +185,7 @@ def _scan_heads(x, vectors, start, end, allowed, row_ids, heap_d, heap_i):
     threshold = heap_d[0]
     last = end - 1
     for i in range(start, end, 4):
-        i1, i2, i3 = min(i + 1, last), min(i + 2, last), min(i + 3, last)
-        h0, h1, h2, h3 = l2_heads4(x, vectors, i, i1, i2, i3)
+        h0, h1, h2, h3 = l2_heads4(x, vectors, *_four_rows(i, last))
         if min(min(h0, h1), min(h2, h3)) >= threshold:
             continue  # (no row of the four can enter the heap)
         for r in range(min(4, end - i)):
@@ -207,8 +212,7 @@ def _scan_sketched(x, vectors, start, end, allowed, inner_product, row_ids, boun
     threshold = heap_d[0]
     last = end - 1
     for i in range(start, end, 4):
-        i1, i2, i3 = min(i + 1, last), min(i + 2, last), min(i + 3, last)
-        p0, p1, p2, p3 = sketch_dots4(query_codes, codes, i, i1, i2, i3)
+        p0, p1, p2, p3 = sketch_dots4(query_codes, codes, *_four_rows(i, last))
         for r in range(min(4, end - i)):
             dot = p0 if r == 0 else p1 if r == 1 else p2 if r == 2 else p3
             row = i + r

@@ -30,16 +30,8 @@ def flat_range_block(scores, x_norms, first, allowed, inner_product, hits):
     (a :class:`~vq.kernels.common.bundles.RangeHits` whose regions hold b slots each:
     ``starts[q] = q b``) whose thresholds are on ``‖x‖² − 2⟨q, x⟩`` (l2: the radius minus
     ‖q‖²) or on ``−⟨q, x⟩`` (ip); the values written are those ranked values."""
-    parallel_for(
-        flat_range_rows,
-        scores.shape[0],
-        scores,
-        x_norms,
-        int(first),
-        allowed,
-        metric(inner_product),
-        hits,
-    )
+    args = (scores, x_norms, int(first), allowed, metric(inner_product), hits)
+    parallel_for(flat_range_rows, scores.shape[0], *args)
 
 
 @kernel(nogil=True, fastmath=True)
