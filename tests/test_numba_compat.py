@@ -103,3 +103,22 @@ def test_a_numba_outside_the_range_compiles_plainly_after_one_warning(tmp_path):
     assert report["plain"] and report["inliner"] is False  # numba's own dispatcher, inliner
     assert report["out"] == [1, 3]
     assert not (tmp_path / "vq").exists()  # nothing written to the cache
+
+
+def test_pretyped_gives_a_tuple_numba_types_in_python_its_type_once():
+    import numba
+    import numpy as np
+
+    from vq.kernels.common.constants import IP
+
+    @numba.njit
+    def first(t):
+        return t[0][0] + (1 if t[1] else 0)
+
+    plain = (np.arange(3.0), True)
+    assert numba_compat.pretyped(plain) is plain  # (numba types it in C already)
+    with_static = (np.arange(3.0), IP)
+    typed = numba_compat.pretyped(with_static)
+    assert typed == with_static and typed._numba_type_ == numba.typeof(with_static)
+    assert first(typed) == first(with_static) == 1.0
+    assert len(first.signatures) == 1  # (typed ahead or in Python: the same type)

@@ -24,7 +24,7 @@ from vq.index.core.ranges import probed_hits
 from vq.index.core.registry import register
 from vq.index.core.searchers import Searcher, kept
 from vq.index.core.searching import NO_IDS, shape_problem
-from vq.kernels.common.bundles import RangeHits, SQCodes, SQLists, TopK
+from vq.kernels.common.bundles import RangeHits, SQCodes, SQLists, TopK, plain
 from vq.kernels.common.constants import metric as kernel_metric
 from vq.kernels.exact.range_scans import sq_hits
 from vq.kernels.sq import sq_scans as sq_kernels
@@ -225,7 +225,7 @@ class SQIndex(Index):
         """A few queries on the calling thread: the scan, then ids (``sq_flat_lean``)."""
         ip = kernel_metric(self.metric == "ip")
         offset, scale, kind = kernel_arrays(self, self.sq)
-        codes = tuple(SQCodes(self.codes.numpy(), offset, scale))  # (plain: see bundles)
+        codes = plain(SQCodes(self.codes.numpy(), offset, scale))
         ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else NO_IDS
         work, n = self.search_work, self.ntotal
 

@@ -9,7 +9,7 @@ import numpy as np
 from vq._checks import check_positive
 from vq.index.core.lean import SMALL_BATCH
 from vq.index.core.searching import NO_IDS
-from vq.kernels.common.bundles import Graph
+from vq.kernels.common.bundles import Graph, plain
 from vq.kernels.common.constants import metric
 from vq.kernels.common.simd import NO_CLAIM
 from vq.kernels.common.threads import parallel_for
@@ -28,9 +28,8 @@ def hnsw_lean_search(index):
     ip, n = metric(index.metric == "ip"), index.ntotal
     ids = index.ids.numpy() if index.ids.shape[0] == n else NO_IDS
     data, nbr0, up_off, up_nbr, *codes = index._arrays()
-    # (plain tuples: see vq.kernels.common.bundles)
-    arrays = tuple(Graph(nbr0, up_off, up_nbr, int(index.entry_point[0]), index.max_level))
-    walk = tuple(graph.traversal(data, tuple(codes) or None))
+    arrays = plain(Graph(nbr0, up_off, up_nbr, int(index.entry_point[0]), index.max_level))
+    walk = plain(graph.traversal(data, tuple(codes) or None))
     pool = index._seen_pool
 
     def search(q: np.ndarray, k: int, ranked: bool, params: dict):

@@ -16,7 +16,7 @@ from vq._checks import check_positive
 from vq.index.core.lean import SMALL_BATCH
 from vq.index.core.mapped import read_lists
 from vq.index.core.searching import NO_IDS
-from vq.kernels.common.bundles import Coarse, Finish
+from vq.kernels.common.bundles import Coarse, Finish, plain
 from vq.kernels.common.constants import metric as kernel_metric
 from vq.kernels.common.select import unique_rows, unique_rows_range
 from vq.kernels.common.threads import parallel_for
@@ -49,7 +49,7 @@ def coarse_arrays(index, ip: bool) -> tuple:
     c = index.quantizer.codebook
     centroids_t = index.derived("centroids_t", (c,), lambda: c.float().T.contiguous().numpy())
     bound = _NO_BOUND if ip else index._coarse_bound()  # (L2: see probe_bounded)
-    return tuple(Coarse(centroids_t, norms, *bound))
+    return plain(Coarse(centroids_t, norms, *bound))
 
 
 def cost_model(index, coarse: tuple) -> tuple[float, float, Callable[[int], int]]:
@@ -91,7 +91,7 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
         ids = NO_IDS  # (the kernel's ids: rows, made unique below)
         row_ids = None if mapped else index.ids.numpy()
     ref_x, ref_ids, k_factor = refine or (None, None, None)  # (None: compiled without it)
-    finish = tuple(Finish(ids, ref_x, ref_ids))  # (plain tuples: vq.kernels.common.bundles)
+    finish = plain(Finish(ids, ref_x, ref_ids))
     nlist, serial_work = index.nlist, _cpu.SERIAL_WORK
     fixed, per_probe, coarse_products = cost_model(index, coarse)
     read_from_file = mapped_scan(index, coarse, ip) if mapped else None
@@ -156,7 +156,7 @@ def mapped_scan(index, coarse: tuple, ip: bool) -> Callable:
     c_sq = norms if not ip else (centroids_t * centroids_t).sum(0)
     rows = {name: getattr(index, name) for name in index.row_buffers}
     offsets, nlist = index.offsets.numpy(), index.nlist
-    finish = tuple(Finish(NO_IDS, None, None))  # (no re-ranking of mapped rows)
+    finish = plain(Finish(NO_IDS, None, None))  # (no re-ranking of mapped rows)
 
     def scan(q, nprobe: int, kc: int, width: int, repeats: bool, out_dist, found, ranked, split_up):
         lists = near_lists(q, centroids_t, c_sq, ip, nprobe)

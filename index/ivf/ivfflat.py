@@ -20,7 +20,7 @@ from vq.index.core.searching import shape_problem
 from vq.index.ivf.ivf_faiss import lists_from_faiss
 from vq.index.ivf.ivf_index import IVF_FACTORY, IVFIndex, IVFSearch, ivf_arguments
 from vq.index.ivf.sketches import sketch_ranges, sketch_rows
-from vq.kernels.common.bundles import FlatLists, RangeHits, TopK
+from vq.kernels.common.bundles import FlatLists, RangeHits, TopK, plain
 from vq.kernels.common.rowdist import MIN_SPLIT, head_dims
 from vq.kernels.exact.ivf_flat import NO_ROW_IDS, NO_SKETCH
 from vq.kernels.exact.sketch import FACTORS, sketch_width
@@ -176,7 +176,7 @@ class IVFFlat(IVFIndex):
     def _lean_kernel(self, store) -> tuple:
         x, offsets = store.vectors.contiguous().numpy(), store.offsets.numpy()
         lists = FlatLists(x, offsets, self.prunes(), self._row_ids(store), self._sketch(store))
-        return kernels.ivf_flat_lean, (tuple(lists),)
+        return kernels.ivf_flat_lean, (plain(lists),)
 
     def range_hits(self, q, radius: float, allowed=None, nprobe=None, max_codes=None) -> list:
         """The probed lists' hits, a block of queries (bounded probed rows) at a time."""

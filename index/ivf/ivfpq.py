@@ -44,6 +44,7 @@ from vq.kernels.common.bundles import (
     ScaledTopK,
     Tables,
     TopK,
+    plain,
 )
 from vq.kernels.fastscan import fastscan_scans as fastscan_kernels
 from vq.kernels.fastscan.fastscan_ivf import ivf_fastscan_lean, ivf_fastscan_lists
@@ -335,7 +336,7 @@ class IVFPQ(IVFIndex):
             codes, words = kernels.code_view(store.codes.contiguous().numpy(), self.pq.ksub)
             kernel = kernels.ivfpq_lean(self.pq.M, words, self.pq.dsub)
             lists = PQLists(codes, offsets)
-        args = (tuple(tables), tuple(lists))  # (plain tuples: see vq.kernels.common.bundles)
+        args = (plain(tables), plain(lists))
         list_tables, state = tables.list_tables, self._tables
         if not (list_tables.shape[0] and state.missing):
             return kernel, args

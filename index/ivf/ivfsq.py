@@ -31,7 +31,7 @@ from vq.index.flat.sq_index import (
 )
 from vq.index.ivf.ivf_faiss import lists_from_faiss
 from vq.index.ivf.ivf_index import IVF_FACTORY, IVFIndex, IVFSearch, ivf_arguments
-from vq.kernels.common.bundles import RangeHits, SQLists, TopK
+from vq.kernels.common.bundles import RangeHits, SQLists, TopK, plain
 from vq.kernels.exact.range_scans import sq_hits
 from vq.kernels.sq import sq_scans as sq_kernels
 from vq.quantizers.scalar_codes import decode_stored, stored_values
@@ -185,7 +185,7 @@ class IVFSQ(IVFIndex):
             offset,
             scale,
         )
-        return sq_kernels.sq_ivf_lean, (tuple(sq_lists), kind)  # (plain: see bundles)
+        return sq_kernels.sq_ivf_lean, (plain(sq_lists), kind)
 
 
 class IVFSQSearch(IVFSearch):

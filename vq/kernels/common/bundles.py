@@ -15,8 +15,8 @@ through a field (``hits.counts[q] = c``): for a tuple that is not an argument of
 Cost model of a call from Python: numba's dispatcher types a named tuple in about a
 microsecond (it reads the class's name and fields on every call), a plain tuple in a few tens
 of nanoseconds per field. So the kernels that answer one query at a time (the lean kernels)
-take the bundles that belong to an index as plain tuples (``tuple(bundle)``, made once per
-index) and name them again on their first line (``coarse = Coarse(*coarse)``: the same
+take the bundles that belong to an index as plain tuples (:func:`plain`, made once per index)
+and name them again on their first line (``coarse = Coarse(*coarse)``: the same
 types, so the kernels they call compile once for both paths); every other kernel takes named
 tuples.
 """
@@ -26,6 +26,14 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+
+from vq.kernels.jit.numba_compat import pretyped
+
+
+def plain(bundle: tuple) -> tuple:
+    """``bundle`` as a lean kernel takes it: a plain tuple of its fields (one numba types
+    without Python: :func:`vq.kernels.jit.numba_compat.pretyped`)."""
+    return pretyped(tuple(bundle))
 
 
 class TopK(NamedTuple):

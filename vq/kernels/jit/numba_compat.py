@@ -35,12 +35,14 @@ from collections.abc import Callable
 from typing import Any
 
 import numba
+from numba._dispatcher import compute_fingerprint
 from numba.core import config as numba_config
 from numba.core import event, types
 from numba.core.caching import FunctionCache, IndexDataCacheFile
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.registry import CPUDispatcher
 from numba.core.runtime import rtsys
+from numba.extending import typeof_impl
 
 from vq.kernels.jit.locks import locked
 
@@ -153,6 +155,33 @@ def writable(tp: types.Type) -> types.Type:
                 return types.BaseTuple.from_types(inner, tp.instance_class)
             return types.Tuple(inner)  # (a UniTuple again where they are all the same)
     return tp
+
+
+class _Typed(tuple):
+    """A tuple that carries its numba type (``_numba_type_``): what :func:`pretyped` gives."""
+
+
+@typeof_impl.register(_Typed)
+def _typeof_typed(val, c):  # (numba's typing in Python: a compile, or a plain dispatcher)
+    return val._numba_type_
+
+
+def pretyped(value: tuple) -> tuple:
+    """``value`` (a plain tuple), or where numba's dispatcher could not type it without Python
+    (it holds a value with a type of its own, such as a
+    :class:`~vq.kernels.common.constants.Static`: then numba types the whole tuple in Python
+    on every call, tens of µs), the same tuple carrying its numba type, which the dispatcher
+    reads in C. For a tuple made once and passed on many calls (a lean kernel's bundles)."""
+    if not SUPPORTED:
+        return value
+    try:
+        compute_fingerprint(value)
+        return value  # (typed in C)
+    except Exception:
+        pass
+    typed = _Typed(value)
+    typed._numba_type_ = writable(numba.typeof(tuple(value)))
+    return typed
 
 
 def argtypes(dispatcher: Dispatcher, args: tuple) -> tuple | None:
