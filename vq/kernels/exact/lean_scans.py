@@ -213,7 +213,8 @@ def ivf_flat_lean(queries, coarse, lists, finish, inner_product, nprobe, k_candi
     :class:`~vq.kernels.common.bundles.Coarse`, :class:`~vq.kernels.common.bundles.FlatLists`,
     :class:`~vq.kernels.common.bundles.Finish` and (out_dist, out_ids), as plain tuples
     (:mod:`vq.kernels.common.bundles`); ``ranked`` is not read (results are always ranked)."""
-    coarse, lists, finish = Coarse(*coarse), FlatLists(*lists), Finish(*finish)
+    coarse, lists = borrow(Coarse(*coarse)), borrow(FlatLists(*lists))
+    finish = borrow(Finish(*finish))  # (borrowed: no reference counts in the calls below)
     out_dist, out_ids = out
     if not all_finite(queries):
         return False

@@ -279,8 +279,8 @@ def lean_search(
     re-ranking of a wrapping ``Refine``), in one call (the lean path: see
     :func:`vq.kernels.fastscan.fastscan_ivf.ivf_fastscan_lean`); False (and nothing done) if a
     query holds a NaN or an infinity."""
-    coarse, tables = Coarse(*coarse), Tables(*tables)
-    lists, finish = PackedLists(*lists), Finish(*finish)
+    coarse, tables = borrow(Coarse(*coarse)), borrow(Tables(*tables))
+    lists, finish = borrow(PackedLists(*lists)), borrow(Finish(*finish))
     out_dist, out_ids = out
     if not all_finite(queries):
         return False

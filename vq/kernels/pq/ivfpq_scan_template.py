@@ -186,12 +186,8 @@ def lean_search(
     re-ranking of a wrapping ``Refine``), in one call (the lean path: see
     :func:`vq.kernels.pq.adc.ivfpq_lean`); results always ranked. False (and nothing done) if a
     query holds a NaN or an infinity."""
-    coarse, tables, lists, finish = (
-        Coarse(*coarse),
-        Tables(*tables),
-        PQLists(*lists),
-        Finish(*finish),
-    )
+    coarse, tables = borrow(Coarse(*coarse)), borrow(Tables(*tables))
+    lists, finish = borrow(PQLists(*lists)), borrow(Finish(*finish))
     out_dist, out_ids = out
     if not all_finite(queries):
         return False

@@ -300,7 +300,7 @@ def sq_flat_lean(queries, codes, kind, ids, inner_product, out):
     padding; k may exceed the rows). ``codes``: an :class:`~vq.kernels.common.bundles.SQCodes`
     as a plain tuple (:mod:`vq.kernels.common.bundles`). Returns False (and does nothing) if
     a query holds a NaN or an infinity."""
-    codes = SQCodes(*codes)
+    codes = borrow(SQCodes(*codes))
     out_dist, out_ids = out
     if not all_finite(queries):
         return False
@@ -375,7 +375,8 @@ def sq_ivf_lean(
     whose arguments it shares, with an :class:`~vq.kernels.common.bundles.SQLists` and its
     ``kind`` in place of the vectors). Returns False (and does nothing) if a query holds a
     NaN or an infinity."""
-    coarse, lists, finish = Coarse(*coarse), SQLists(*lists), Finish(*finish)
+    coarse, lists = borrow(Coarse(*coarse)), borrow(SQLists(*lists))
+    finish = borrow(Finish(*finish))
     out_dist, out_ids = out
     if not all_finite(queries):
         return False
