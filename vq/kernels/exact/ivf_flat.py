@@ -144,6 +144,13 @@ def _sketched_queries(q0, q1, queries, lists, sketch, probes, allowed, inner_pro
 
 
 @njit(inline="always")
+def _four_row_scan(allowed, row_ids, heap_d, end):
+    """What a scan of rows four at a time starts from: whether it is filtered, whether its
+    lists are spilled, the heap's threshold, and the list's last row."""
+    return allowed.shape[0] > 0, row_ids.shape[0] > 0, heap_d[0], end - 1
+
+
+@njit(inline="always")
 def _four_rows(i, last):
     """Rows i .. i + 3, the last row repeated past ``last`` (four-row steps over a list)."""
     return i, min(i + 1, last), min(i + 2, last), min(i + 3, last)
@@ -180,10 +187,7 @@ def _scan_rows(x, vectors, start, end, allowed, inner_product, row_ids, heap_d, 
 def _scan_heads(x, vectors, start, end, allowed, row_ids, heap_d, heap_i):
     """:func:`_scan_rows` (L2) with the heads of four rows first, a row's tail only where its
     head is below the heap's threshold (the last row repeated to fill the last four)."""
-    filtered = allowed.shape[0] > 0
-    spilled = row_ids.shape[0] > 0
-    threshold = heap_d[0]
-    last = end - 1
+    filtered, spilled, threshold, last = _four_row_scan(allowed, row_ids, heap_d, end)
     for i in range(start, end, 4):
         h0, h1, h2, h3 = l2_heads4(x, vectors, *_four_rows(i, last))
         if min(min(h0, h1), min(h2, h3)) >= threshold:
@@ -207,10 +211,7 @@ def _scan_sketched(x, vectors, start, end, allowed, inner_product, row_ids, boun
     :func:`vq.kernels.exact.sketch.sketch_lower`; ``heap`` = (distances, rows))."""
     query_codes, codes, factors, prepared, rho, margin = bound
     heap_d, heap_i = heap
-    filtered = allowed.shape[0] > 0
-    spilled = row_ids.shape[0] > 0
-    threshold = heap_d[0]
-    last = end - 1
+    filtered, spilled, threshold, last = _four_row_scan(allowed, row_ids, heap_d, end)
     for i in range(start, end, 4):
         p0, p1, p2, p3 = sketch_dots4(query_codes, codes, *_four_rows(i, last))
         for r in range(min(4, end - i)):
