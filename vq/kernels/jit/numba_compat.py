@@ -2,19 +2,13 @@
 
 The kernels use numba's public API: ``numba.njit``, ``numba.types``, ``numba.config``,
 ``numba.extending`` and the low-level helpers numba's extension guide teaches
-(``numba.core.cgutils``, ``numba.core.errors``, ``numba.core.imputils``,
-``numba.core.datamodel``). What vq needs beyond that is here, and nowhere else:
-
-- :class:`Kernel`, the dispatcher of every kernel (a subclass of numba's ``CPUDispatcher``,
-  swapped in by :func:`njit`): its first call in a process loads a cached compilation without
-  starting numba's compiler (:func:`load_cached`: the dispatcher's cache object and its
-  private loader), and it types read-only arrays as writable (:func:`writable`);
-- the cache objects of a kernel: :class:`SafeFunctionCache` (an unreadable entry is a miss)
-  and :class:`SharedCacheFile` (entries named by a hash of their key, the index rewritten under
-  a lock), swapped onto numba's own;
-- the IR inliner's block copy (:func:`install_inliner`, once per process before numba's
-  compiler first runs);
-- the compile events that count compilations (:func:`on_compile`).
+(``numba.core.cgutils``, ``errors``, ``imputils``, ``datamodel``). What vq needs beyond that is
+here, and nowhere else: :class:`Kernel`, the dispatcher of every kernel (its first call loads a
+cached compilation without numba's compiler, :func:`load_cached`; it types read-only arrays as
+writable, :func:`writable`), the cache objects swapped onto numba's own
+(:class:`SafeFunctionCache`, :class:`SharedCacheFile`), the IR inliner's block copy
+(:func:`install_inliner`), the compile events (:func:`on_compile`) and the dispatcher's
+fingerprints (:func:`pretyped`).
 
 All of it was written and tested against the numba releases of :data:`NUMBA_RANGE`, the
 range ``pyproject.toml`` pins. Under a numba outside it none of it is used: :func:`njit` is
@@ -167,11 +161,9 @@ def _typeof_typed(val, c):  # (numba's typing in Python: a compile, or a plain d
 
 
 def pretyped(value: tuple) -> tuple:
-    """``value`` (a plain tuple), or where numba's dispatcher could not type it without Python
-    (it holds a value with a type of its own, such as a
-    :class:`~vq.kernels.common.constants.Static`: then numba types the whole tuple in Python
-    on every call, tens of µs), the same tuple carrying its numba type, which the dispatcher
-    reads in C. For a tuple made once and passed on many calls (a lean kernel's bundles)."""
+    """``value`` (a plain tuple); where the dispatcher would type it in Python on every call
+    (it holds a :class:`~vq.kernels.common.constants.Static`, say), the same tuple carrying its
+    numba type, read in C. For a tuple made once and passed on many calls."""
     if not SUPPORTED:
         return value
     try:
@@ -331,19 +323,13 @@ def on_compile(callback: Callable[[Any], None]) -> None:
 
 
 # -- the inliner ------------------------------------------------------------------------------
-# To inline a call, numba deep-copies the callee's IR block by block, each block with a fresh
-# memo (``InlineWorker.inline_ir``, twice per call site: the copy it edits and an untouched one
-# it returns). Every block refers to the function's one scope, and the scope holds every
-# variable of the function, so each block's copy copies all of them again: a copy costs
-# blocks x variables, not the size of the IR (numba issue #8989); for kernels that inline
-# their heaps, distances and graph steps that copying was about half of numba's compile.
-# install_inliner makes the blocks of one IR that share a scope share one memo for the length
-# of an ``inline_ir`` call, so the scope and its variables are copied once and the copies keep
-# the original's structure (one scope for all blocks, as copy.deepcopy of the whole IR gives).
-# Only the ``copy`` name inside numba.core.inline_closurecall (used there for this one copy)
-# and InlineWorker.inline_ir (wrapped to open and close the memos) change; the IR, and so the
-# compiled code, is the same statement for statement. Not installed with
-# VQ_NUMBA_INLINE_COPY=numba, nor where numba's inliner is laid out otherwise.
+# numba inlines a call by deep-copying the callee's IR block by block, each block with a fresh
+# memo (InlineWorker.inline_ir); every block refers to the function's one scope, which holds all
+# its variables, so a copy costs blocks x variables (numba issue #8989). install_inliner gives
+# the blocks of one scope one memo for an inline_ir call: the scope is copied once, and the IR
+# (so the compiled code) is the same. Only the ``copy`` name inside inline_closurecall and
+# InlineWorker.inline_ir change; not with VQ_NUMBA_INLINE_COPY=numba, nor where numba's inliner
+# is laid out otherwise.
 _inliner_lock = threading.Lock()
 _inliner_state = threading.local()
 _inliner: bool | None = None
