@@ -281,8 +281,7 @@ def probes_for_filter(index, q, k, coarse, lists, allowed, max_codes, torch_rank
         max_codes = check_positive(max_codes, "max_codes")
     mask, offsets = allowed.row_mask(index), index.offsets
     key = (offsets.data_ptr(), offsets._version, tuple(offsets.shape))
-    counts = derived(mask, "per_list", key,
-                     lambda: allowed_per_list(mask, offsets.cpu().numpy()))  # fmt: skip
+    counts = derived(mask, "per_list", key, lambda: allowed_per_list(mask, offsets.cpu().numpy()))
 
     def rank_all(rows):
         if not torch_ranking:

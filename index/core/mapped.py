@@ -135,8 +135,14 @@ class LocalLists:
     the index's own offsets, ``runs`` (int64 [r, 2]) the stored rows read, as (first, count)
     ranges in order; ``lists`` (int64, ascending) the lists read."""
 
-    def __init__(self, buffers: dict, offsets: np.ndarray, stored: np.ndarray, runs: np.ndarray,
-                 lists: np.ndarray):  # fmt: skip
+    def __init__(
+        self,
+        buffers: dict,
+        offsets: np.ndarray,
+        stored: np.ndarray,
+        runs: np.ndarray,
+        lists: np.ndarray,
+    ):
         self.buffers, self.stored, self.runs, self.lists = buffers, stored, runs, lists
         self.offsets = torch.from_numpy(offsets)
 

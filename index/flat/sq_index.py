@@ -78,8 +78,9 @@ def sq_quantizer(dim: int, bits, margin) -> ScalarQuantizer:
         raise TypeError(
             f"bits must be one of 8, 6, 4, 'fp16', 'bf16'; got {bits!r} ({type(bits).__name__})"
         )
-    return ScalarQuantizer(dim, bits if isinstance(bits, str) else int(bits),
-                           margin=check_real(margin, "margin"))  # fmt: skip
+    return ScalarQuantizer(
+        dim, bits if isinstance(bits, str) else int(bits), margin=check_real(margin, "margin")
+    )
 
 
 def codes_problem(codes: torch.Tensor, n: int, sq: ScalarQuantizer) -> str | None:

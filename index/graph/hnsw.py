@@ -1,8 +1,6 @@
 """A graph index: Hierarchical Navigable Small World graphs over the full vectors (faiss
-``IndexHNSWFlat``, hnswlib).
-
-Reference: Yu. A. Malkov, D. A. Yashunin, "Efficient and robust approximate nearest neighbor
-search using Hierarchical Navigable Small World graphs", IEEE TPAMI 2018.
+``IndexHNSWFlat``, hnswlib; Yu. A. Malkov, D. A. Yashunin, "Efficient and robust approximate
+nearest neighbor search using Hierarchical Navigable Small World graphs", IEEE TPAMI 2018).
 
 Each node has a random top level (faiss's distribution, 1 / ln M); level 0 links each node to
 at most 2M others, the upper levels to M. A search descends greedily from the entry point
@@ -39,7 +37,7 @@ import torch
 
 from vq._checks import check_int, check_positive, check_seed
 from vq.index.core.base import Index
-from vq.index.core.faiss_build import faiss_metric, import_faiss, with_id_map
+from vq.index.core.faiss_build import import_faiss
 from vq.index.core.filters import IdFilter
 from vq.index.core.ranges import by_query
 from vq.index.core.registry import register
@@ -49,7 +47,7 @@ from vq.index.graph.hnsw_graph import (
     filtered_rows,
     graph_from_faiss,
     graph_problem,
-    hnsw_to_faiss,
+    hnsw_flat_to_faiss,
     insertion_codes,
 )
 from vq.index.graph.hnsw_lean import hnsw_lean_search
@@ -252,17 +250,23 @@ class HNSW(Index):
         if problem:
             return problem
         return graph_problem(
-            self.neighbors, self.levels, self.upper_offsets, self.upper_neighbors,
-            int(self.entry_point[0]), M,
-        )  # fmt: skip
+            self.neighbors,
+            self.levels,
+            self.upper_offsets,
+            self.upper_neighbors,
+            int(self.entry_point[0]),
+            M,
+        )
 
     def _storage_problem(self) -> str | None:
         """``consistency_problem`` for what the search reads of the nodes."""
         n = self.ntotal
         checks = [("vectors", self.vectors, (n, self.dim))]
         if self.traversal == "int8":
-            checks += [("codes", self.codes, (n, self.dim)), ("code_factors", self.code_factors,
-                                                                (n, 2))]  # fmt: skip
+            checks += [
+                ("codes", self.codes, (n, self.dim)),
+                ("code_factors", self.code_factors, (n, 2)),
+            ]
         problems = (shape_problem(name, t, shape) for name, t, shape in checks)
         return next((p for p in problems if p), None)
 
@@ -315,8 +319,9 @@ class HNSW(Index):
         searcher.efSearch = self.efSearch
         return searcher
 
-    def search_rows(self, q: torch.Tensor, k: int, efSearch: int | None = None,
-                     allowed: IdFilter | None = None):  # fmt: skip
+    def search_rows(
+        self, q: torch.Tensor, k: int, efSearch: int | None = None, allowed: IdFilter | None = None
+    ):
         """The k nearest rows; under a filter (``allowed``), the graph walks every node and
         only allowed ones are returned (faiss's HNSW with an ``IDSelector``), and where
         few rows are allowed, or the walk met fewer than k of them, those rows are scanned
@@ -335,8 +340,9 @@ class HNSW(Index):
         efSearch (default max(self.efSearch, :data:`RANGE_EF`)) that lie within the radius;
         a vector the beam does not reach is missed, and a query has at most efSearch hits
         (raise efSearch for a wide radius)."""
-        ef = check_positive(max(self.efSearch, RANGE_EF) if efSearch is None else efSearch,
-                            "efSearch")  # fmt: skip
+        ef = check_positive(
+            max(self.efSearch, RANGE_EF) if efSearch is None else efSearch, "efSearch"
+        )
         k, ip, parts = min(ef, self.ntotal), self.metric == "ip", []
         slots = get_num_threads()
         for s in range(0, q.shape[0], self.search_batch_size):
@@ -365,12 +371,7 @@ class HNSW(Index):
     def faiss_counterpart(self):
         """faiss ``IndexHNSWFlat`` with the same graph, vectors, entry point and efSearch (in
         an ``IndexIDMap`` unless the ids are 0 … ntotal - 1): it returns the same ids."""
-        faiss = import_faiss()
-        out = faiss.IndexHNSWFlat(self.dim, self.M, faiss_metric(self.metric))
-        hnsw_to_faiss(self, faiss, out.hnsw)
-        out.storage.add(self.vectors.float().cpu().numpy())
-        out.ntotal = self.ntotal
-        return with_id_map(out, self.stored_ids())
+        return hnsw_flat_to_faiss(self)
 
     @classmethod
     def from_faiss(cls, f, metric: str) -> HNSW:

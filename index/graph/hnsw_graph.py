@@ -10,6 +10,7 @@ import threading
 import numpy as np
 import torch
 
+from vq.index.core.faiss_build import faiss_metric, import_faiss, with_id_map
 from vq.index.core.searching import shape_problem
 from vq.kernels.common.bundles import TopK
 from vq.kernels.graph import graph_search as graph
@@ -205,3 +206,14 @@ def hnsw_to_faiss(index, faiss, h) -> None:
     levels = index.levels.cpu().numpy()
     nbr0, up_nbr = index.neighbors.cpu().numpy(), index.upper_neighbors.cpu().numpy()
     graph_to_faiss(faiss, h, levels, nbr0, up_nbr, int(index.entry_point[0]), index.max_level)
+
+
+def hnsw_flat_to_faiss(index):
+    """faiss ``IndexHNSWFlat`` holding ``index``'s graph, vectors, entry point and efSearch
+    (in an ``IndexIDMap`` unless its ids are 0 … ntotal - 1)."""
+    faiss = import_faiss()
+    out = faiss.IndexHNSWFlat(index.dim, index.M, faiss_metric(index.metric))
+    hnsw_to_faiss(index, faiss, out.hnsw)
+    out.storage.add(index.vectors.float().cpu().numpy())
+    out.ntotal = index.ntotal
+    return with_id_map(out, index.stored_ids())

@@ -50,11 +50,9 @@ class HNSWSearch(Searcher):
     #: a Refine around it) has no exact fallback, which the index's own filtered search has
     filter_export = False
 
-    def __init__(self, index, k=None, efSearch=None, steps=None, width=1, upper_steps=4,
-                 copy=True):  # fmt: skip
+    def __init__(self, index, k=None, efSearch=None, steps=None, width=1, upper_steps=4, copy=True):
         super().__init__(index, k, copy)
-        self.efSearch = check_positive(index.efSearch if efSearch is None else efSearch,
-                                       "efSearch")  # fmt: skip
+        self.efSearch = check_positive(index.efSearch if efSearch is None else efSearch, "efSearch")
         self.width = check_positive(width, "width")
         self.fixed_steps = None if steps is None else check_positive(steps, "steps")
         self.beam = self.beam_for(self.k)
@@ -134,13 +132,23 @@ class HNSWSearch(Searcher):
         ``stop``: see :meth:`expand`); also the candidates it scored."""
         cand, cand_dist, done = self.expand(queries, ids, dist, done, stopped, stop)
         all_done = torch.cat([done, torch.zeros_like(cand, dtype=done.dtype)], dim=1)
-        ids, dist, done = merge_distinct(torch.cat([ids, cand], dim=1),
-                                         torch.cat([dist, cand_dist], dim=1), ids.shape[1],
-                                         ids.shape[1], all_done)  # fmt: skip
+        ids, dist, done = merge_distinct(
+            torch.cat([ids, cand], dim=1),
+            torch.cat([dist, cand_dist], dim=1),
+            ids.shape[1],
+            ids.shape[1],
+            all_done,
+        )
         return ids, dist, done, cand, cand_dist
 
-    def search(self, queries: torch.Tensor, k: int, steps: int | None = None,
-               efSearch: int | None = None, allowed: torch.Tensor | None = None):  # fmt: skip
+    def search(
+        self,
+        queries: torch.Tensor,
+        k: int,
+        steps: int | None = None,
+        efSearch: int | None = None,
+        allowed: torch.Tensor | None = None,
+    ):
         """Distances float32 [B, k] and ids int64 [B, k] of queries float32 [B, dim]: the k
         nearest nodes of the beam (a beam of :meth:`beam_for` ``(k, efSearch)`` nodes,
         :meth:`steps_for` expansion steps unless ``steps``; where efSearch < k, faiss's stop).
@@ -163,9 +171,12 @@ class HNSWSearch(Searcher):
             ids, dist, done, cand, cand_dist = self.step(queries, ids, dist, done, stopped, stop)
             if allowed is not None:
                 cand_dist = self.allowed_only(cand, cand_dist, bias)[1]
-                found = merge_distinct(torch.cat([found[0], cand], dim=1),
-                                       torch.cat([found[1], cand_dist], dim=1), k,
-                                       found[0].shape[1])  # fmt: skip
+                found = merge_distinct(
+                    torch.cat([found[0], cand], dim=1),
+                    torch.cat([found[1], cand_dist], dim=1),
+                    k,
+                    found[0].shape[1],
+                )
         rows, val = (ids, dist) if allowed is None else found
         kk = min(k, val.shape[1])
         val, rows = val[:, :kk], rows[:, :kk]
@@ -192,8 +203,9 @@ def merge_distinct(ids, dist, size: int, first: int, *extra):
     key = ids * 2 + (torch.arange(ids.shape[1], device=ids.device) >= first)
     order = torch.sort(key, dim=1).indices
     s_ids = ids.gather(1, order)
-    dup = torch.cat([torch.zeros_like(s_ids[:, :1], dtype=torch.bool),
-                     s_ids[:, 1:] == s_ids[:, :-1]], dim=1)  # fmt: skip
+    dup = torch.cat(
+        [torch.zeros_like(s_ids[:, :1], dtype=torch.bool), s_ids[:, 1:] == s_ids[:, :-1]], dim=1
+    )
     s_dist = torch.where(dup | (s_ids < 0), INF, dist.gather(1, order))
     val, keep = torch.topk(s_dist, size, dim=1, largest=False)
     new_ids = torch.where(torch.isinf(val), -1, s_ids.gather(1, keep))

@@ -181,8 +181,9 @@ def hnswsq_from_faiss(f, metric: str) -> HNSWSQ:
     sq = sq_from_faiss(storage.sq)
     M, nbr0, levels, up_off, up_nbr, entry = graph_from_faiss(faiss, f)
     h = f.hnsw
-    out = HNSWSQ(f.d, M, sq.bits, metric, efConstruction=int(h.efConstruction),
-                 efSearch=int(h.efSearch))  # fmt: skip
+    out = HNSWSQ(
+        f.d, M, sq.bits, metric, efConstruction=int(h.efConstruction), efSearch=int(h.efSearch)
+    )
     out.sq = sq
     codes = faiss.vector_to_array(storage.codes).reshape(f.ntotal, sq.code_size)
     out.codes = torch.from_numpy(codes.copy())

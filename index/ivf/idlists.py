@@ -26,9 +26,14 @@ def _state(ids: torch.Tensor, offsets: torch.Tensor) -> tuple:
     """What identifies the stored ids and lists (the tensors by weak reference: the map must
     not keep a replaced buffer alive)."""
     return (
-        weakref.ref(ids), ids._version, ids.data_ptr(), tuple(ids.shape),
-        weakref.ref(offsets), offsets._version, offsets.data_ptr(),
-    )  # fmt: skip
+        weakref.ref(ids),
+        ids._version,
+        ids.data_ptr(),
+        tuple(ids.shape),
+        weakref.ref(offsets),
+        offsets._version,
+        offsets.data_ptr(),
+    )
 
 
 def _same(a: tuple | None, b: tuple) -> bool:

@@ -69,8 +69,12 @@ class IVFStorage:
         """int64 [n, 2]: each vector's list (``_assign``'s) and its SOAR spill list; for L2
         lists routed by a linear scan, on the CPU, both from one product per chunk of rows."""
         c = self.quantizer.codebook.float()
-        if (self.metric == "l2" and not self.coarse_hnsw and x.dtype == torch.float32
-                and _cpu.fast_path(x)):  # fmt: skip
+        if (
+            self.metric == "l2"
+            and not self.coarse_hnsw
+            and x.dtype == torch.float32
+            and _cpu.fast_path(x)
+        ):
             return torch.stack(nearest_and_spill(x, c, self.soar_lambda), dim=1)
         first = self._assign(x)
         return torch.stack([first, spill_lists(x, c, first, self.soar_lambda)], dim=1)
@@ -236,8 +240,9 @@ class IVFStorage:
             e = min(q.shape[0], s + step)
             local = read_lists(buffers, offsets, probes[s:e])
             part = local.take(mask) if mask.shape[0] else mask
-            self._scan_numba(q[s:e], coarse[s:e], lists[s:e], dist[s:e], rows[s:e], ranked,
-                             part, local)  # fmt: skip
+            self._scan_numba(
+                q[s:e], coarse[s:e], lists[s:e], dist[s:e], rows[s:e], ranked, part, local
+            )
             got = rows[s:e].numpy()
             got[...] = local.stored_rows(got)
         return True

@@ -100,8 +100,9 @@ class IVFProbing:
         limit = None
         if mask is not None:  # how many lists each query needs: then the widest, cut per query
             coarse, lists = self.torch_searcher().probe(q, nprobe)
-            _, lists, need = probes_for_filter(self, q, min(k, self.ntotal), coarse, lists,
-                                              allowed, max_codes, torch_ranking=True)  # fmt: skip
+            _, lists, need = probes_for_filter(
+                self, q, min(k, self.ntotal), coarse, lists, allowed, max_codes, torch_ranking=True
+            )
             nprobe, limit = lists.shape[1], torch.from_numpy(need).to(q.device)
         if probed is not None:
             probed.copy_(torch.full_like(probed, nprobe) if limit is None else limit.cpu())

@@ -103,9 +103,18 @@ class IVFPQ(IVFIndex):
         **pq_options,
     ):
         super().__init__(
-            dim, nlist, metric, k, nprobe, coarse_niter=coarse_niter, seed=seed, verbose=verbose,
-            spill=spill, soar_lambda=soar_lambda, coarse_hnsw=coarse_hnsw,
-        )  # fmt: skip
+            dim,
+            nlist,
+            metric,
+            k,
+            nprobe,
+            coarse_niter=coarse_niter,
+            seed=seed,
+            verbose=verbose,
+            spill=spill,
+            soar_lambda=soar_lambda,
+            coarse_hnsw=coarse_hnsw,
+        )
         self.pq = pq_quantizer(dim, M, nbits, seed=seed, **pq_options)
         self.fast_scan = check_fast_scan(fast_scan, M, nbits)
         self._packed = PackedCodes()
@@ -156,8 +165,17 @@ class IVFPQ(IVFIndex):
         fast_scan = isinstance(f, import_faiss().IndexIVFPQFastScan)
         lists = lists_from_faiss(f, metric, fast_scan)
         fs = fast_scan and fast_scan_M(f.pq) > 0
-        out = cls(f.d, f.nlist, f.pq.M, f.pq.nbits, f.by_residual, metric, nprobe=f.nprobe,
-                  fast_scan=fs, **lists.routed)  # fmt: skip
+        out = cls(
+            f.d,
+            f.nlist,
+            f.pq.M,
+            f.pq.nbits,
+            f.by_residual,
+            metric,
+            nprobe=f.nprobe,
+            fast_scan=fs,
+            **lists.routed,
+        )
         out.pq = pq_from_faiss(f.pq)
         if fast_scan:
             out.codes = torch.from_numpy(np.concatenate(lists.codes)[:, : f.pq.M])
@@ -357,8 +375,9 @@ def _from_description(match, dim: int, metric: str) -> IVFPQ:
     args, fs = ivf_arguments(match), match["fs"]
     M, nbits = int(match["M"]), int(match["nbits"] or 8)
     residual = fs != "fs"  # IndexIVFPQFastScan encodes residuals only with "x4fsr"
-    return IVFPQ(dim, args.pop("nlist"), M, nbits, residual, metric=metric, fast_scan=bool(fs),
-                 **args)  # fmt: skip
+    return IVFPQ(
+        dim, args.pop("nlist"), M, nbits, residual, metric=metric, fast_scan=bool(fs), **args
+    )
 
 
 register(

@@ -76,9 +76,18 @@ class IVFSQ(IVFIndex):
         coarse_hnsw: int = 0,
     ):
         super().__init__(
-            dim, nlist, metric, k, nprobe, coarse_niter=coarse_niter, seed=seed, verbose=verbose,
-            spill=spill, soar_lambda=soar_lambda, coarse_hnsw=coarse_hnsw,
-        )  # fmt: skip
+            dim,
+            nlist,
+            metric,
+            k,
+            nprobe,
+            coarse_niter=coarse_niter,
+            seed=seed,
+            verbose=verbose,
+            spill=spill,
+            soar_lambda=soar_lambda,
+            coarse_hnsw=coarse_hnsw,
+        )
         self.by_residual = check_flag(by_residual, "by_residual")
         self.sq = sq_quantizer(dim, bits, margin)
         self.register_buffer("codes", torch.zeros(0, self.sq.code_size, dtype=torch.uint8))

@@ -259,8 +259,9 @@ class Refine(Wrapper):
             else:  # a batch the wrapped search split: the re-ranking split by query as well
 
                 def body(q0: int, q1: int) -> None:
-                    kernels.refine_lean(q[q0:q1], x, found[1][q0:q1], ids, ip, out_dist[q0:q1],
-                                        out_ids[q0:q1])  # fmt: skip
+                    kernels.refine_lean(
+                        q[q0:q1], x, found[1][q0:q1], ids, ip, out_dist[q0:q1], out_ids[q0:q1]
+                    )
 
                 parallel_for(body, nq, grain=SMALL_BATCH)
             return out_dist, out_ids

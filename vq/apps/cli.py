@@ -38,21 +38,31 @@ class Command:
 
 #: every command, in the order ``vq --help`` lists them
 COMMANDS: dict[str, Command] = {
-    "build": Command("train an index on a vector file, add the vectors, save it",
-                     "vq.apps.build_search:build"),
-    "search": Command("search a saved index: QPS, and recall against exact neighbours",
-                      "vq.apps.build_search:search"),
-    "export": Command("export a saved index's search to ONNX (static shapes), or audit models",
-                      "vq.apps.export:run"),
-    "nsynth": Command("the main job: vq against faiss on NSynth audio embeddings",
-                      "vq.apps.nsynth:run"),
-    "validate": Command("quantizer and index checks against faiss on generated vectors",
-                        "vq.apps.validate:run"),
-    "warmup": Command("compile the kernels of common index kinds (or saved indexes) ahead of time",
-                      "vq.apps.warmup:run"),
-    "bench": Command("run the benchmarks against faiss (from a source checkout)",
-                     "vq.apps.cli:bench"),
-}  # fmt: skip
+    "build": Command(
+        "train an index on a vector file, add the vectors, save it", "vq.apps.build_search:build"
+    ),
+    "search": Command(
+        "search a saved index: QPS, and recall against exact neighbours",
+        "vq.apps.build_search:search",
+    ),
+    "export": Command(
+        "export a saved index's search to ONNX (static shapes), or audit models",
+        "vq.apps.export:run",
+    ),
+    "nsynth": Command(
+        "the main job: vq against faiss on NSynth audio embeddings", "vq.apps.nsynth:run"
+    ),
+    "validate": Command(
+        "quantizer and index checks against faiss on generated vectors", "vq.apps.validate:run"
+    ),
+    "warmup": Command(
+        "compile the kernels of common index kinds (or saved indexes) ahead of time",
+        "vq.apps.warmup:run",
+    ),
+    "bench": Command(
+        "run the benchmarks against faiss (from a source checkout)", "vq.apps.cli:bench"
+    ),
+}
 
 _EPILOG = f"""\
 files:

@@ -142,9 +142,11 @@ def _lloyd_fused(
         changed = int(np.count_nonzero(assign != previous))
         assign, previous = previous, assign
         sums_t, counts_t, total, changed_t = shards.all_sum(
-            torch.from_numpy(sums.sum(axis=0)), torch.from_numpy(counts.sum(axis=0)),
-            torch.tensor(errors.sum(), dtype=torch.float64), torch.tensor(changed),
-        )  # fmt: skip
+            torch.from_numpy(sums.sum(axis=0)),
+            torch.from_numpy(counts.sum(axis=0)),
+            torch.tensor(errors.sum(), dtype=torch.float64),
+            torch.tensor(changed),
+        )
         new = update_centroids(centroids, sums_t, counts_t, gen)
         after(new, float(total))
         if int(changed_t) == 0 and bool((counts_t > 0).all()):

@@ -41,8 +41,14 @@ class PCA(nn.Module):
         trained: bool scalar.
     """
 
-    def __init__(self, dim: int, dim_out: int | None = None, *, seed: int = 1234,
-                 max_train_points: int = 65536):  # fmt: skip
+    def __init__(
+        self,
+        dim: int,
+        dim_out: int | None = None,
+        *,
+        seed: int = 1234,
+        max_train_points: int = 65536,
+    ):
         super().__init__()
         dim_out = dim if dim_out is None else dim_out
         if dim <= 0:
@@ -70,8 +76,9 @@ class PCA(nn.Module):
         tensor; under torch.distributed this process's rows, the sample gathered)."""
         x = torch.as_tensor(x)
         if x.ndim != 2 or x.shape[1] != self.dim:
-            raise ValueError(f"PCA.fit: expected vectors of shape [n, {self.dim}], got "
-                             f"{tuple(x.shape)}")  # fmt: skip
+            raise ValueError(
+                f"PCA.fit: expected vectors of shape [n, {self.dim}], got {tuple(x.shape)}"
+            )
         data = Shards.of(x)
         if data.n < 2:
             raise ValueError(f"PCA.fit: needs at least 2 training vectors, got {data.n}")
@@ -105,8 +112,13 @@ class PCA(nn.Module):
 
     def config(self) -> dict:
         """The constructor arguments (what an index's ``config`` records)."""
-        return {"kind": "pca", "dim": self.dim, "dim_out": self.dim_out, "seed": self.seed,
-                "max_train_points": self.max_train_points}  # fmt: skip
+        return {
+            "kind": "pca",
+            "dim": self.dim,
+            "dim_out": self.dim_out,
+            "seed": self.seed,
+            "max_train_points": self.max_train_points,
+        }
 
     def to_faiss(self):
         """An equivalent trained ``faiss.PCAMatrix`` (eigen power 0, no random rotation)."""

@@ -126,8 +126,9 @@ def _fp16_bits(bits: torch.Tensor) -> torch.Tensor:
     truncated = (magnitude & 0x7FFFF000).to(torch.int32).view(torch.float32)
     ceiling = (31 << 23) - 0x1000  # the largest finite half, as float32 bits after the product
     scaled = torch.minimum(truncated * 2.0**-112, _float_of_bits(ceiling, truncated))
-    regular = torch.div((scaled.view(torch.int32).long() & 0xFFFFFFFF) + 0x1000, 1 << 13,
-                        rounding_mode="trunc")  # fmt: skip
+    regular = torch.div(
+        (scaled.view(torch.int32).long() & 0xFFFFFFFF) + 0x1000, 1 << 13, rounding_mode="trunc"
+    )
     infinity = 255 << 23
     special = torch.where(magnitude > infinity, 0x7E00, 0x7C00)
     return torch.where(magnitude < infinity, regular, special) + torch.div(
