@@ -172,7 +172,10 @@ def _process(command: list[str], env: dict) -> tuple[str, float]:
 
 def child(library: str, load: str, *args: str) -> Run:
     """A run of a fresh interpreter importing ``library`` and loading with ``load``."""
-    code = _CHILD.format(library=library, load=load)
+    # ``import vq`` is lazy (torch loads on first use): the import phase takes vq.index too,
+    # so that it holds torch's import, as faiss's holds its own, and load + first call is the
+    # work after it
+    code = _CHILD.format(library="vq, vq.index" if library == "vq" else library, load=load)
 
     def run(env: dict) -> Sample:
         stdout, wall = _process([sys.executable, "-c", code, *args], env)
