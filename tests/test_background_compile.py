@@ -118,6 +118,51 @@ def test_waiting_compiles_in_the_caller_even_inside_not_waiting(tmp_path):
     assert report == {"x": [1.0] * 3, "loads": 0, "pending": 0}
 
 
+def test_a_kernel_asked_for_ahead_compiles_in_the_server_and_the_call_waits_for_it(tmp_path):
+    """cache.prefetch hands the compile over even where the thread waits (a build); the call
+    that needs the kernel then loads the server's result instead of compiling it again."""
+    report = _child(
+        """
+        import json
+        import numpy as np
+        from vq.kernels.jit import background
+        from vq.kernels.jit import cache
+        import toy_kernels
+        x = np.zeros(3)
+        first = cache.prefetch(toy_kernels.add_one, x)
+        again = cache.prefetch(toy_kernels.add_one, x)  # queued already: not sent twice
+        toy_kernels.add_one(x)  # (this thread waits: no KernelNotReady)
+        later = cache.prefetch(toy_kernels.add_one, x)  # loaded: nothing to hand over
+        print(json.dumps({"first": first, "again": again, "later": later, "x": x.tolist(),
+                          "compiles": cache.compiles(), "loads": cache.loads(),
+                          "pending": background.pending()}))
+        """,
+        tmp_path,
+    )
+    assert report == {"first": True, "again": True, "later": False, "x": [1.0] * 3,
+                      "compiles": 0, "loads": 1, "pending": 0}  # fmt: skip
+
+
+def test_nothing_is_asked_for_ahead_with_background_compiles_off(tmp_path):
+    report = _child(
+        """
+        import json
+        import numpy as np
+        from vq.kernels.jit import background
+        from vq.kernels.jit import cache
+        import toy_kernels
+        x = np.zeros(3)
+        asked = cache.prefetch(toy_kernels.add_one, x)
+        toy_kernels.add_one(x)
+        print(json.dumps({"asked": asked, "x": x.tolist(), "loads": cache.loads(),
+                          "pending": background.pending()}))
+        """,
+        tmp_path,
+        VQ_BACKGROUND_COMPILE="0",
+    )
+    assert report == {"asked": False, "x": [1.0] * 3, "loads": 0, "pending": 0}
+
+
 def test_nothing_is_handed_over_with_background_compiles_off(tmp_path):
     report = _child(
         """

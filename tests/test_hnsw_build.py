@@ -81,3 +81,25 @@ def test_reverse_links_group_every_link_by_level_and_target_in_batch_order():
     assert got == want
     assert list(zip(tlevels, targets, strict=True)) == sorted(zip(tlevels, targets, strict=True))
     assert starts[0] == 0 and starts[-1] == len(sources) == sum(map(len, want.values()))
+
+
+def test_the_link_kernels_asked_for_ahead_are_the_ones_the_build_calls(monkeypatch):
+    """hnsw_insert asks the background server for phase two's kernels before its first batch
+    (vq.kernels.jit.cache.prefetch); a type that differed from the later call's would compile
+    a kernel nobody calls while the build compiles the real one itself."""
+    from vq.index.graph.hnsw import HNSW
+    from vq.kernels.jit import numba_compat
+
+    asked = []
+
+    def record(dispatcher, *args):
+        asked.append((dispatcher, numba_compat.argtypes(dispatcher, args)))
+        return False
+
+    monkeypatch.setattr(graph_build.cache, "prefetch", record)
+    x = np.random.default_rng(0).standard_normal((300, 8)).astype(np.float32)
+    index = HNSW(8, 8)
+    index.add(x)
+    assert [d for d, _ in asked] == [graph_build.reverse_links, graph_build.link_range]
+    for dispatcher, argtypes in asked:
+        assert argtypes is not None and argtypes in dispatcher.overloads

@@ -46,6 +46,7 @@ from vq.kernels.common.simd import borrow
 from vq.kernels.common.threads import get_num_threads, parallel_for
 from vq.kernels.graph.graph_store import borrow_store, node_distance, prepare_query, reranks
 from vq.kernels.graph.graph_walk import beam, descend, pair_distance
+from vq.kernels.jit import cache
 from vq.kernels.jit.cache import kernel
 
 #: a batch holds at most this fraction of the nodes already in the graph (and at least one)
@@ -314,6 +315,7 @@ def hnsw_insert(nodes, graph, walk, inner_product, levels, ef_construction):
     data = walk.data
     seen = np.zeros((get_num_threads(), data.shape[0] + 1), np.uint16)
     inserted, pos = data.shape[0] - len(nodes), 0
+    _link_kernels_ahead(nodes, graph, data, ip)
     while pos < len(nodes):
         u = int(nodes[pos])
         if entry < 0:
@@ -337,3 +339,17 @@ def hnsw_insert(nodes, graph, walk, inner_product, levels, ef_construction):
         pos += len(batch)
         inserted += len(batch)
     return entry, max_level
+
+
+def _link_kernels_ahead(nodes, graph, data, ip) -> None:
+    """On a machine where phase two's kernels are not compiled yet, start compiling them in
+    the background server (:func:`vq.kernels.jit.cache.prefetch`) while the first batch
+    compiles :func:`insert_range` here: the same types as the calls of :func:`hnsw_insert`."""
+    if len(nodes) < 2:
+        return
+    nbr0, up_off, up_nbr, entry, max_level = graph
+    none = np.zeros(0, np.int64)
+    cache.prefetch(reverse_links, nodes[:1], nbr0, up_off, up_nbr)
+    now = Graph(nbr0, up_off, up_nbr, int(entry), int(max_level))
+    links = Links(none, none.copy(), none.copy(), none.copy())
+    cache.prefetch(link_range, 0, 1, links, data, ip, now, 1, np.zeros(1, np.int64))

@@ -13,6 +13,11 @@ The server runs at a lower priority, so that the calls going on meanwhile keep t
 session of its own, and outlives its parent until it has compiled everything it was sent: a
 short script leaves the kernels it asked for to the next process.
 
+A step that will need a kernel later may ask for it ahead (:func:`vq.kernels.jit.cache.prefetch`):
+an HNSW build hands over its linking kernels while it compiles its insertion kernel itself, so
+that the two compile on two cores; the call that needs the kernel then waits for the server
+(the disk cache's lock on the signature) rather than compiling it a second time.
+
 What is never handed over: a kernel the server failed on, or compiled without leaving it in
 the cache (the next call compiles in the calling process, which reports any error), one whose
 module cannot be imported by name, and every call outside :func:`not_waiting` (training,
@@ -48,6 +53,7 @@ class _Local(threading.local):
 local = _Local()
 _enabled = os.environ.get("VQ_BACKGROUND_COMPILE", "1").strip() not in ("0", "false", "no")
 _lock = threading.Lock()
+_changed = threading.Condition(_lock)  # notified whenever a job finishes
 #: (module, qualname, argtypes) -> "pending", "done" or "failed"
 _jobs: dict[tuple, str] = {}
 _server: _Server | None = None
@@ -97,12 +103,13 @@ def waiting() -> Iterator[None]:
         local.waiting, local.pinned = previous
 
 
-def hand_over(dispatcher: Dispatcher, argtypes: tuple, specialisation) -> bool:
+def hand_over(dispatcher: Dispatcher, argtypes: tuple, specialisation, ahead: bool = False) -> bool:
     """Queue ``dispatcher``'s compile for ``argtypes`` (numba types) on the server, unless
     it was queued already; False where the caller must compile it itself (see the module
     docstring). ``specialisation``: ``(template, constants)`` of a specialised module, or
-    None."""
-    if local.waiting or not _enabled:
+    None. ``ahead``: a compile asked for before the call that needs it
+    (:func:`vq.kernels.jit.cache.prefetch`), queued even on a thread that waits."""
+    if (local.waiting and not ahead) or not _enabled:
         return False
     func = dispatcher.py_func
     if "<locals>" in func.__qualname__:
@@ -119,6 +126,16 @@ def hand_over(dispatcher: Dispatcher, argtypes: tuple, specialisation) -> bool:
             return False
         _jobs[key] = "pending"
     return True
+
+
+def wait_for(dispatcher: Dispatcher, argtypes: tuple, timeout: float = 600.0) -> None:
+    """Return once the server is no longer compiling ``dispatcher`` for ``argtypes`` (at once
+    where that compile was never handed over), or after ``timeout`` seconds: a call that
+    needs a kernel asked for ahead then loads it rather than compiling it a second time."""
+    func = dispatcher.py_func
+    key = (func.__module__, func.__qualname__, argtypes)
+    with _changed:
+        _changed.wait_for(lambda: _jobs.get(key) != "pending", timeout)
 
 
 def pending() -> int:
@@ -168,11 +185,13 @@ class _Server:
             for key in self.keys:
                 if _jobs.get(key) == "pending":
                     _jobs[key] = "failed"
+            _changed.notify_all()
             self.idle.set()
 
     def _finish(self, key: tuple, status: str) -> None:
         with _lock:
             _jobs[key] = status
+            _changed.notify_all()
             if not any(s == "pending" for s in _jobs.values()):
                 self.idle.set()
 
@@ -185,8 +204,9 @@ def _ensure_server() -> _Server:
 
 
 def _reset_after_fork() -> None:  # a forked child shares neither the pipe nor the reader
-    global _server, _lock
+    global _server, _lock, _changed
     _server, _lock = None, threading.Lock()
+    _changed = threading.Condition(_lock)
     _jobs.clear()
 
 

@@ -189,6 +189,8 @@ def _first_call(dispatcher, args: tuple, compile_here: Callable):
         if argtypes is not None and background.hand_over(dispatcher, argtypes, _origin(dispatcher)):
             name = dispatcher.py_func.__qualname__
             raise background.KernelNotReady(f"{name} is compiling in the background")
+    if argtypes is not None:
+        background.wait_for(dispatcher, argtypes)  # (asked for ahead: the server's to compile)
     with _compiling(dispatcher, argtypes):  # another process may have compiled it meanwhile
         entry = numba_compat.load_cached(dispatcher, argtypes)
         if entry is not None:
@@ -198,6 +200,21 @@ def _first_call(dispatcher, args: tuple, compile_here: Callable):
 
 
 numba_compat.Kernel.first_call = staticmethod(_first_call)
+
+
+def prefetch(dispatcher, *args) -> bool:
+    """Start compiling ``dispatcher`` for the types of ``args`` in the background server
+    (:mod:`vq.kernels.jit.background`), for a step that will call it later while this process
+    compiles something else now; nothing where the kernel is loaded or in the disk cache (it is
+    loaded now), there is no disk cache, or background compiles are off. The later call waits
+    on the signature's lock while the server compiles, then loads the server's result. Returns
+    whether a compile was handed over."""
+    if _folder is None or not background.enabled():
+        return False
+    argtypes = numba_compat.argtypes(dispatcher, args)
+    if argtypes is None or numba_compat.load_cached(dispatcher, argtypes) is not None:
+        return False
+    return background.hand_over(dispatcher, argtypes, _origin(dispatcher), ahead=True)
 
 
 @contextmanager
