@@ -60,7 +60,8 @@ def local_words(
     n: int, *, seed: int = 0, files: list[Path] | None = None, verbose: bool = False
 ) -> list[str]:
     """``n`` distinct words and two-word phrases of the local prose (see the module docstring):
-    all words seen at least twice, then the most frequent phrases seen at least twice.
+    all words seen at least twice, then the most frequent phrases seen at least twice (ties in
+    alphabetical order).
 
     Args:
         n: how many; a ValueError says how many there are when fewer exist.
@@ -73,7 +74,8 @@ def local_words(
     n, seed = check_int(n, "n", 1), check_int(seed, "seed", 0)
     words, pairs = _counts(files or text._source_files(), verbose)
     vocabulary = sorted(w for w, c in words.items() if c >= _MIN_COUNT)
-    frequent = sorted((p for p, c in pairs.items() if c >= _MIN_COUNT), key=lambda p: -pairs[p])
+    frequent = [p for p, c in pairs.items() if c >= _MIN_COUNT]
+    frequent.sort(key=lambda p: (-pairs[p], p))  # the most frequent first, ties alphabetical
     if len(vocabulary) + len(frequent) < n:
         raise ValueError(
             f"asked for {n} words and phrases but the installed text holds only "
