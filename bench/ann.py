@@ -11,7 +11,8 @@ a k=100 search (--k): r-recall@r for r = 1, 10, 100 against exact neighbours, an
 alternately (A B A B, best of --rounds). faiss gets "np" PQ parts (no polysemous training).
 
 Data: "synthetic" (anisotropic Gaussian vectors, whose neighbours an index can find), "text"
-(real sentence embeddings: all-MiniLM-L6-v2 over local text, see vq.datasets.text), "nsynth"
+(real sentence embeddings: all-MiniLM-L6-v2 over local text, see vq.datasets.text), "words"
+(the same model over single words and two-word phrases of that text, vq.datasets.words), "nsynth"
 (embeddings of the synthetic NSynth notes: train split = database, test split = queries), a
 .fvecs database (with --queries Q.fvecs) or an ann-benchmarks .hdf5 (angular sets are
 normalised, so L2 ranks as cosine). Prints a table; writes bench/results/ann.csv and ann.png
@@ -73,8 +74,8 @@ def sweep(desc: str, nlist: int, nprobes: list[int], k_factors: list[int], refin
 
 def add_data_arguments(p: argparse.ArgumentParser) -> None:
     """The options :func:`load_data` reads, and the training size and IVF lists."""
-    p.add_argument("--data", default="synthetic",
-                   help="synthetic, text, nsynth, X.fvecs, X.hdf5 or X.safetensors")  # fmt: skip
+    kinds = "synthetic, text, words, nsynth, X.fvecs, X.hdf5 or X.safetensors"
+    p.add_argument("--data", default="synthetic", help=kinds)
     p.add_argument("--queries", default=None, help="query .fvecs (with a .fvecs --data)")
     p.add_argument("--n", type=int, default=1_000_000, help="database vectors (at most)")
     p.add_argument("--nq", type=int, default=1000, help="queries (at most)")
@@ -97,6 +98,11 @@ def load_data(args) -> tuple[str, np.ndarray, np.ndarray]:
 
         x, q = sentence_embeddings(args.n, args.nq, seed=args.seed, verbose=True)
         return "text (all-MiniLM-L6-v2)", x, q
+    if args.data == "words":  # short texts: single words and two-word phrases, the same model
+        from vq.datasets.words import word_embeddings
+
+        x, q = word_embeddings(args.n, args.nq, seed=args.seed, verbose=True)
+        return "words (all-MiniLM-L6-v2)", x, q
     if args.data == "nsynth":
         from vq.apps.nsynth import default_data_dir, synthetic_dataset
         from vq.datasets import embed_nsynth
@@ -125,8 +131,8 @@ def load_data(args) -> tuple[str, np.ndarray, np.ndarray]:
                 q = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
         else:
             raise SystemExit(
-                f"--data {args.data!r}: expected synthetic, text, nsynth, a .fvecs, .hdf5 or "
-                ".safetensors file"
+                f"--data {args.data!r}: expected synthetic, text, words, nsynth, a .fvecs, "
+                ".hdf5 or .safetensors file"
             )
         label = path.name
     x = np.ascontiguousarray(x[: args.n], dtype=np.float32)

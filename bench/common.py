@@ -63,8 +63,10 @@ def set_threads(n: int) -> None:
 SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
               "avx512_bf16", "amx_tile", "asimd", "sve")  # fmt: skip
 #: the libraries a result file records the versions of, where they are installed
-LIBRARIES = ("torch", "numba", "numpy", "faiss", "hnswlib", "scann", "onnxruntime",
-             "vector_quantize_pytorch")  # fmt: skip
+LIBRARIES = ("torch", "numba", "numpy", "faiss", "hnswlib", "scann", "usearch", "ngtpy", "svs",
+             "onnxruntime", "vector_quantize_pytorch")  # fmt: skip
+#: the distributions of those whose module has no ``__version__``
+_DISTRIBUTIONS = {"svs": "scalable-vs"}
 
 
 def _cpu() -> tuple[str, list[str]]:
@@ -82,6 +84,16 @@ def _cpu() -> tuple[str, list[str]]:
     return cpu or platform.processor() or "unknown", [f for f in SIMD_FLAGS if f in flags]
 
 
+def _version(module: str) -> str:
+    """The installed version of ``module``'s distribution, or "unknown"."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(_DISTRIBUTIONS.get(module, module))
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def machine_info(threads: int | None) -> dict:
     """What a result was measured on: CPU model and SIMD features, the fast-scan kernels'
     instruction set, cores, threads per system, Python and library versions, the UTC date.
@@ -95,7 +107,7 @@ def machine_info(threads: int | None) -> dict:
     for name in LIBRARIES:
         module = sys.modules.get(name)
         if module is not None:
-            versions[name] = getattr(module, "__version__", "unknown")
+            versions[name] = getattr(module, "__version__", None) or _version(name)
     return {
         "cpu": cpu,
         "features": features,

@@ -16,6 +16,10 @@ Systems (each where importable; ``make bench`` installs all of them):
 - hnswlib: each --hnsw-M (default 16, hnswlib's own example, and 32), ef_construction=200 (ef);
 - ScaNN: tree (num_leaves ~ 2 sqrt(n)) + score_ah(2, 0.2) + reorder (leaves x reorder), with
   and without its SOAR spilling (soar_lambda 1.5), as vq's own "IVF…(soar),…" descriptions.
+- usearch (HNSW, each --hnsw-M, expansion_add 200; expansion_search), NGT's ONNG (epsilon) and
+  Intel SVS's float32 Vamana (each --svs-R, build window 128, alpha 1.2; search_window_size), as
+  bench.graph_peers builds them (SVS's LVQ, which refuses non-Intel CPUs, is probed and its
+  answer printed).
 
 The default grids step by about 1.5x (nprobe 1…512, at most nlist; efSearch 10…512), as
 finely for every library: at a recall level, a coarser grid decides more than the systems do.
@@ -24,7 +28,9 @@ every system is timed in one alternating loop (each round visits all points in
 turn; each sample repeats a search of all queries until it lasts --min-seconds; the best of
 --rounds is kept), so that the machine's noise falls on all systems alike. Prints the points,
 the frontier table (with the bytes per vector of each best point: vq's ``Index.nbytes``, faiss's
-serialized size, hnswlib's by :func:`bench.common.hnswlib_bytes`) and the ratio of vq's best
+serialized size, hnswlib's by :func:`bench.common.hnswlib_bytes`, the graph peers' as
+bench.graph_peers says; and the seconds its index took to build, training included, on
+--threads threads) and the ratio of vq's best
 to the best peer at each level, and of vq's best among its indexes that hold no more bytes
 per vector than hnswlib's best there; writes
 results/<name>.csv, <name>-frontier.csv and <name>.png. Data as bench.ann ("text" is the
@@ -43,6 +49,7 @@ import numpy as np
 
 from bench.ann import add_data_arguments, load_data
 from bench.common import alternate, figure, hnswlib_bytes, report, set_threads
+from bench.graph_peers import ngt_points, svs_lvq_refusal, svs_points, usearch_points
 
 LEVELS = (0.80, 0.90, 0.95, 0.99)
 K = 10
@@ -201,16 +208,19 @@ def frontier(rows: list[dict], system: str, level: float) -> dict | None:
 
 
 def cell(point: dict | None) -> str:
-    """A frontier table's entry: QPS (index, sweep point, bytes per vector where known)."""
+    """A frontier table's entry: QPS (index, sweep point, bytes per vector where known, build
+    seconds)."""
     if point is None:
         return "-"
     size = point["B/vector"]
     size = "" if math.isnan(size) else f", {size:,.0f} B"
-    return f"{point['QPS']:,.0f} ({point['index']} {point['param']}{size})"
+    built = f", built in {point['build seconds']:,.1f} s"
+    return f"{point['QPS']:,.0f} ({point['index']} {point['param']}{size}{built})"
 
 
-def build_all(args, x, train, q) -> dict[tuple[str, str], tuple[Points, Held]]:
-    """Every system's built indexes, as their sweeps and bytes, keyed by (system, index)."""
+def build_all(args, x, train, q) -> dict[tuple[str, str], tuple[Points, Held, float]]:
+    """Every system's built indexes, as their sweeps, bytes and build seconds, keyed by
+    (system, index)."""
     nlist, M = args.nlist, x.shape[1] // 2
     fast = f"IVF{nlist},PQ{M}x4fs,RFlat"
     plan: list[tuple[str, str, Callable]] = []
@@ -226,6 +236,13 @@ def build_all(args, x, train, q) -> dict[tuple[str, str], tuple[Points, Held]]:
     plan.append(("scann", "tree+AH", lambda: scann_points(x, len(train), q, args.threads)))
     plan.append(("scann", "tree+AH+SOAR",
                  lambda: scann_points(x, len(train), q, args.threads, soar=True)))  # fmt: skip
+    for m in args.hnsw_M:
+        graph = partial(usearch_points, x, q, m, args.threads, args.sweeps[2])
+        plan.append(("usearch", f"M={m}", graph))
+    plan.append(("ngt", "ONNG", partial(ngt_points, x, q, args.threads)))
+    for r in args.svs_R:
+        graph = partial(svs_points, x, q, r, args.threads, args.sweeps[2])
+        plan.append(("svs", f"Vamana R={r}", graph))
     built = {}
     for system, desc, make in plan:
         if system not in args.systems:
@@ -233,11 +250,15 @@ def build_all(args, x, train, q) -> dict[tuple[str, str], tuple[Points, Held]]:
         try:
             start = time.perf_counter()
             points, held = make()
+            seconds = time.perf_counter() - start
             if points:  # (none: the system cannot build this kind here, and said why)
-                built[system, desc] = points, held
-                print(f"built {system} {desc} in {time.perf_counter() - start:.1f} s", flush=True)
+                built[system, desc] = points, held, seconds
+                print(f"built {system} {desc} in {seconds:.1f} s", flush=True)
         except ImportError as err:
             print(f"skipped {system} {desc}: {err}")
+    if "svs" in args.systems and any(s == "svs" for s, _ in built):
+        refusal = svs_lvq_refusal()
+        print("svs LVQ: " + (f"refused here ({refusal})" if refusal else "builds here (not swept)"))
     return built
 
 
@@ -246,14 +267,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     add_data_arguments(p)
     p.set_defaults(data="text", n=300_000)
     p.add_argument("--vq", nargs="*", default=[], help="more vq descriptions (e.g. HNSW32)")
-    p.add_argument("--systems", nargs="+", default=["vq", "faiss", "hnswlib", "scann"])
+    systems = ["vq", "faiss", "hnswlib", "scann", "usearch", "ngt", "svs"]
+    p.add_argument("--systems", nargs="+", default=systems, help="(each skipped if absent)")
     nprobes = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]
     p.add_argument("--nprobe", type=int, nargs="+", default=nprobes)
     p.add_argument("--k-factor", type=int, nargs="+", default=[2, 4, 8, 16])
     p.add_argument("--ef", type=int, nargs="+",
                    default=[10, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512])  # fmt: skip
     p.add_argument("--hnsw-M", type=int, nargs="+", default=[16, 32],
-                   help="the M of faiss's and hnswlib's graphs (one index each)")  # fmt: skip
+                   help="M of faiss's, hnswlib's, usearch's graphs (one index each)")  # fmt: skip
+    p.add_argument("--svs-R", type=int, nargs="+", default=[32, 64],
+                   help="graph_max_degree of SVS's Vamana graphs (one index each)")  # fmt: skip
     p.add_argument("--threads", type=int, default=2, help="threads for every system")
     p.add_argument("--rounds", type=int, default=3, help="alternating timing rounds (best kept)")
     p.add_argument("--min-seconds", type=float, default=0.1, help="least time per timing sample")
@@ -272,9 +296,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     train = x[: min(n, args.ntrain)]
     truth = ground_truth(x, q, K)[1]
     built = build_all(args, x, train, q)
-    points = {(s, d, lab): fn for (s, d), (pts, _) in built.items() for lab, fn in pts}
+    points = {(s, d, lab): fn for (s, d), (pts, _, _) in built.items() for lab, fn in pts}
     recall = {key: recall_at(fn(), truth, K) for key, fn in points.items()}
-    per_vector = {key: held() / n for key, (_, held) in built.items() if held}  # (caches built)
+    per_vector = {key: held() / n for key, (_, held, _) in built.items() if held}  # (caches built)
     seconds = alternate(
         {key: fn for key, fn in points.items() if recall[key] >= LEVELS[0] - 0.05},
         rounds=args.rounds,
@@ -288,6 +312,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "recall@10": recall[s, d, lab],
             "QPS": len(q) / t,
             "B/vector": per_vector.get((s, d), math.nan),
+            "build seconds": built[s, d][2],
         }
         for (s, d, lab), t in seconds.items()
     ]
