@@ -4,22 +4,25 @@ the same nprobe; the mission's bar is a recall@k within 0.005 of faiss's, averag
 
     python -m bench.ivfpq_parity [--data clustered nsynth ...] [--n 50000] [--nq 1000]
                                  [--dim 64] [--seeds 0 1 2] [--nprobe 4 16] [--k 10]
-                                 [--kinds IVF256,PQ16 IVF64,PQ16] [--threads 2]
+                                 [--kinds IVF256,PQ16 IVF64,PQ16] [--pq-init k-means++]
+                                 [--threads 2] [--name ivfpq_parity]
 
 For each data set, kind and seed: vq's ``IVFPQ(dim, nlist, M, seed=seed)`` and faiss's
 ``index_factory(dim, "IVF<nlist>,PQ<M>np")`` with the coarse and PQ k-means seeded alike
 (``cp.seed``, ``pq.cp.seed``), both trained on the first ``--ntrain`` database vectors and
 filled with all of them, each with its library's defaults otherwise (faiss: 10 coarse and 25 PQ
-iterations, at most 256 points per centroid; vq: as documented in :class:`vq.index.IVFPQ`).
-Then, per nprobe, the k-recall@k of both against exact neighbours (``ground_truth``), one row
-per seed and a "mean" row per (data, kind, nprobe) with the mean difference vq - faiss and
-whether it is within the bar.
+iterations from random rows, at most 256 points per centroid; vq: as :class:`vq.index.IVFPQ`
+documents, its PQ k-means started by k-means++, or with ``--pq-init random`` from random rows
+as faiss's). Then, per nprobe, the k-recall@k of both against exact neighbours
+(``ground_truth``), one row per seed and a "mean" row per (data, kind, nprobe) with the mean
+difference vq - faiss and whether it is within the bar.
 
 Data: "clustered" (``vq.datasets.clustered_vectors``: 256 Gaussian blobs, spread 0.5, data
 seed 0, queries held out from the same draw), "nsynth" (embeddings of the synthetic NSynth
 notes: train split = database, test split = queries; see ``bench.ann``), "text" (the real
 sentence embeddings of ``bench.ann --data text``; the first run embeds them, which takes long)
-or a file ``bench.ann`` reads. Prints a table; writes bench/results/ivfpq_parity.csv.
+or a file ``bench.ann`` reads. Prints a table; writes bench/results/ivfpq_parity.csv
+(``--name`` changes the name).
 """
 
 from __future__ import annotations
@@ -48,14 +51,15 @@ def load(name: str, args) -> tuple[str, np.ndarray, np.ndarray]:
     return load_data(ns)
 
 
-def build_pair(kind: str, dim: int, seed: int, train: np.ndarray, x: np.ndarray):
-    """(vq index, faiss index) of ``kind`` ("IVF<nlist>,PQ<M>"), trained from ``seed``."""
+def build_pair(kind: str, dim: int, seed: int, train: np.ndarray, x: np.ndarray, init: str):
+    """(vq index, faiss index) of ``kind`` ("IVF<nlist>,PQ<M>"), trained from ``seed``, vq's
+    PQ k-means started by ``init``."""
     import faiss
 
     from vq.index import IVFPQ
 
     nlist, M = map(int, re.fullmatch(r"IVF(\d+),PQ(\d+)", kind).groups())
-    ours = IVFPQ(dim, nlist, M, seed=seed)
+    ours = IVFPQ(dim, nlist, M, seed=seed, init=init)
     theirs = faiss.index_factory(dim, f"IVF{nlist},PQ{M}np")
     ivf = faiss.downcast_index(theirs)  # (a view: theirs owns the index)
     ivf.cp.seed = seed
@@ -105,7 +109,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--nprobe", type=int, nargs="+", default=[4, 16], help="lists probed")
     p.add_argument("--k", type=int, default=10, help="neighbours (k-recall@k)")
     p.add_argument("--kinds", nargs="+", default=list(KINDS), help="IVF<nlist>,PQ<M> kinds")
+    p.add_argument(
+        "--pq-init",
+        default="k-means++",
+        choices=["k-means++", "random"],
+        help="how vq's PQ k-means starts (vq's default k-means++; faiss: random)",
+    )
     p.add_argument("--threads", type=int, default=2, help="threads for both libraries")
+    p.add_argument("--name", default="ivfpq_parity", help="results/<name>.csv")
     args = p.parse_args(argv)
     from vq.datasets import ground_truth
 
@@ -119,7 +130,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for kind in args.kinds:
             per_seed = {npb: [] for npb in args.nprobe}
             for seed in args.seeds:
-                ours, theirs = build_pair(kind, x.shape[1], seed, train, x)
+                ours, theirs = build_pair(kind, x.shape[1], seed, train, x, args.pq_init)
                 for nprobe in args.nprobe:
                     r_vq, r_faiss = recalls(ours, theirs, q, truth, k, nprobe)
                     row = {"data": label, "index": kind, "nprobe": nprobe, "seed": seed}
@@ -129,10 +140,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 rows += [*per_seed[nprobe], mean_row(per_seed[nprobe], k)]
     title = (
         f"## IVFPQ recall@{k} parity: each library trains its own index from the same seed "
-        f"(seeds {', '.join(map(str, args.seeds))}), same data, same nprobe; bar: the mean "
-        f"difference within {BAR}"
+        f"(seeds {', '.join(map(str, args.seeds))}; vq's PQ init {args.pq_init}), same data, "
+        f"same nprobe; bar: the mean difference within {BAR}"
     )
-    report("ivfpq_parity", title, args.threads, rows, list(rows[0]) if rows else ["data"])
+    report(args.name, title, args.threads, rows, list(rows[0]) if rows else ["data"])
     return rows
 
 
