@@ -16,6 +16,7 @@ from bench import (  # noqa: E402
     fastscan,
     frontier,
     ivf_search,
+    ivfpq_parity,
     kmeans,
     latency,
     memory,
@@ -272,6 +273,24 @@ def test_latency_reports_percentiles_of_both_libraries(results):
         assert 0 < row["faiss p50 us"] <= row["faiss p99 us"]
     assert rows[0]["same ids"] == 1.0  # exact search: the same neighbours
     read_csv(results / "latency.csv", ["index", "vq p50 us", "faiss p50 us", "p50 ratio"])
+
+
+def test_ivfpq_parity_reports_each_seed_and_their_mean(results):
+    # 32 dimensions, PQ8: the IVF-PQ kernel configuration most tests use (compiled once)
+    argv = "--data clustered --n 3000 --nq 40 --dim 32 --seeds 0 1 --nprobe 2 --kinds IVF16,PQ8"
+    rows = ivfpq_parity.main(one_thread(argv.split()))
+    assert [r["seed"] for r in rows] == [0, 1, "mean"]
+    seeds, mean = rows[:2], rows[2]
+    for col in ("vq recall@10", "faiss recall@10"):
+        assert mean[col] == pytest.approx(sum(r[col] for r in seeds) / 2)
+    assert mean["vq - faiss"] == pytest.approx(mean["vq recall@10"] - mean["faiss recall@10"])
+    assert mean["bar"] in ("within 0.005: met", "within 0.005: not met")
+    # different seeds train different indexes: the two seeds' recalls are not both equal
+    assert (seeds[0]["vq recall@10"], seeds[0]["faiss recall@10"]) != (
+        seeds[1]["vq recall@10"],
+        seeds[1]["faiss recall@10"],
+    )
+    read_csv(results / "ivfpq_parity.csv", ["data", "index", "nprobe", "seed", "vq - faiss"])
 
 
 def test_coldstart_reports_cold_cache_bars_and_the_cli(results, capsys):

@@ -65,6 +65,17 @@ def test_the_lean_path_fills_the_lists_its_kernel_may_probe_and_answers_as_a_who
     assert lazy._tables.missing > 0  # not the whole table
 
 
+def test_rows_filled_on_the_thread_pool_count_as_filled_and_are_not_computed_again(index):
+    whole = copy.deepcopy(index)
+    table = whole.precompute_table()  # 64 lists at once: PARALLEL_LISTS, on the thread pool
+    assert whole._tables.missing == 0 and whole._tables.filled.all()
+    with torch.no_grad():
+        table[5] = -1.0  # (a marker: a row computed again would overwrite it)
+    whole.precompute_table()
+    whole.search(np.zeros((20, index.dim), np.float32), K, nprobe=index.nlist)  # every list
+    assert (whole.precomputed_table[5] == -1.0).all()
+
+
 def test_concurrent_searches_fill_the_table_once_and_agree_with_a_whole_table(index, queries):
     lazy, whole = copy.deepcopy(index), copy.deepcopy(index)
     whole.precompute_table()

@@ -83,8 +83,8 @@ class ListTables:
                 parallel_for(list_table_rows, todo.size, todo, *inputs, table)
             elif todo.size:  # a few lists: the pool's wake-up would cost more
                 list_table_rows(0, todo.size, todo, *inputs, table)
-                self.filled[todo] = True
-                self.missing -= int(todo.size)
+            self.filled[todo] = True
+            self.missing -= int(todo.size)
 
     def fill_near(self, q, centroids_t, c_norms, nprobe, table, inputs) -> None:
         """Fill the rows of every list that a lean search of ``q`` (float32 [nq, d]) may probe

@@ -43,18 +43,19 @@ def _code_distance(t, codes, i, n_tables, words):
     which breaks the chain of dependent additions (faster than a byte load and one accumulator
     per table).
     """
-    if words:
+    if words:  # unsigned subscripts: numba tests signed ones for negative values, each load
         d0 = np.float32(0.0)
         d1 = np.float32(0.0)
         d2 = np.float32(0.0)
         d3 = np.float32(0.0)
+        u = np.uint64(i)
         for j in range(n_tables // 4):
-            word = np.uint32(codes[i, j])
-            row = j << 10
-            d0 += t[row + (word & np.uint32(255))]
-            d1 += t[row + 256 + ((word >> np.uint32(8)) & np.uint32(255))]
-            d2 += t[row + 512 + ((word >> np.uint32(16)) & np.uint32(255))]
-            d3 += t[row + 768 + (word >> np.uint32(24))]
+            word = np.uint64(codes[u, np.uint64(j)])
+            row = np.uint64(j << 10)
+            d0 += t[row + (word & np.uint64(255))]
+            d1 += t[row + np.uint64(256) + ((word >> np.uint64(8)) & np.uint64(255))]
+            d2 += t[row + np.uint64(512) + ((word >> np.uint64(16)) & np.uint64(255))]
+            d3 += t[row + np.uint64(768) + (word >> np.uint64(24))]
         return (d0 + d1) + (d2 + d3)
     ksub = t.shape[0] // n_tables
     d = np.float32(0.0)
