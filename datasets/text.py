@@ -26,7 +26,7 @@ import sys
 import sysconfig
 import warnings
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -237,20 +237,40 @@ def sentence_embeddings(
     Returns:
         (database float32 [n, 384], queries float32 [nq, 384]), unit-norm rows.
     """
+    return cached_embeddings("minilm", _TEXT_VERSION, local_sentences, n, nq, seed=seed,
+                             cache_dir=cache_dir, verbose=verbose)  # fmt: skip
+
+
+def cached_embeddings(
+    prefix: str,
+    version: str,
+    items: Callable[..., list[str]],
+    n: int,
+    nq: int,
+    *,
+    seed: int = 0,
+    cache_dir: str | os.PathLike | None = None,
+    verbose: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``items(n + nq, seed=, files=, verbose=)`` (texts drawn from the installed text files)
+    embedded with :data:`MODEL`, the first ``nq`` the queries: read from the cache file
+    ``<cache_dir>/<prefix>-<n>-<nq>-<key>.safetensors`` (key: ``version``, the model, n, nq,
+    seed and the text files), else embedded and written there atomically, with the texts one a
+    line in a .txt beside it. Returns (database float32 [n, 384], queries float32 [nq, 384])."""
     n, nq = check_int(n, "n", 1), check_int(nq, "nq", 1)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     files = _source_files()
-    key = hashlib.sha256(f"{_TEXT_VERSION} {MODEL} {n} {nq} {seed} {_sources_key(files)}".encode())
-    path = cache / f"minilm-{n}-{nq}-{key.hexdigest()[:16]}.safetensors"
+    key = hashlib.sha256(f"{version} {MODEL} {n} {nq} {seed} {_sources_key(files)}".encode())
+    path = cache / f"{prefix}-{n}-{nq}-{key.hexdigest()[:16]}.safetensors"
     if path.exists():
         stored = load_file(str(path))
         return stored["database"], stored["queries"]
     cache.mkdir(parents=True, exist_ok=True)
-    sentences = local_sentences(n + nq, seed=seed, files=files, verbose=verbose)
-    vectors = embed_sentences(sentences, cache_dir=cache, verbose=verbose)
+    texts = items(n + nq, seed=seed, files=files, verbose=verbose)
+    vectors = embed_sentences(texts, cache_dir=cache, verbose=verbose)
     database, queries = vectors[nq:].copy(), vectors[:nq].copy()
     with atomic_file(path.with_suffix(".txt"), "w") as f:  # what was embedded, one per line
-        f.write("\n".join(sentences) + "\n")
+        f.write("\n".join(texts) + "\n")
     with atomic_path(path) as tmp:
         save_file({"database": database, "queries": queries}, str(tmp))
     return database, queries

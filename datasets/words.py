@@ -15,19 +15,16 @@ of the source files' names and sizes, ``n``, ``nq`` and ``seed``.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
 from tqdm.auto import tqdm
 
 from vq._checks import check_int
 from vq.datasets import text
-from vq.parallel.atomic import atomic_file, atomic_path
 
 #: bumped when the vocabulary's rules change, so that old cache files are not reused
 _WORDS_VERSION = 1
@@ -105,21 +102,5 @@ def word_embeddings(
     Returns:
         (database float32 [n, 384], queries float32 [nq, 384]), unit-norm rows.
     """
-    n, nq = check_int(n, "n", 1), check_int(nq, "nq", 1)
-    cache = Path(cache_dir) if cache_dir is not None else text.default_cache_dir()
-    files = text._source_files()
-    stamp = f"{_WORDS_VERSION} {text.MODEL} {n} {nq} {seed} {text._sources_key(files)}"
-    key = hashlib.sha256(stamp.encode()).hexdigest()[:16]
-    path = cache / f"minilm-words-{n}-{nq}-{key}.safetensors"
-    if path.exists():
-        stored = load_file(str(path))
-        return stored["database"], stored["queries"]
-    cache.mkdir(parents=True, exist_ok=True)
-    items = local_words(n + nq, seed=seed, files=files, verbose=verbose)
-    vectors = text.embed_sentences(items, cache_dir=cache, verbose=verbose)
-    database, queries = vectors[nq:].copy(), vectors[:nq].copy()
-    with atomic_file(path.with_suffix(".txt"), "w") as f:
-        f.write("\n".join(items) + "\n")
-    with atomic_path(path) as tmp:
-        save_file({"database": database, "queries": queries}, str(tmp))
-    return database, queries
+    return text.cached_embeddings("minilm-words", _WORDS_VERSION, local_words, n, nq, seed=seed,
+                                  cache_dir=cache_dir, verbose=verbose)  # fmt: skip
