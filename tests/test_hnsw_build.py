@@ -59,6 +59,15 @@ def test_insertion_codes_only_for_batches_worth_coding_the_index_for(blobs):
         np.testing.assert_array_equal(factors, full[1])
 
 
+def test_stable_order_sorts_as_numpy_stable_argsort_ties_in_their_own_order():
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 2, 7, 64, 1000):
+        keys = rng.integers(0, max(1, n // 4), n)  # many ties
+        np.testing.assert_array_equal(
+            graph_build.stable_order(keys), np.argsort(keys, kind="stable")
+        )
+
+
 def test_reverse_links_group_every_link_by_level_and_target_in_batch_order():
     rng = np.random.default_rng(4)
     n = 300
