@@ -6,8 +6,10 @@
 Same trained parameters and stored codes on both sides give the same search results (ties
 aside). Supported: IndexFlat (L2/IP), IndexPQ, IndexIVFFlat, IndexIVFPQ (flat coarse
 quantizer), IndexScalarQuantizer and IndexIVFScalarQuantizer (QT_8bit, QT_6bit, QT_4bit,
-QT_fp16, QT_bf16), IndexPreTransform with one OPQMatrix or PCAMatrix and / or an L2
-NormalizationTransform first (faiss's ``"L2norm,"``: vq's ``normalize``), IndexRefineFlat,
+QT_fp16, QT_bf16), IndexRaBitQ (1 bit; behind a RandomRotationMatrix or an orthogonal
+LinearTransform too, which becomes the RaBitQIndex's rotation), IndexPreTransform with one
+OPQMatrix or PCAMatrix and / or an L2 NormalizationTransform first (faiss's ``"L2norm,"``:
+vq's ``normalize``), IndexRefineFlat,
 IndexHNSWFlat, IndexHNSWSQ, IndexIDMap around Flat/PQ/HNSW
 (what non-sequential ids need in faiss), and the 4-bit fast-scan IndexPQFastScan and
 IndexIVFPQFastScan (even M).
@@ -28,6 +30,7 @@ from vq.faiss_interop import opq_from_faiss, pq_to_faiss
 from vq.index.core.base import Index
 from vq.index.core.faiss_build import import_faiss, metric_of
 from vq.index.core.registry import kinds
+from vq.index.flat.rabitq_index import RaBitQIndex
 from vq.index.wrappers.refine import Refine
 from vq.index.wrappers.transform import PreTransform
 from vq.quantizers.pca import PCA
@@ -74,6 +77,13 @@ def _pretransform(matrix, findex) -> PreTransform:
     faiss = import_faiss()
     if isinstance(matrix, faiss.PCAMatrix):
         return PreTransform(PCA.from_faiss(matrix), from_faiss(findex))
+    square = type(matrix) in (faiss.RandomRotationMatrix, faiss.LinearTransform)
+    if square and matrix.d_in == matrix.d_out and not matrix.have_bias:
+        inner = from_faiss(findex)
+        if isinstance(inner, RaBitQIndex):  # (RaBitQ's own rotation: faiss's "RR,RaBitQ")
+            a = faiss.vector_to_array(matrix.A).reshape(matrix.d_out, matrix.d_in)
+            inner.take_rotation(torch.from_numpy(a.T.copy()))
+            return inner
     if not isinstance(matrix, faiss.OPQMatrix):
         raise ValueError(
             f"only OPQMatrix and PCAMatrix pre-transforms convert, got {type(matrix).__name__}"

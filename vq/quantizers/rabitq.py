@@ -250,8 +250,8 @@ def rabitq_distances(
             :func:`quantized_queries`).
 
     Returns:
-        float32 [nq, n]. Cost: a [nq, d] x [d, d] rotation, tables of nq x ceil(d/8) x 256 entries, and
-        ceil(d/8) gathers of [n, nq].
+        float32 [nq, n]. Cost: a [nq, d] x [d, d] rotation, tables of nq x ceil(d/8) x 256
+        entries, and ceil(d/8) gathers of [n, nq].
     """
     q_hat, constants = prepare_queries(queries, rotation, center, qb)
     return estimates(sign_dots(q_hat, codes.T), factors, constants, metric)
