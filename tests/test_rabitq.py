@@ -264,12 +264,12 @@ def test_refined_recall_matches_faiss_trained_independently(faiss):
         f.add(xb)
         f.k_factor = 10
         theirs.append(recall(f.search(xq, 10)[1]))
-        index = vq.Refine(vq.RaBitQIndex(d, seed=seed), k_factor=10)
+        index = vq.Refine(vq.RaBitQIndex(d, seed=seed, qb=4), k_factor=10)  # faiss's qb
         index.train(xb)
         index.add(xb)
         ours.append(recall(index.search(xq, 10)[1]))
         # vq's own training (centre, codes) on faiss's rotation: the same recall
-        shared = vq.Refine(vq.RaBitQIndex(d), k_factor=10)
+        shared = vq.Refine(vq.RaBitQIndex(d, qb=4), k_factor=10)
         shared.train(xb)
         a = faiss.vector_to_array(rr.A).reshape(d, d)
         center = torch.from_numpy(xb @ a.T).mean(0)

@@ -52,9 +52,11 @@ class RaBitQIndex(Index):
         nbits: bits per dimension: 1 (extended RaBitQ is not implemented).
         k: neighbours ``forward`` returns.
         verbose: progress bars for train and add.
-        qb: bits of the query's scalar quantization in searches (faiss's ``qb``, default 4
-            as in faiss; 0 keeps queries float: a little more accurate, slower in faiss,
-            the same speed here); ``search(..., qb=)`` overrides it per call.
+        qb: bits of the query's scalar quantization in searches (faiss's ``qb``; 0, the
+            default, keeps queries float: the estimate of a stored vector's distance to
+            itself is then exactly 0). faiss defaults to 4, which its popcount scan needs
+            for speed; vq's scan reads per-byte tables and costs the same for every ``qb``.
+            ``search(..., qb=)`` overrides it per call; ``to_faiss`` sets faiss's.
         seed: the random rotation's seed; rotate: False for no rotation (faiss's bare
             ``IndexRaBitQ``; see :class:`vq.RaBitQ`).
 
@@ -76,7 +78,7 @@ class RaBitQIndex(Index):
         k: int = 10,
         verbose: bool = False,
         *,
-        qb: int = 4,
+        qb: int = 0,
         seed: int = 1234,
         rotate: bool = True,
     ):
