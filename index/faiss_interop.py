@@ -30,7 +30,6 @@ from vq.faiss_interop import opq_from_faiss, pq_to_faiss
 from vq.index.core.base import Index
 from vq.index.core.faiss_build import import_faiss, metric_of
 from vq.index.core.registry import kinds
-from vq.index.flat.rabitq_index import RaBitQIndex
 from vq.index.wrappers.refine import Refine
 from vq.index.wrappers.transform import PreTransform
 from vq.quantizers.pca import PCA
@@ -71,18 +70,21 @@ def from_faiss(findex) -> Index:
     raise ValueError(f"faiss {type(f).__name__} has no vq counterpart")
 
 
-def _pretransform(matrix, findex) -> PreTransform:
+def _pretransform(matrix, findex) -> Index:
     """A :class:`PreTransform` of the faiss ``OPQMatrix`` or ``PCAMatrix`` ``matrix`` in front
-    of the faiss index ``findex``, converted."""
+    of the faiss index ``findex``, converted; or, for a square ``RandomRotationMatrix`` /
+    ``LinearTransform`` before an ``IndexRaBitQ``, the RaBitQIndex holding it as its own
+    rotation (``take_rotation``)."""
     faiss = import_faiss()
     if isinstance(matrix, faiss.PCAMatrix):
         return PreTransform(PCA.from_faiss(matrix), from_faiss(findex))
     square = type(matrix) in (faiss.RandomRotationMatrix, faiss.LinearTransform)
     if square and matrix.d_in == matrix.d_out and not matrix.have_bias:
         inner = from_faiss(findex)
-        if isinstance(inner, RaBitQIndex):  # (RaBitQ's own rotation: faiss's "RR,RaBitQ")
+        take_rotation = getattr(inner, "take_rotation", None)  # (RaBitQIndex: "RR,RaBitQ")
+        if take_rotation is not None:
             a = faiss.vector_to_array(matrix.A).reshape(matrix.d_out, matrix.d_in)
-            inner.take_rotation(torch.from_numpy(a.T.copy()))
+            take_rotation(torch.from_numpy(a.T.copy()))
             return inner
     if not isinstance(matrix, faiss.OPQMatrix):
         raise ValueError(
