@@ -2,7 +2,8 @@
 
 :class:`FlatIndex` (exact), :class:`PQIndex` (ADC over PQ codes), :class:`IVFFlat` and
 :class:`IVFPQ`, :class:`IVFSQ` (inverted lists), :class:`SQIndex` (scalar-quantizer
-codes), :class:`PreTransform` (OPQ rotation in front of an index),
+codes), :class:`RaBitQIndex` (1-bit RaBitQ codes), :class:`PreTransform` (OPQ rotation in
+front of an index),
 :class:`Refine` (exact re-ranking), :class:`HNSW` (graph); :func:`index_factory` builds them
 from faiss-style strings,
 ``index.save`` / :func:`load_index` persist them, :func:`from_faiss` / :func:`to_faiss` convert.
@@ -32,6 +33,7 @@ from vq.index.factory import index_factory
 from vq.index.faiss_interop import from_faiss, to_faiss
 from vq.index.flat.flat_index import FlatIndex
 from vq.index.flat.pq_index import PQIndex
+from vq.index.flat.rabitq_index import RaBitQIndex
 from vq.index.flat.sq_index import SQIndex
 from vq.index.graph.hnsw import HNSW
 from vq.index.graph.hnsw_sq import HNSWSQ
@@ -55,6 +57,7 @@ __all__ = [
     "Index",
     "PQIndex",
     "PreTransform",
+    "RaBitQIndex",
     "Refine",
     "SQIndex",
     "from_faiss",

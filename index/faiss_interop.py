@@ -6,8 +6,10 @@
 Same trained parameters and stored codes on both sides give the same search results (ties
 aside). Supported: IndexFlat (L2/IP), IndexPQ, IndexIVFFlat, IndexIVFPQ (flat coarse
 quantizer), IndexScalarQuantizer and IndexIVFScalarQuantizer (QT_8bit, QT_6bit, QT_4bit,
-QT_fp16, QT_bf16), IndexPreTransform with one OPQMatrix or PCAMatrix and / or an L2
-NormalizationTransform first (faiss's ``"L2norm,"``: vq's ``normalize``), IndexRefineFlat,
+QT_fp16, QT_bf16), IndexRaBitQ (1 bit; behind a RandomRotationMatrix or an orthogonal
+LinearTransform too, which becomes the RaBitQIndex's rotation), IndexPreTransform with one
+OPQMatrix or PCAMatrix and / or an L2 NormalizationTransform first (faiss's ``"L2norm,"``:
+vq's ``normalize``), IndexRefineFlat,
 IndexHNSWFlat, IndexHNSWSQ, IndexIDMap around Flat/PQ/HNSW
 (what non-sequential ids need in faiss), and the 4-bit fast-scan IndexPQFastScan and
 IndexIVFPQFastScan (even M).
@@ -68,12 +70,22 @@ def from_faiss(findex) -> Index:
     raise ValueError(f"faiss {type(f).__name__} has no vq counterpart")
 
 
-def _pretransform(matrix, findex) -> PreTransform:
+def _pretransform(matrix, findex) -> Index:
     """A :class:`PreTransform` of the faiss ``OPQMatrix`` or ``PCAMatrix`` ``matrix`` in front
-    of the faiss index ``findex``, converted."""
+    of the faiss index ``findex``, converted; or, for a square ``RandomRotationMatrix`` /
+    ``LinearTransform`` before an ``IndexRaBitQ``, the RaBitQIndex holding it as its own
+    rotation (``take_rotation``)."""
     faiss = import_faiss()
     if isinstance(matrix, faiss.PCAMatrix):
         return PreTransform(PCA.from_faiss(matrix), from_faiss(findex))
+    square = type(matrix) in (faiss.RandomRotationMatrix, faiss.LinearTransform)
+    if square and matrix.d_in == matrix.d_out and not matrix.have_bias:
+        inner = from_faiss(findex)
+        take_rotation = getattr(inner, "take_rotation", None)  # (RaBitQIndex: "RR,RaBitQ")
+        if take_rotation is not None:
+            a = faiss.vector_to_array(matrix.A).reshape(matrix.d_out, matrix.d_in)
+            take_rotation(torch.from_numpy(a.T.copy()))
+            return inner
     if not isinstance(matrix, faiss.OPQMatrix):
         raise ValueError(
             f"only OPQMatrix and PCAMatrix pre-transforms convert, got {type(matrix).__name__}"

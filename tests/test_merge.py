@@ -13,6 +13,9 @@ from vq.index.factory import index_classes
 
 K = 10
 N1 = 1200
+#: where a stored vector must rank in a search for itself (1st; RaBitQ's 1-bit estimates at 32
+#: dimensions put a few others at its own estimate, 0, for some vectors: within the first 3)
+SELF_RANK = {"RaBitQ": 3}
 
 
 def test_every_class_of_the_factory_has_a_merge_case():
@@ -48,8 +51,9 @@ def test_merge_from_holds_both_parts_and_searches_as_one_index_through_a_save(de
     dw, iw = whole.search(q, K)
     np.testing.assert_array_equal(i, iw)
     np.testing.assert_allclose(d, dw, rtol=1e-5, atol=1e-4)
-    self_hits = a.search(x[N1 : N1 + 20], 1)[1][:, 0]
-    assert (self_hits == ids[N1 : N1 + 20]).mean() >= 0.9  # the merged vectors are found
+    self_hits = a.search(x[N1 : N1 + 20], SELF_RANK.get(desc, 1))[1]
+    found = (self_hits == ids[N1 : N1 + 20, None]).any(axis=1)
+    assert found.mean() >= 0.9  # the merged vectors are found
     a.save(tmp_path / "merged.vq")
     loaded = vq.load_index(tmp_path / "merged.vq")
     np.testing.assert_array_equal(loaded.search(q, K)[1], i)

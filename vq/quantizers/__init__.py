@@ -11,6 +11,7 @@ from vq.quantizers.lfq import LFQ
 from vq.quantizers.opq import OPQ
 from vq.quantizers.pca import PCA
 from vq.quantizers.product import ProductQuantizer
+from vq.quantizers.rabitq import RaBitQ, RaBitQCodes
 from vq.quantizers.residual import ResidualVQ
 from vq.quantizers.residual_scalar import ResidualFSQ, ResidualLFQ
 from vq.quantizers.scalar import ScalarQuantizer
@@ -28,6 +29,8 @@ __all__ = [
     "ProductQuantizer",
     "Quantizer",
     "QuantizerOutput",
+    "RaBitQ",
+    "RaBitQCodes",
     "ResidualFSQ",
     "ResidualLFQ",
     "ResidualVQ",
