@@ -1,5 +1,5 @@
 """bench.graph_peers' adapters at a tiny size: each skips where its library is not installed
-(the peers extra, which the default suite does not install)."""
+(the test extra holds them, so ``make test`` runs them all)."""
 
 import os
 import subprocess
