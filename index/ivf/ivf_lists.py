@@ -18,9 +18,12 @@ and a removal costs the rows read in the touched lists plus the sum of min(R, si
 later lists, not a pass over every stored row. As with faiss's ``remove_ids``, the order of
 the rows within a list changes (a list moved by fewer rows than it keeps is rotated): search
 results equal those of an index built without the removed ids, up to the order among equal
-distances (the kernels break ties by row). A kind keeping a copy of its rows in another layout
-(the fast-scan packed codes) is told which lists changed (``_rows_moved``) and updates only
-those.
+distances (the kernels break ties by row).
+
+A kind may hold per-vector rows in blocks rather than in row buffers (``block_rows``: IVFPQ
+fast-scan's codes, 32 vectors a block, each list padded to whole blocks): its encoded rows go
+to ``_write_blocks`` (into their slots) and, whenever rows move, ``_move_blocks`` is told where
+each row came from (the blocks of lists whose rows did not change are copied whole).
 """
 
 from __future__ import annotations
@@ -59,8 +62,27 @@ class IVFStorage:
     ``_encode_rows``), and the reading of rows from a mapped index file for the kind's
     ``_scan_numba`` (:mod:`vq.index.core.mapped`)."""
 
+    #: names of the per-vector rows the kind holds in blocks, not in ``row_buffers`` (what
+    #: ``_encode_rows`` gives and ``_write_blocks`` stores; readable as attributes)
+    block_rows: tuple[str, ...] = ()
+
     def data_buffers(self) -> tuple[str, ...]:
         return (*super().data_buffers(), "offsets")
+
+    def block_buffers(self) -> dict[str, torch.Tensor]:
+        """The buffers holding ``block_rows`` (list l in blocks ``list_blocks[l]:list_blocks[l +
+        1]``); none here."""
+        return {}
+
+    def _move_blocks(self, old: torch.Tensor, new: torch.Tensor, rowmap: np.ndarray) -> dict:
+        """Lay the ``block_rows`` out for CSR offsets ``new``, stored row r being the row
+        ``rowmap[r]`` (int64 [n_rows]; -1: a row about to be written) of offsets ``old``;
+        returns the buffers replaced (name → tensor before), for a rollback."""
+        return {}
+
+    def _write_blocks(self, encoded: dict, lists: torch.Tensor, slots: np.ndarray) -> None:
+        """Store ``encoded`` (the ``block_rows`` of new rows, in ``lists``) at stored rows
+        ``slots`` (int64, of the offsets ``_move_blocks`` was given last)."""
 
     def _encode_rows(self, x: torch.Tensor, lists: torch.Tensor) -> dict[str, torch.Tensor]:
         raise NotImplementedError  # x [b, dim] in lists [b] → the kind's _row_buffers, b rows
@@ -113,7 +135,7 @@ class IVFStorage:
         ids = self._merged_ids(other, shift)
         sizes = other.list_sizes().to(self.device)
         lists = torch.repeat_interleave(torch.arange(self.nlist, device=self.device), sizes)
-        buffers = {name: getattr(other, name) for name in self.row_buffers}
+        buffers = {name: getattr(other, name) for name in (*self.row_buffers, *self.block_rows)}
         self._insert(lists, lambda s, e: {k: v[s:e] for k, v in buffers.items()}, ids)
 
     def _insert(self, lists: torch.Tensor, rows: Callable, ids: torch.Tensor) -> None:
@@ -136,12 +158,18 @@ class IVFStorage:
         cursors = (new[:-1] + old.diff()).cpu().numpy()
         slots = np.empty(min(n, self.add_batch_size), np.int64)
         try:
+            if self.block_rows:  # each list's rows where they were, room at its end
+                before.update(self._move_blocks(old, new, grown_rowmap(old, new)))
             for s in range(0, n, self.add_batch_size):
                 e = min(n, s + self.add_batch_size)
                 row_kernels.list_slots(lists[s:e].cpu().numpy(), cursors, slots[: e - s])
                 at = torch.from_numpy(slots[: e - s]).to(self.device)
-                for name, t in {**rows(s, e), "ids": ids[s:e]}.items():
-                    full[name][at] = t.to(full[name].device, full[name].dtype)
+                encoded = {**rows(s, e), "ids": ids[s:e]}
+                for name in names:
+                    full[name][at] = encoded[name].to(full[name].device, full[name].dtype)
+                if self.block_rows:
+                    blocks = {name: encoded[name] for name in self.block_rows}
+                    self._write_blocks(blocks, lists[s:e], slots[: e - s])
         except BaseException:
             for name in names:
                 move_lists(full[name], new, old)
@@ -150,8 +178,6 @@ class IVFStorage:
         for name in names:
             set_rows(self, name, n0 + n)
         self.offsets = new
-        if new.device.type == "cpu":  # the lists that grew hold new rows at their ends
-            self._rows_moved({**before, "offsets": old}, (new.diff() != old.diff()).numpy())
 
     def remove_stored(self, ids: torch.Tensor) -> int:
         """Remove the rows holding ``ids``; returns how many rows. On the CPU: the lists that
@@ -179,24 +205,17 @@ class IVFStorage:
             row_kernels.rows_of_ids(0, lists.shape[0], *scan)
         if int(per_list.sum()) != count:  # (the map is checked against the ids it was built for)
             raise RuntimeError("remove_ids: the id -> list map is out of date; please report this")
-        before = {name: self._buffers[name] for name in (*self.row_buffers, "offsets")}
+        old = self.offsets
+        rowmap = None
+        if self.block_rows:  # where each row goes: the same moves as the row buffers'
+            rowmap, out = np.arange(offsets[-1], dtype=np.int64), np.empty_like(offsets)
+            row_kernels.remove_from_lists(rowmap.view(np.uint64), 1, offsets, found, out)
         new, _ = remove_list_rows(self, (*self.row_buffers, "ids"), offsets, found)
         self.offsets = torch.from_numpy(new)
         id_lists.forget(pos, self.ids, self.offsets)
-        # a list's order changed where rows left it, or where it moved down by fewer rows
-        # than it keeps (rotated); the other lists hold their rows in the same order
-        shift, kept = offsets[:-1] - new[:-1], np.diff(new)
-        changed = (shift > 0) & (shift < kept)
-        changed[lists] = True
-        self._rows_moved(before, changed)
+        if rowmap is not None:
+            self._move_blocks(old, self.offsets, rowmap[: new[-1]])
         return count
-
-    def _rows_moved(self, before: dict[str, torch.Tensor], changed: np.ndarray) -> None:
-        """Called after ``remove_ids`` or ``add`` moved stored rows on the CPU: ``before`` the
-        row buffers and offsets as they were, ``changed`` (bool [nlist]) the lists whose rows
-        are not the same rows in the same order (the others may have moved as a whole). A
-        kind keeping a copy of its rows in another layout updates that copy's changed lists
-        only (see :meth:`vq.index.core.fastscan_codes.PackedCodes.moved`); here nothing."""
 
     def _drop_rows(self, drop: np.ndarray, first: int, removed: int) -> None:
         self._remove_rows(np.flatnonzero(drop[first:]).astype(np.int64) + first)
@@ -205,10 +224,12 @@ class IVFStorage:
         """Remove stored rows ``rows`` (int64, ascending, distinct) and shorten their lists."""
         lists = np.searchsorted(self.offsets.cpu().numpy(), rows, side="right") - 1
         gone = torch.from_numpy(np.bincount(lists, minlength=self.nlist)).to(self.device)
-        offsets = self.offsets.clone()
+        offsets, old = self.offsets.clone(), self.offsets
         offsets[1:] -= torch.cumsum(gone, 0)
         remove_rows(self, (*self.row_buffers, "ids"), rows)
         self.offsets = offsets
+        if self.block_rows:  # the rows kept, in order
+            self._move_blocks(old, offsets, np.delete(np.arange(self.n_rows + rows.size), rows))
 
     def _row_lists(self, rows: torch.Tensor) -> torch.Tensor:  # the list of each stored row
         return torch.searchsorted(self.offsets, rows.to(self.device), right=True) - 1
@@ -221,7 +242,8 @@ class IVFStorage:
         of the buffers held in memory (see :func:`vq.index.core.mapped.read_lists`), and never
         scan through the mapping; the ids of the results come from the file where ``ids`` is
         mapped (:meth:`_ids_of`), whether or not the rows are."""
-        return any(file_range(self._buffers[name]) is not None for name in self.row_buffers)
+        held = (*(self._buffers[name] for name in self.row_buffers), *self.block_buffers().values())
+        return any(file_range(t) is not None for t in held)
 
     def _scan_from_file(self, q, coarse, lists, dist, rows, ranked, mask) -> bool:
         """``_scan_numba`` for an index whose row buffers are mapped from its file
@@ -234,11 +256,14 @@ class IVFStorage:
         buffers = {name: self._buffers[name] for name in self.row_buffers}
         offsets, probes = self.offsets.numpy(), lists.numpy()
         row_bytes = sum(t[0].numel() * t.element_size() for t in buffers.values())
+        blocks = self.block_buffers()
+        row_bytes += sum(t.shape[1] * t.element_size() / 32 for t in blocks.values())
+        starts = self.list_blocks.numpy() if blocks else None
         per_query = probes.shape[1] * row_bytes * self.n_rows / self.nlist + 1
         step = max(1, int(FILE_SCAN_BYTES // per_query))
         for s in range(0, q.shape[0], step):
             e = min(q.shape[0], s + step)
-            local = read_lists(buffers, offsets, probes[s:e])
+            local = read_lists(buffers, offsets, probes[s:e], (blocks, starts) if blocks else None)
             part = local.take(mask) if mask.shape[0] else mask
             self._scan_numba(
                 q[s:e], coarse[s:e], lists[s:e], dist[s:e], rows[s:e], ranked, part, local
@@ -257,3 +282,15 @@ class IVFStorage:
         stored = read_rows(self.ids, np.maximum(flat, 0)).numpy()
         at = np.where(rows >= 0, np.arange(flat.shape[0]).reshape(rows.shape), -1)
         return np.ascontiguousarray(at), stored
+
+
+def grown_rowmap(old: torch.Tensor, new: torch.Tensor) -> np.ndarray:
+    """int64 [new[-1]]: for CSR lists grown from offsets ``old`` to ``new`` (each list's rows
+    kept at its start), the old row of every new row, -1 for the room at the lists' ends."""
+    o, n = old.cpu().numpy(), new.cpu().numpy()
+    sizes = np.diff(o)
+    rowmap = np.full(int(n[-1]), -1, dtype=np.int64)
+    lists = np.repeat(np.arange(sizes.shape[0]), sizes)
+    src = np.arange(o[-1], dtype=np.int64)
+    rowmap[src - o[:-1][lists] + n[:-1][lists]] = src
+    return rowmap
