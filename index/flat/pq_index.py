@@ -173,6 +173,7 @@ class PQIndex(Index):
         n0, b = self.ntotal, codes.shape[0]
         blocks = fastscan.blocks_for(n0 + b)
         full = reserve(self, "packed_codes", blocks)
+        full[fastscan.blocks_for(n0) : blocks] = 0  # (room not written yet: its padding is 0)
         fastscan.write_rows(full, np.arange(n0, n0 + b, dtype=np.int64), codes)
         set_rows(self, "packed_codes", blocks)
         self.code_rows = self.code_rows.new_zeros((n0 + b, 0))

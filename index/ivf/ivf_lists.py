@@ -74,15 +74,19 @@ class IVFStorage:
         1]``); none here."""
         return {}
 
-    def _move_blocks(self, old: torch.Tensor, new: torch.Tensor, rowmap: np.ndarray) -> dict:
-        """Lay the ``block_rows`` out for CSR offsets ``new``, stored row r being the row
-        ``rowmap[r]`` (int64 [n_rows]; -1: a row about to be written) of offsets ``old``;
-        returns the buffers replaced (name → tensor before), for a rollback."""
-        return {}
+    def _grow_blocks(self, old: torch.Tensor, new: torch.Tensor) -> Callable[[], None]:
+        """Make room in the ``block_rows`` for lists growing from CSR offsets ``old`` to
+        ``new`` (each list's rows staying at its start; an ``add``), and return what undoes it
+        (the add failed: the blocks as they were)."""
+        return lambda: None
 
     def _write_blocks(self, encoded: dict, lists: torch.Tensor, slots: np.ndarray) -> None:
         """Store ``encoded`` (the ``block_rows`` of new rows, in ``lists``) at stored rows
-        ``slots`` (int64, of the offsets ``_move_blocks`` was given last)."""
+        ``slots`` (int64, of the offsets ``_grow_blocks`` was given last)."""
+
+    def _move_blocks(self, old: torch.Tensor, new: torch.Tensor, rowmap: np.ndarray) -> None:
+        """Lay the ``block_rows`` out for CSR offsets ``new`` after a removal, stored row r
+        being the row ``rowmap[r]`` (int64 [n_rows]) of offsets ``old``."""
 
     def _encode_rows(self, x: torch.Tensor, lists: torch.Tensor) -> dict[str, torch.Tensor]:
         raise NotImplementedError  # x [b, dim] in lists [b] → the kind's _row_buffers, b rows
@@ -157,9 +161,8 @@ class IVFStorage:
             move_lists(full[name], old, new)
         cursors = (new[:-1] + old.diff()).cpu().numpy()
         slots = np.empty(min(n, self.add_batch_size), np.int64)
+        undo = self._grow_blocks(old, new) if self.block_rows else None
         try:
-            if self.block_rows:  # each list's rows where they were, room at its end
-                before.update(self._move_blocks(old, new, grown_rowmap(old, new)))
             for s in range(0, n, self.add_batch_size):
                 e = min(n, s + self.add_batch_size)
                 row_kernels.list_slots(lists[s:e].cpu().numpy(), cursors, slots[: e - s])
@@ -174,6 +177,8 @@ class IVFStorage:
             for name in names:
                 move_lists(full[name], new, old)
             self._buffers.update(before)
+            if undo is not None:
+                undo()
             raise
         for name in names:
             set_rows(self, name, n0 + n)
@@ -282,15 +287,3 @@ class IVFStorage:
         stored = read_rows(self.ids, np.maximum(flat, 0)).numpy()
         at = np.where(rows >= 0, np.arange(flat.shape[0]).reshape(rows.shape), -1)
         return np.ascontiguousarray(at), stored
-
-
-def grown_rowmap(old: torch.Tensor, new: torch.Tensor) -> np.ndarray:
-    """int64 [new[-1]]: for CSR lists grown from offsets ``old`` to ``new`` (each list's rows
-    kept at its start), the old row of every new row, -1 for the room at the lists' ends."""
-    o, n = old.cpu().numpy(), new.cpu().numpy()
-    sizes = np.diff(o)
-    rowmap = np.full(int(n[-1]), -1, dtype=np.int64)
-    lists = np.repeat(np.arange(sizes.shape[0]), sizes)
-    src = np.arange(o[-1], dtype=np.int64)
-    rowmap[src - o[:-1][lists] + n[:-1][lists]] = src
-    return rowmap

@@ -33,6 +33,7 @@ from vq.index.core.filters import block_bits, kernel_mask, row_bits
 from vq.index.core.ranges import probed_hits
 from vq.index.core.registry import register
 from vq.index.core.searching import shape_problem
+from vq.index.core.storage import move_lists, reserve, set_rows
 from vq.index.flat.pq_index import codes_problem, pq_quantizer
 from vq.index.ivf.ivf_faiss import lists_from_faiss
 from vq.index.ivf.ivf_index import IVF_FACTORY, IVFIndex, ivf_arguments
@@ -279,22 +280,38 @@ class IVFPQ(IVFIndex):
         target = self._residuals(x, lists) if self.by_residual else x
         return {"codes": self.pq.encode_rows(target)}
 
-    def _move_blocks(self, old, new, rowmap: np.ndarray) -> dict:
-        before = {"packed_codes": self.packed_codes}
-        self.packed_codes = fastscan.moved_blocks(self.packed_codes, old, rowmap, new)
-        offsets = new.cpu().numpy()
-        self._block_layout = (offsets, fastscan.list_blocks(torch.from_numpy(offsets)).numpy())
-        return before
+    def _grow_blocks(self, old: torch.Tensor, new: torch.Tensor):
+        before, starts = self.packed_codes, fastscan.list_blocks(old)
+        grown = fastscan.list_blocks(new)
+        full = reserve(self, "packed_codes", int(grown[-1]))  # (room with spare capacity)
+        move_lists(full, starts, grown)  # whole blocks: every list towards the end, in place
+        counts, room = starts.diff(), grown.diff() - starts.diff()
+        lists = torch.repeat_interleave(torch.arange(self.nlist, device=full.device), room)
+        fresh = torch.arange(int(room.sum()), device=full.device)
+        fresh = fresh - (torch.cumsum(room, 0) - room)[lists] + (grown[:-1] + counts)[lists]
+        full[fresh] = 0  # the lists' new blocks (their padding is code 0)
+        set_rows(self, "packed_codes", int(grown[-1]))
+        self._block_layout = (new.cpu().numpy(), grown.cpu().numpy())
+
+        def undo():
+            move_lists(full, grown, starts)
+            self._buffers["packed_codes"] = before
+            o, b = old.cpu().numpy(), starts.cpu().numpy()  # the old last blocks' padding
+            pad = [np.arange(b[i] * 32 + o[i + 1] - o[i], b[i + 1] * 32) for i in range(self.nlist)]
+            slots = np.concatenate(pad).astype(np.int64)
+            zeros = torch.zeros((slots.shape[0], self.pq.M), dtype=torch.uint8)
+            fastscan.write_rows(before, slots, zeros)
+
+        return undo
 
     def _write_blocks(self, encoded: dict, lists: torch.Tensor, slots: np.ndarray) -> None:
-        # the offsets _move_blocks was given: those the add is making (not yet self.offsets)
-        offsets, starts = self._block_layout
+        offsets, starts = self._block_layout  # (of the offsets the add is making)
         lists = lists.cpu().numpy()
-        fastscan.write_rows(
-            self.packed_codes,
-            slots - offsets[lists] + starts[lists] * fastscan.BLOCK,
-            encoded["codes"],
-        )
+        at = slots - offsets[lists] + starts[lists] * fastscan.BLOCK
+        fastscan.write_rows(self.packed_codes, at, encoded["codes"])
+
+    def _move_blocks(self, old: torch.Tensor, new: torch.Tensor, rowmap: np.ndarray) -> None:
+        self.packed_codes = fastscan.moved_blocks(self.packed_codes, old, rowmap, new)
 
     def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         rows = rows.to(self.device)
