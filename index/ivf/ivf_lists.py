@@ -259,16 +259,14 @@ class IVFStorage:
         if not self.rows_mapped():
             return False
         buffers = {name: self._buffers[name] for name in self.row_buffers}
-        offsets, probes = self.offsets.numpy(), lists.numpy()
+        probes = lists.numpy()
         row_bytes = sum(t[0].numel() * t.element_size() for t in buffers.values())
-        blocks = self.block_buffers()
-        row_bytes += sum(t.shape[1] * t.element_size() / 32 for t in blocks.values())
-        starts = self.list_blocks.numpy() if blocks else None
+        row_bytes += sum(t.shape[1] * t.element_size() / 32 for t in self.block_buffers().values())
         per_query = probes.shape[1] * row_bytes * self.n_rows / self.nlist + 1
         step = max(1, int(FILE_SCAN_BYTES // per_query))
         for s in range(0, q.shape[0], step):
             e = min(q.shape[0], s + step)
-            local = read_lists(buffers, offsets, probes[s:e], (blocks, starts) if blocks else None)
+            local = self.read_probed_lists(probes[s:e])
             part = local.take(mask) if mask.shape[0] else mask
             self._scan_numba(
                 q[s:e], coarse[s:e], lists[s:e], dist[s:e], rows[s:e], ranked, part, local
@@ -276,6 +274,16 @@ class IVFStorage:
             got = rows[s:e].numpy()
             got[...] = local.stored_rows(got)
         return True
+
+    def read_probed_lists(self, lists: np.ndarray):
+        """The rows of ``lists`` (int64, any shape; -1 ignored) of every row buffer (and the
+        blocks of ``block_buffers``, by ``list_blocks``) read from the index file, a
+        :class:`vq.index.core.mapped.LocalLists` (see :func:`vq.index.core.mapped.read_lists`);
+        None where none is mapped from it."""
+        buffers = {name: self._buffers[name] for name in self.row_buffers}
+        blocks = self.block_buffers()
+        held = (blocks, self.list_blocks.numpy()) if blocks else None
+        return read_lists(buffers, self.offsets.numpy(), lists, held)
 
     def _ids_of(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(at, stored)`` with ``stored[at] == ids[rows]`` (-1 rows stay -1): the stored ids
