@@ -22,8 +22,10 @@ distances (the kernels break ties by row).
 
 A kind may hold per-vector rows in blocks rather than in row buffers (``block_rows``: IVFPQ
 fast-scan's codes, 32 vectors a block, each list padded to whole blocks): its encoded rows go
-to ``_write_blocks`` (into their slots) and, whenever rows move, ``_move_blocks`` is told where
-each row came from (the blocks of lists whose rows did not change are copied whole).
+to ``_write_blocks`` (into their slots; the lists grow by whole blocks, ``_grow_blocks``) and a
+removal tells ``_move_blocks`` where each row came from. Its removals keep the order of the
+rows left (the row buffers' later rows move down together, at memory speed), so the blocks of
+the lists holding no removed row are copied whole and only the others gathered anew.
 """
 
 from __future__ import annotations
@@ -210,17 +212,31 @@ class IVFStorage:
             row_kernels.rows_of_ids(0, lists.shape[0], *scan)
         if int(per_list.sum()) != count:  # (the map is checked against the ids it was built for)
             raise RuntimeError("remove_ids: the id -> list map is out of date; please report this")
-        old = self.offsets
-        rowmap = None
-        if self.block_rows:  # where each row goes: the same moves as the row buffers'
-            rowmap, out = np.arange(offsets[-1], dtype=np.int64), np.empty_like(offsets)
-            row_kernels.remove_from_lists(rowmap.view(np.uint64), 1, offsets, found, out)
+        if self.block_rows:  # rows in blocks: see _remove_in_order
+            self._remove_in_order(np.sort(found), lists, per_list)
+            id_lists.forget(pos, self.ids, self.offsets)
+            return count
         new, _ = remove_list_rows(self, (*self.row_buffers, "ids"), offsets, found)
         self.offsets = torch.from_numpy(new)
         id_lists.forget(pos, self.ids, self.offsets)
-        if rowmap is not None:
-            self._move_blocks(old, self.offsets, rowmap[: new[-1]])
         return count
+
+    def _remove_in_order(self, rows: np.ndarray, lists: np.ndarray, per_list: np.ndarray):
+        """``remove_stored`` of a kind holding rows in blocks: the stored ``rows`` (int64,
+        ascending, distinct; ``per_list[i]`` of them in list ``lists[i]``) removed keeping the
+        order of the rest (the row buffers' rows after the first removed one move down
+        together, at memory speed), so that only the blocks of the lists holding removed rows
+        are gathered anew and every other list's are copied whole (``_move_blocks``; swapping
+        with the last row and rotating the later lists, as the plain layout does, would make
+        most lists' blocks change)."""
+        old = self.offsets
+        gone = np.zeros(self.nlist, dtype=np.int64)
+        gone[lists] = per_list
+        new = old.numpy().copy()
+        new[1:] -= np.cumsum(gone)
+        remove_rows(self, (*self.row_buffers, "ids"), rows)
+        self.offsets = torch.from_numpy(new)
+        self._move_blocks(old, self.offsets, np.delete(np.arange(old.numpy()[-1]), rows))
 
     def _drop_rows(self, drop: np.ndarray, first: int, removed: int) -> None:
         self._remove_rows(np.flatnonzero(drop[first:]).astype(np.int64) + first)
