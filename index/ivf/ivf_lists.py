@@ -82,9 +82,9 @@ class IVFStorage:
         (the add failed: the blocks as they were)."""
         return lambda: None
 
-    def _write_blocks(self, encoded: dict, lists: torch.Tensor, slots: np.ndarray) -> None:
+    def _write_blocks(self, encoded: dict, lists, slots: np.ndarray, offsets) -> None:
         """Store ``encoded`` (the ``block_rows`` of new rows, in ``lists``) at stored rows
-        ``slots`` (int64, of the offsets ``_grow_blocks`` was given last)."""
+        ``slots`` (int64) of CSR ``offsets`` (those ``_grow_blocks`` made room for)."""
 
     def _move_blocks(self, old: torch.Tensor, new: torch.Tensor, rowmap: np.ndarray) -> None:
         """Lay the ``block_rows`` out for CSR offsets ``new`` after a removal, stored row r
@@ -174,7 +174,7 @@ class IVFStorage:
                     full[name][at] = encoded[name].to(full[name].device, full[name].dtype)
                 if self.block_rows:
                     blocks = {name: encoded[name] for name in self.block_rows}
-                    self._write_blocks(blocks, lists[s:e], slots[: e - s])
+                    self._write_blocks(blocks, lists[s:e], slots[: e - s], new)
         except BaseException:
             for name in names:
                 move_lists(full[name], new, old)

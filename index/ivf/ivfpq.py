@@ -291,7 +291,6 @@ class IVFPQ(IVFIndex):
         fresh = fresh - (torch.cumsum(room, 0) - room)[lists] + (grown[:-1] + counts)[lists]
         full[fresh] = 0  # the lists' new blocks (their padding is code 0)
         set_rows(self, "packed_codes", int(grown[-1]))
-        self._block_layout = (new.cpu().numpy(), grown.cpu().numpy())
 
         def undo():
             move_lists(full, grown, starts)
@@ -304,10 +303,11 @@ class IVFPQ(IVFIndex):
 
         return undo
 
-    def _write_blocks(self, encoded: dict, lists: torch.Tensor, slots: np.ndarray) -> None:
-        offsets, starts = self._block_layout  # (of the offsets the add is making)
+    def _write_blocks(self, encoded: dict, lists, slots: np.ndarray, offsets) -> None:
+        offsets = offsets.cpu()
+        starts = fastscan.list_blocks(offsets).numpy()
         lists = lists.cpu().numpy()
-        at = slots - offsets[lists] + starts[lists] * fastscan.BLOCK
+        at = slots - offsets.numpy()[lists] + starts[lists] * fastscan.BLOCK
         fastscan.write_rows(self.packed_codes, at, encoded["codes"])
 
     def _move_blocks(self, old: torch.Tensor, new: torch.Tensor, rowmap: np.ndarray) -> None:
