@@ -151,16 +151,19 @@ class PQIndex(Index):
         try:
             super().add_rows(x, ids, prepare)
         except BaseException:
-            self._buffers.update(before)
-            if n % fastscan.BLOCK:  # the slots written past the old end back to code 0
-                self._clear_slots(n)
+            self._restore(before, n)
             raise
 
-    def _clear_slots(self, n: int) -> None:
-        """Code 0 in the slots of the last block past row ``n`` (its padding)."""
-        slots = np.arange(n, fastscan.blocks_for(n) * fastscan.BLOCK, dtype=np.int64)
-        zeros = torch.zeros((slots.shape[0], self.pq.M), dtype=torch.uint8)
-        fastscan.write_rows(self.packed_codes, slots, zeros)
+    def _restore(self, before: dict, n: int) -> None:
+        """The buffers ``before`` back after a failed write of rows past ``n``: where the
+        codes were written into the old blocks' room, the slots past row n back to code 0."""
+        old = before["packed_codes"].untyped_storage().data_ptr()
+        written = self.packed_codes.untyped_storage().data_ptr() == old
+        self._buffers.update(before)
+        if written and n % fastscan.BLOCK:
+            slots = np.arange(n, fastscan.blocks_for(n) * fastscan.BLOCK, dtype=np.int64)
+            zeros = torch.zeros((slots.shape[0], self.pq.M), dtype=torch.uint8)
+            fastscan.write_rows(self.packed_codes, slots, zeros)
 
     def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
         if not self.fast_scan:
@@ -188,9 +191,7 @@ class PQIndex(Index):
             self._append_ids(ids)
             self._append_codes(other.codes.to(self.device))
         except BaseException:
-            self._buffers.update(before)
-            if n % fastscan.BLOCK:
-                self._clear_slots(n)
+            self._restore(before, n)
             raise
 
     def _drop_rows(self, drop: np.ndarray, first: int, removed: int) -> None:

@@ -295,6 +295,8 @@ class IVFPQ(IVFIndex):
         def undo():
             move_lists(full, grown, starts)
             self._buffers["packed_codes"] = before
+            if before.untyped_storage().data_ptr() != full.untyped_storage().data_ptr():
+                return  # (grown into a new tensor: the old blocks were not written)
             o, b = old.cpu().numpy(), starts.cpu().numpy()  # the old last blocks' padding
             pad = [np.arange(b[i] * 32 + o[i + 1] - o[i], b[i + 1] * 32) for i in range(self.nlist)]
             slots = np.concatenate(pad).astype(np.int64)
