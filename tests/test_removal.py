@@ -173,9 +173,7 @@ def test_the_blocks_after_removals_and_adds_are_those_of_packing_the_lists_anew(
     index = _filled(trained, name, x[:1500], np.arange(1500))
     packed_anew = []
     real = fastscan_index.pack_rows
-    monkeypatch.setattr(
-        fastscan_index, "pack_rows", lambda *a: packed_anew.append(1) or real(*a)
-    )
+    monkeypatch.setattr(fastscan_index, "pack_rows", lambda *a: packed_anew.append(1) or real(*a))
     first = index.ids[int(index.offsets[-2]) :][:2].numpy().copy()  # rows of the last list only
     index.remove_ids(first)
     index.remove_ids(index.ids[int(index.offsets[-2]) :][:1].numpy().copy())
