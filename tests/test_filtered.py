@@ -79,7 +79,7 @@ def _only(index, allowed_ids):
             sorter = np.argsort(before)
             rank = sorter[np.searchsorted(before, _row_keys(m), sorter=sorter)]
             order = torch.from_numpy(np.argsort(rank))
-            for name in (*m.row_buffers, "ids"):
+            for name in (*m.row_buffers, *m.block_rows, "ids"):  # (fast-scan codes: packed)
                 setattr(m, name, getattr(m, name)[order].contiguous())
     return sub
 

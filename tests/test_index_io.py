@@ -338,10 +338,10 @@ def test_newer_format_version_is_refused(tmp_path, saved, ivfpq, queries):
     assert_same_index(ivfpq, vq.load_index(same), queries)
 
     def newer(meta):
-        meta["format_version"] = "3"
+        meta["format_version"] = "4"
 
     path = forge(saved, tmp_path / "newer.vqi", edit_meta=newer, fix_checksum=False)
-    with pytest.raises(ValueError, match="format version 3; .* upgrade vq"):
+    with pytest.raises(ValueError, match="format version 4; .* upgrade vq"):
         vq.load_index(path)
 
 

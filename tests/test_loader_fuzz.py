@@ -273,7 +273,7 @@ def as_version(version: str, drop_config_checksum: bool):
 def test_format_version_1_files_still_load(tmp_path, saved):
     """What vq 0.1.0 wrote: format version 1, no configuration checksum."""
     index, raw, queries = saved
-    assert FORMAT_VERSION == 2
+    assert FORMAT_VERSION == 3
     path = tmp_path / "v1.vqi"
     path.write_bytes(rewrite(raw, as_version("1", drop_config_checksum=True)))
     assert_same(vq.load_index(path), index, queries)
@@ -282,9 +282,9 @@ def test_format_version_1_files_still_load(tmp_path, saved):
 @pytest.mark.parametrize(
     "version, message",
     [
-        ("0", r"index format version 0 is older than any this vq reads \(versions 1 to 2\)"),
+        ("0", r"index format version 0 is older than any this vq reads \(versions 1 to 3\)"),
         ("-4", r"format version -4 is older than any this vq reads"),
-        ("3", r"written by vq 0.1.0 in index format version 3; this vq reads versions 1 to 2: "),
+        ("4", r"written by vq 0.1.0 in index format version 4; this vq reads versions 1 to 3: "),
     ],
 )
 def test_unreadable_format_versions_name_the_versions_needed(tmp_path, saved, version, message):

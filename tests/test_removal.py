@@ -166,42 +166,27 @@ def test_removal_gives_faiss_remove_ids_results(trained, data, name):
 
 
 @pytest.mark.parametrize("name", ["IVF16,PQ8x4fs", "IVF16(soar),PQ8x4fs"])
-def test_the_packed_copy_after_removals_and_adds_repacks_only_changed_lists(
+def test_the_blocks_after_removals_and_adds_are_those_of_packing_the_lists_anew(
     trained, data, name, monkeypatch
 ):
     x, q = data
     index = _filled(trained, name, x[:1500], np.arange(1500))
-    index.search(q, K)
-    repacked = []
-    real = fastscan_index.repack_lists
-    monkeypatch.setattr(
-        fastscan_index,
-        "repack_lists",
-        lambda l0, l1, c, o, changed, *a: (
-            repacked.append(changed[l0:l1].sum()) or real(l0, l1, c, o, changed, *a)
-        ),
-    )
+    packed_anew = []
+    real = fastscan_index.pack_rows
+    monkeypatch.setattr(fastscan_index, "pack_rows", lambda *a: packed_anew.append(1) or real(*a))
     first = index.ids[int(index.offsets[-2]) :][:2].numpy().copy()  # rows of the last list only
     index.remove_ids(first)
-    index.search(q, K)
-    if not index.spill:  # (spilled: the ids' other rows are in other lists)
-        assert sum(repacked) == 1  # only the last list packed again
-    assert 0 < sum(repacked) < index.nlist
-    repacked.clear()
-    # two writes before the next search: a removal from the last list, an add of 2 vectors
     index.remove_ids(index.ids[int(index.offsets[-2]) :][:1].numpy().copy())
     index.add_with_ids(x[1500:1502], np.arange(1500, 1502))
-    index.search(q, K)
-    if not index.spill:  # (spilled: a removed id's other row moves the lists after it)
-        assert 0 < sum(repacked) <= 3
-    fresh = fastscan.pack_lists(index.codes.numpy(), index.offsets.numpy())
-    np.testing.assert_array_equal(index._packed.packed, fresh[0])
-    np.testing.assert_array_equal(index._packed.list_blocks, fresh[1])
-    repacked.clear()
-    index.codes = index.codes.clone()  # a tensor the copy was not told of: packed whole
-    index.search(q, K)
-    assert sum(repacked) == index.nlist
-    np.testing.assert_array_equal(index._packed.packed, fresh[0])
+    index.remove_ids(np.arange(0, 1500, 7))  # rows of every list
+    assert not packed_anew  # the blocks moved and written, never packed from all the codes
+    fresh, starts = fastscan.pack_lists(index.codes.numpy(), index.offsets.numpy())
+    np.testing.assert_array_equal(index.packed_codes.numpy().reshape(-1, 32), fresh)
+    np.testing.assert_array_equal(index.list_blocks.numpy(), starts)
+    index.check_consistent()
+    _, i = index.search(q, K)
+    assert not np.isin(i, np.concatenate([first, np.arange(0, 1500, 7)])).any()
+    assert np.isin([1500, 1501], index.ids.numpy()).all()
 
 
 def test_a_removal_keeps_the_arrays_derived_from_the_codebooks(trained, data):

@@ -58,7 +58,20 @@ def _filled(trained, name, x, ids):
 
 
 def _storage(index):
-    return {k: v.clone() for k, v in index.state_dict().items()}
+    """The stored data by name (a fast-scan index's codes unpacked from its blocks, whose
+    order within a list ``_by_list`` cannot sort)."""
+    out = {k: v.clone() for k, v in index.state_dict().items()}
+    for prefix, m in index.named_modules():
+        if getattr(m, "fast_scan", False):
+            key = f"{prefix}.packed_codes" if prefix else "packed_codes"
+            out[key.replace("packed_codes", "codes")] = m.codes.clone()
+            del out[key]
+    return out
+
+
+def _row_buffer(index):
+    """The buffer holding the rows (or a fast-scan index's blocks of codes)."""
+    return index.row_buffers[0] if index.row_buffers else "packed_codes"
 
 
 def _by_list(index):
@@ -69,7 +82,7 @@ def _by_list(index):
         if isinstance(m, IVFIndex):
             lists = np.repeat(np.arange(m.nlist), m.list_sizes().numpy())
             order = torch.from_numpy(np.lexsort((m.ids.numpy(), lists)))
-            for name in (*m.row_buffers, "ids"):
+            for name in (*m.row_buffers, *m.block_rows, "ids"):
                 key = f"{prefix}.{name}" if prefix else name
                 out[key] = out[key][order]
     return out
@@ -154,7 +167,7 @@ def test_removals_in_several_calls_then_adds_equal_an_index_built_with_what_is_l
 def test_remove_ids_moves_rows_in_place_and_add_fills_the_room_left(trained, data, name):
     x, _ = data
     index = _filled(trained, name, x, np.arange(N))
-    buf = index.row_buffers[0]
+    buf = _row_buffer(index)
     ptr = getattr(index, buf).data_ptr()
     index.remove_ids(np.arange(0, N, 2))
     assert getattr(index, buf).data_ptr() == ptr  # compacted in place, not copied
@@ -173,7 +186,7 @@ def test_adds_in_many_calls_store_what_one_add_stores_with_few_reallocations(tra
     for s in range(0, N, 50):
         many.add(x[s : s + 50])
         inner = many.index if isinstance(many, Refine) else many
-        ptrs.add(getattr(inner, inner.row_buffers[0]).data_ptr())
+        ptrs.add(getattr(inner, _row_buffer(inner)).data_ptr())
     _assert_same_storage(many, one)
     assert len(ptrs) <= 16  # 1.25x growth: ~log(40)/log(1.25) reallocations, not 40
     np.testing.assert_array_equal(many.search(q, K)[1], one.search(q, K)[1])

@@ -234,8 +234,8 @@ class Index(Updates, SearchPaths, nn.Module):
 
     def nbytes(self) -> int:
         """Bytes of memory the index holds: its buffers (what ``save`` writes) and the arrays
-        its searches keep derived from them (the fast-scan packed copy of the codes, norms,
-        an id order…; built by the first search that needs them), each region counted once,
+        its searches keep derived from them (norms, an id order…; built by the first search
+        that needs them), each region counted once,
         on every device together. ``nbytes() / ntotal`` is the memory per vector."""
         return held_bytes(self)
 

@@ -6,8 +6,12 @@ JSON), a SHA-256 checksum of the tensors and (from format version 2) one of the 
 Writing goes through :mod:`vq.parallel.atomic`: a temporary file beside the target, flushed to
 disk, renamed over it, the directory flushed, so a crash mid-save leaves the previous file.
 
-Format versions: 1 (vq 0.1.0: tensors checksummed) and 2 (the configuration checksummed too).
-Both are read; files of a newer version are refused with the version they need.
+Format versions: 1 (vq 0.1.0: tensors checksummed), 2 (the configuration checksummed too) and
+3 (fast-scan codes stored as faiss's blocks, ``packed_codes``, instead of one byte per code).
+All are read (a fast-scan index of a version 1 or 2 file packs its plain codes as it loads);
+files of a newer version are refused with the version they need. A file is written as the
+oldest version that holds it: 3 where it holds fast-scan blocks, else 2, so a vq that reads
+only up to 2 still loads every other index a newer one saves.
 
 This module knows the file, not the indexes (it imports none): ``Index.save`` writes through
 :func:`write_index_file`; :func:`vq.index.load_index` (in :mod:`vq.index.io`, the top of the
@@ -34,7 +38,11 @@ from vq.index.core.mapped import MappedFile, read_chunks, register
 from vq.parallel.atomic import remove_stale_temporaries, write_safetensors
 
 FORMAT = "vq.index"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+#: the version of files holding no tensor that needs 3 (no fast-scan blocks)
+_PLAIN_VERSION = 2
+#: tensors (by the last part of their name) that only format 3 holds
+_VERSION_3_TENSORS = ("packed_codes", "code_rows")
 #: the oldest format version this vq reads
 MIN_FORMAT_VERSION = 1
 #: tensors smaller than this are read at a mapped load, not mapped (offsets, codebooks...)
@@ -72,13 +80,21 @@ def save_target(path) -> Path:
     return path
 
 
+def written_version(tensors: dict[str, torch.Tensor]) -> int:
+    """The format version a file of ``tensors`` is written as: the oldest that holds them."""
+    for name in tensors:
+        if name.rsplit(".", 1)[-1] in _VERSION_3_TENSORS:
+            return FORMAT_VERSION
+    return _PLAIN_VERSION
+
+
 def write_index_file(path: Path, tensors: dict[str, torch.Tensor], config: dict) -> None:
     """Write contiguous CPU ``tensors`` and the JSON-serialisable ``config`` (``{"class":
     name, **index.config()}``) to ``path`` atomically, with the metadata and checksums."""
     config_json = json.dumps(config)
     metadata = {
         "format": FORMAT,
-        "format_version": str(FORMAT_VERSION),
+        "format_version": str(written_version(tensors)),
         "vq_version": __version__,
         "config": config_json,
         "checksum": tensors_checksum(tensors),

@@ -164,36 +164,59 @@ class LocalLists:
 
 
 def read_lists(
-    buffers: dict[str, torch.Tensor], offsets: np.ndarray, lists: np.ndarray
+    buffers: dict[str, torch.Tensor],
+    offsets: np.ndarray,
+    lists: np.ndarray,
+    blocks: tuple[dict[str, torch.Tensor], np.ndarray] | None = None,
 ) -> LocalLists | None:
     """The rows of ``lists`` (int64, any shape; -1 ignored) of each row buffer in ``buffers``
     (name → [n_rows, ...], CSR lists ``offsets`` int64 [nlist + 1]): read from the file by
     ``pread`` for those mapped from it (adjacent lists in one read), copied for those held in
     memory (a mapped load reads tensors under 1 MiB); None where none is (or still is) a mapped
-    file's (see :func:`file_range`)."""
-    sources = {name: file_range(t) for name, t in buffers.items()}
+    file's (see :func:`file_range`). ``blocks``: buffers holding the lists in blocks (name →
+    [blocks, ...], list l in blocks ``starts[l]:starts[l + 1]``) and ``starts``, read alike;
+    the result then holds them and ``list_blocks`` (int64 [nlist + 1], over the blocks read)."""
+    held, starts = blocks if blocks is not None else ({}, None)
+    sources = {name: file_range(t) for name, t in {**buffers, **held}.items()}
     if all(s is None for s in sources.values()):
         return None
     nlist = offsets.shape[0] - 1
     wanted = np.unique(lists[(lists >= 0) & (lists < nlist)])
+    local, runs = _local_runs(offsets, wanted)
+    out = {}
+    for name, t in buffers.items():
+        _read_runs(name, t, sources[name], int(local[-1]), runs, out)
+    if held:
+        local_blocks, block_runs = _local_runs(starts, wanted)
+        for name, t in held.items():
+            _read_runs(name, t, sources[name], int(local_blocks[-1]), block_runs, out)
+        out["list_blocks"] = torch.from_numpy(local_blocks)
+    return LocalLists(out, local, offsets, runs, wanted)
+
+
+def _local_runs(offsets: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CSR offsets over the lists ``wanted`` (ascending; the others empty) of CSR ``offsets``,
+    and their runs of adjacent lists: one contiguous (first, count) range of rows each."""
+    nlist = offsets.shape[0] - 1
     sizes = np.zeros(nlist, dtype=np.int64)
     sizes[wanted] = offsets[wanted + 1] - offsets[wanted]
     local = np.zeros(nlist + 1, dtype=np.int64)
     np.cumsum(sizes, out=local[1:])
-    # runs of adjacent lists: one contiguous range of stored rows each
     first = np.diff(wanted, prepend=-2) != 1
     last = np.append(first[1:], True)
     starts = offsets[wanted[first]]
-    runs = np.stack([starts, offsets[wanted[last] + 1] - starts], axis=1)
-    out = {}
-    for name, t in buffers.items():
-        width = _row_bytes(t)
-        out[name], raw = _empty_rows(t, int(local[-1]))
-        if sources[name] is not None:
-            _pread(sources[name], raw, (runs * width).tolist())
-        else:
-            _copy_rows(t, raw, runs)
-    return LocalLists(out, local, offsets, runs, wanted)
+    return local, np.stack([starts, offsets[wanted[last] + 1] - starts], axis=1)
+
+
+def _read_runs(name: str, t: torch.Tensor, source, n: int, runs: np.ndarray, out: dict) -> None:
+    """``out[name]``: the rows ``runs`` of ``t`` (``n`` in all), by ``pread`` where ``source``
+    (its file range) is not None, else copied."""
+    width = _row_bytes(t)
+    out[name], raw = _empty_rows(t, n)
+    if source is not None:
+        _pread(source, raw, (runs * width).tolist())
+    else:
+        _copy_rows(t, raw, runs)
 
 
 def _copy_rows(t: torch.Tensor, out: np.ndarray, runs: np.ndarray) -> None:

@@ -1,6 +1,6 @@
 """How many bytes an index holds: its buffers and parameters (what ``save`` writes) and the
-arrays its searches keep derived from them (the fast-scan packed copy of the codes, norms,
-transposed centroids, an id order, padded lists of the torch path), each region of memory
+arrays its searches keep derived from them (norms, transposed centroids, an id order, padded
+lists of the torch path), each region of memory
 counted once however many tensors, views and caches share it.
 
 The walk starts at the index's module and follows what its modules hold: tensors, numpy

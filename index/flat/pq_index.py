@@ -20,12 +20,13 @@ from vq.index.core.faiss_build import (
     pq_codes_from_faiss,
     with_id_map,
 )
-from vq.index.core.fastscan_codes import PackedCodes, check_fast_scan
+from vq.index.core.fastscan_codes import check_fast_scan
 from vq.index.core.filters import IdFilter, kernel_mask
 from vq.index.core.ranges import probed_hits
 from vq.index.core.registry import register
 from vq.index.core.searchers import Searcher, kept, top_rows
 from vq.index.core.searching import NO_IDS, shape_problem
+from vq.index.core.storage import explicit_ids, remove_rows, reserve, set_rows
 from vq.kernels.common.bundles import PQLists, Probes, RangeHits, Tables
 from vq.kernels.common.constants import metric as kernel_metric
 from vq.kernels.fastscan import fastscan_scans as packed4
@@ -52,7 +53,11 @@ class PQIndex(Index):
 
     Submodules and buffers:
         pq: the :class:`vq.ProductQuantizer`; codes: [ntotal, M] (uint8 for nbits <= 8);
-        ids: int64 [ntotal].
+        ids: int64 [ntotal]. A fast-scan index holds its codes once, as faiss's blocks
+        (:mod:`vq.index.core.fastscan_codes`): packed_codes: uint8 [ceil(ntotal / 32), M * 16]
+        and code_rows: uint8 [ntotal, 0] (no bytes: its length is the number of codes the
+        blocks hold); ``codes`` is then a property that unpacks them (a new [ntotal, M]
+        tensor per read; assigning it packs).
     """
 
     row_buffers = ("codes",)
@@ -72,8 +77,31 @@ class PQIndex(Index):
         super().__init__(dim, metric, k, verbose)
         self.pq = pq_quantizer(dim, M, nbits, **pq_options)
         self.fast_scan = check_fast_scan(fast_scan, M, nbits)
-        self.register_buffer("codes", torch.zeros(0, M, dtype=self.pq.code_dtype))
-        self._packed = PackedCodes()
+        if self.fast_scan:  # the codes as blocks alone (see the class docstring)
+            self.row_buffers = ()
+            self.register_buffer("packed_codes", torch.zeros(0, M * 16, dtype=torch.uint8))
+            self.register_buffer("code_rows", torch.zeros(0, 0, dtype=torch.uint8))
+        else:
+            self.register_buffer("codes", torch.zeros(0, M, dtype=self.pq.code_dtype))
+
+    @property
+    def codes(self) -> torch.Tensor:
+        """[ntotal, M]: the stored codes (a fast-scan index's unpacked from its blocks: a new
+        tensor, on the index's device)."""
+        held = self.__dict__["_buffers"].get("codes")
+        if held is not None:
+            return held
+        if not self.__dict__.get("fast_scan"):
+            raise AttributeError("codes")
+        return fastscan.unpack_blocks(self.packed_codes, self.pq.M)[: self.ntotal]
+
+    @codes.setter
+    def codes(self, value: torch.Tensor) -> None:  # (a fast-scan index: packed)
+        if not self.fast_scan:
+            self._buffers["codes"] = value
+            return
+        self.packed_codes = fastscan.pack_rows(value)
+        self.code_rows = value.new_zeros((value.shape[0], 0), dtype=torch.uint8)
 
     @property
     def is_trained(self) -> bool:
@@ -91,16 +119,115 @@ class PQIndex(Index):
 
     @property
     def ntotal(self) -> int:
-        return int(self.codes.shape[0])
+        return int((self.code_rows if self.fast_scan else self.codes).shape[0])
 
     def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        return pq_decode(self.codes[rows.to(self.device)], self.pq.codebooks.float())
+        rows = rows.to(self.device)
+        if self.fast_scan:
+            codes = fastscan.codes_at(self.packed_codes, rows, self.pq.M)
+        else:
+            codes = self.codes[rows]
+        return pq_decode(codes, self.pq.codebooks.float())
 
     def growing_buffers(self) -> tuple[str, ...]:
+        if self.fast_scan:
+            return (*super().growing_buffers(), "packed_codes", "code_rows")
         return (*super().growing_buffers(), "codes")
 
     def consistency_problem(self) -> str | None:
-        return super().consistency_problem() or codes_problem(self.codes, self.ntotal, self.pq)
+        problem = super().consistency_problem()
+        if problem is not None or not self.fast_scan:
+            return problem or codes_problem(self.codes, self.ntotal, self.pq)
+        blocks = fastscan.blocks_for(self.ntotal)
+        return shape_problem("packed_codes", self.packed_codes, (blocks, self.pq.M * 16))
+
+    # -- a fast-scan index's rows: written into its blocks -------------------------------------
+    def add_rows(self, x: torch.Tensor, ids, prepare=None) -> None:
+        if not self.fast_scan:
+            return super().add_rows(x, ids, prepare)
+        before = {k: self._buffers[k] for k in ("packed_codes", "code_rows", "ids")}
+        n = self.ntotal
+        reserve(self, "packed_codes", fastscan.blocks_for(n + x.shape[0]))  # room for all
+        try:
+            super().add_rows(x, ids, prepare)
+        except BaseException:
+            self._restore(before, n)
+            raise
+
+    def _restore(self, before: dict, n: int) -> None:
+        """The buffers ``before`` back after a failed write of rows past ``n``: where the
+        codes were written into the old blocks' room, the slots past row n back to code 0."""
+        old = before["packed_codes"].untyped_storage().data_ptr()
+        written = self.packed_codes.untyped_storage().data_ptr() == old
+        self._buffers.update(before)
+        if written and n % fastscan.BLOCK:
+            slots = np.arange(n, fastscan.blocks_for(n) * fastscan.BLOCK, dtype=np.int64)
+            zeros = torch.zeros((slots.shape[0], self.pq.M), dtype=torch.uint8)
+            fastscan.write_rows(self.packed_codes, slots, zeros)
+
+    def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
+        if not self.fast_scan:
+            return super()._store(encoded, ids)
+        self._append_ids(ids)  # (first: ntotal counts the codes stored before)
+        self._append_codes(encoded["codes"])
+
+    def _append_codes(self, codes: torch.Tensor) -> None:
+        """Write fast-scan ``codes`` [b, M] after the stored ones, into the blocks' room."""
+        n0, b = self.ntotal, codes.shape[0]
+        blocks = fastscan.blocks_for(n0 + b)
+        full = reserve(self, "packed_codes", blocks)
+        full[fastscan.blocks_for(n0) : blocks] = 0  # (room not written yet: its padding is 0)
+        fastscan.write_rows(full, np.arange(n0, n0 + b, dtype=np.int64), codes)
+        set_rows(self, "packed_codes", blocks)
+        self.code_rows = self.code_rows.new_zeros((n0 + b, 0))
+
+    def merge_rows(self, other, shift: int) -> None:
+        if not self.fast_scan:
+            return super().merge_rows(other, shift)
+        ids = self._merged_ids(other, shift)
+        before = {k: self._buffers[k] for k in ("packed_codes", "code_rows", "ids")}
+        n = self.ntotal
+        try:
+            self._append_ids(ids)
+            self._append_codes(other.codes.to(self.device))
+        except BaseException:
+            self._restore(before, n)
+            raise
+
+    def _drop_rows(self, drop: np.ndarray, first: int, removed: int) -> None:
+        if not self.fast_scan:
+            return super()._drop_rows(drop, first, removed)
+        n = self.ntotal
+        explicit_ids(self, n)
+        rows = (np.flatnonzero(drop[first:]) + first).astype(np.int64, copy=False)
+        keep = np.ones(n, dtype=bool)
+        keep[rows] = False
+        kept = np.flatnonzero(keep).astype(np.int64)
+        old = self.packed_codes
+        # the index's own tensor (compacted in place: each block's rows come from it or later
+        # blocks), or a new one of the blocks kept (a loaded or assigned buffer, not written)
+        full = reserve(self, "packed_codes", fastscan.blocks_for(kept.shape[0]), rows=0)
+        source = full if full.data_ptr() == old.data_ptr() else old
+        spans = torch.tensor([0, n]), torch.tensor([0, kept.shape[0]])
+        fastscan.moved_blocks(source, spans[0], kept, spans[1], out=full)
+        set_rows(self, "packed_codes", fastscan.blocks_for(kept.shape[0]))
+        remove_rows(self, ("ids",), rows)
+        self.code_rows = self.code_rows.new_zeros((kept.shape[0], 0))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        plain = state_dict.get(prefix + "codes")
+        if self.fast_scan and plain is not None and prefix + "packed_codes" not in state_dict:
+            # a file of vq <= 0.x (format 2): the plain codes, packed as this index holds them
+            del state_dict[prefix + "codes"]
+            if plain.dim() == 2 and plain.shape[1] == self.pq.M and plain.shape[0]:
+                codes_ok = int(plain.max()) < 16
+            else:
+                codes_ok = plain.dim() == 2 and plain.shape[1] == self.pq.M
+            if not codes_ok:  # (what consistency_problem would have said of them)
+                raise RuntimeError(f"codes of shape {tuple(plain.shape)} or outside [0, 16)")
+            state_dict[prefix + "packed_codes"] = fastscan.pack_rows(plain)
+            state_dict[prefix + "code_rows"] = torch.zeros((plain.shape[0], 0), dtype=torch.uint8)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def faiss_counterpart(self):
         """faiss ``IndexPQ`` (``IndexPQFastScan`` for fast-scan) with the same codebooks and
@@ -144,7 +271,7 @@ class PQIndex(Index):
         # CPU tensors in eager mode (see _search_ids)
         ip, mask = self.metric == "ip", kernel_mask(self, allowed)
         if self.fast_scan and _cpu.fast_path(q):  # tables built by the kernel
-            packed = self._packed.get(self.codes)
+            packed = self.packed_codes.numpy()
             return fastscan.pq_search(
                 q.contiguous().numpy(), self._codebook_arrays(), ip, packed, self.ntotal, k, mask
             )
@@ -192,7 +319,7 @@ class PQIndex(Index):
         ids = self.ids.numpy() if self.ids.shape[0] == self.ntotal else NO_IDS
         work, n = self.search_work, self.ntotal
         if self.fast_scan:
-            packed = self._packed.get(self.codes)
+            packed = self.packed_codes.numpy()
             return fastscan.pq_lean_search(codebooks_t, norms, packed, n, ids, ip, work)
         codes, words = kernels.code_view(self.codes.contiguous().numpy(), self.pq.ksub)
         kernel = kernels.pq_lean(self.pq.M, words)

@@ -14,7 +14,6 @@ import numpy as np
 from vq import _cpu
 from vq._checks import check_positive
 from vq.index.core.lean import SMALL_BATCH
-from vq.index.core.mapped import read_lists
 from vq.index.core.searching import NO_IDS
 from vq.kernels.common.bundles import Coarse, Finish, plain
 from vq.kernels.common.constants import metric as kernel_metric
@@ -154,13 +153,12 @@ def mapped_scan(index, coarse: tuple, ip: bool) -> Callable:
     not finite."""
     centroids_t, norms = coarse[0], coarse[1]
     c_sq = norms if not ip else (centroids_t * centroids_t).sum(0)
-    rows = {name: getattr(index, name) for name in index.row_buffers}
-    offsets, nlist = index.offsets.numpy(), index.nlist
+    nlist = index.nlist
     finish = plain(Finish(NO_IDS, None, None))  # (no re-ranking of mapped rows)
 
     def scan(q, nprobe: int, kc: int, width: int, repeats: bool, out_dist, found, ranked, split_up):
         lists = near_lists(q, centroids_t, c_sq, ip, nprobe)
-        local = read_lists(rows, offsets, np.arange(nlist) if lists is None else lists)
+        local = index.read_probed_lists(np.arange(nlist) if lists is None else lists)
         local_kernel, rest = index._lean_kernel(local)
         run = partial(split_queries, local_kernel) if split_up else local_kernel
         kept = width if repeats else kc  # the kernel's k_candidates

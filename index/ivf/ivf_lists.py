@@ -18,9 +18,14 @@ and a removal costs the rows read in the touched lists plus the sum of min(R, si
 later lists, not a pass over every stored row. As with faiss's ``remove_ids``, the order of
 the rows within a list changes (a list moved by fewer rows than it keeps is rotated): search
 results equal those of an index built without the removed ids, up to the order among equal
-distances (the kernels break ties by row). A kind keeping a copy of its rows in another layout
-(the fast-scan packed codes) is told which lists changed (``_rows_moved``) and updates only
-those.
+distances (the kernels break ties by row).
+
+A kind may hold per-vector rows in blocks rather than in row buffers (``block_rows``: IVFPQ
+fast-scan's codes, 32 vectors a block, each list padded to whole blocks): its encoded rows go
+to ``_write_blocks`` (into their slots; the lists grow by whole blocks, ``_grow_blocks``) and a
+removal tells ``_move_blocks`` where each row came from. Its removals keep the order of the
+rows left (the row buffers' later rows move down together, at memory speed), so the blocks of
+the lists holding no removed row are copied whole and only the others gathered anew.
 """
 
 from __future__ import annotations
@@ -59,8 +64,31 @@ class IVFStorage:
     ``_encode_rows``), and the reading of rows from a mapped index file for the kind's
     ``_scan_numba`` (:mod:`vq.index.core.mapped`)."""
 
+    #: names of the per-vector rows the kind holds in blocks, not in ``row_buffers`` (what
+    #: ``_encode_rows`` gives and ``_write_blocks`` stores; readable as attributes)
+    block_rows: tuple[str, ...] = ()
+
     def data_buffers(self) -> tuple[str, ...]:
         return (*super().data_buffers(), "offsets")
+
+    def block_buffers(self) -> dict[str, torch.Tensor]:
+        """The buffers holding ``block_rows`` (list l in blocks ``list_blocks[l]:list_blocks[l +
+        1]``); none here."""
+        return {}
+
+    def _grow_blocks(self, old: torch.Tensor, new: torch.Tensor) -> Callable[[], None]:
+        """Make room in the ``block_rows`` for lists growing from CSR offsets ``old`` to
+        ``new`` (each list's rows staying at its start; an ``add``), and return what undoes it
+        (the add failed: the blocks as they were)."""
+        return lambda: None
+
+    def _write_blocks(self, encoded: dict, lists, slots: np.ndarray, offsets) -> None:
+        """Store ``encoded`` (the ``block_rows`` of new rows, in ``lists``) at stored rows
+        ``slots`` (int64) of CSR ``offsets`` (those ``_grow_blocks`` made room for)."""
+
+    def _move_blocks(self, old: torch.Tensor, new: torch.Tensor, rowmap: np.ndarray) -> None:
+        """Lay the ``block_rows`` out for CSR offsets ``new`` after a removal, stored row r
+        being the row ``rowmap[r]`` (int64 [n_rows]) of offsets ``old``."""
 
     def _encode_rows(self, x: torch.Tensor, lists: torch.Tensor) -> dict[str, torch.Tensor]:
         raise NotImplementedError  # x [b, dim] in lists [b] → the kind's _row_buffers, b rows
@@ -113,7 +141,7 @@ class IVFStorage:
         ids = self._merged_ids(other, shift)
         sizes = other.list_sizes().to(self.device)
         lists = torch.repeat_interleave(torch.arange(self.nlist, device=self.device), sizes)
-        buffers = {name: getattr(other, name) for name in self.row_buffers}
+        buffers = {name: getattr(other, name) for name in (*self.row_buffers, *self.block_rows)}
         self._insert(lists, lambda s, e: {k: v[s:e] for k, v in buffers.items()}, ids)
 
     def _insert(self, lists: torch.Tensor, rows: Callable, ids: torch.Tensor) -> None:
@@ -135,23 +163,28 @@ class IVFStorage:
             move_lists(full[name], old, new)
         cursors = (new[:-1] + old.diff()).cpu().numpy()
         slots = np.empty(min(n, self.add_batch_size), np.int64)
+        undo = self._grow_blocks(old, new) if self.block_rows else None
         try:
             for s in range(0, n, self.add_batch_size):
                 e = min(n, s + self.add_batch_size)
                 row_kernels.list_slots(lists[s:e].cpu().numpy(), cursors, slots[: e - s])
                 at = torch.from_numpy(slots[: e - s]).to(self.device)
-                for name, t in {**rows(s, e), "ids": ids[s:e]}.items():
-                    full[name][at] = t.to(full[name].device, full[name].dtype)
+                encoded = {**rows(s, e), "ids": ids[s:e]}
+                for name in names:
+                    full[name][at] = encoded[name].to(full[name].device, full[name].dtype)
+                if self.block_rows:
+                    blocks = {name: encoded[name] for name in self.block_rows}
+                    self._write_blocks(blocks, lists[s:e], slots[: e - s], new)
         except BaseException:
             for name in names:
                 move_lists(full[name], new, old)
             self._buffers.update(before)
+            if undo is not None:
+                undo()
             raise
         for name in names:
             set_rows(self, name, n0 + n)
         self.offsets = new
-        if new.device.type == "cpu":  # the lists that grew hold new rows at their ends
-            self._rows_moved({**before, "offsets": old}, (new.diff() != old.diff()).numpy())
 
     def remove_stored(self, ids: torch.Tensor) -> int:
         """Remove the rows holding ``ids``; returns how many rows. On the CPU: the lists that
@@ -179,24 +212,31 @@ class IVFStorage:
             row_kernels.rows_of_ids(0, lists.shape[0], *scan)
         if int(per_list.sum()) != count:  # (the map is checked against the ids it was built for)
             raise RuntimeError("remove_ids: the id -> list map is out of date; please report this")
-        before = {name: self._buffers[name] for name in (*self.row_buffers, "offsets")}
+        if self.block_rows:  # rows in blocks: see _remove_in_order
+            self._remove_in_order(np.sort(found), lists, per_list)
+            id_lists.forget(pos, self.ids, self.offsets)
+            return count
         new, _ = remove_list_rows(self, (*self.row_buffers, "ids"), offsets, found)
         self.offsets = torch.from_numpy(new)
         id_lists.forget(pos, self.ids, self.offsets)
-        # a list's order changed where rows left it, or where it moved down by fewer rows
-        # than it keeps (rotated); the other lists hold their rows in the same order
-        shift, kept = offsets[:-1] - new[:-1], np.diff(new)
-        changed = (shift > 0) & (shift < kept)
-        changed[lists] = True
-        self._rows_moved(before, changed)
         return count
 
-    def _rows_moved(self, before: dict[str, torch.Tensor], changed: np.ndarray) -> None:
-        """Called after ``remove_ids`` or ``add`` moved stored rows on the CPU: ``before`` the
-        row buffers and offsets as they were, ``changed`` (bool [nlist]) the lists whose rows
-        are not the same rows in the same order (the others may have moved as a whole). A
-        kind keeping a copy of its rows in another layout updates that copy's changed lists
-        only (see :meth:`vq.index.core.fastscan_codes.PackedCodes.moved`); here nothing."""
+    def _remove_in_order(self, rows: np.ndarray, lists: np.ndarray, per_list: np.ndarray):
+        """``remove_stored`` of a kind holding rows in blocks: the stored ``rows`` (int64,
+        ascending, distinct; ``per_list[i]`` of them in list ``lists[i]``) removed keeping the
+        order of the rest (the row buffers' rows after the first removed one move down
+        together, at memory speed), so that only the blocks of the lists holding removed rows
+        are gathered anew and every other list's are copied whole (``_move_blocks``; swapping
+        with the last row and rotating the later lists, as the plain layout does, would make
+        most lists' blocks change)."""
+        old = self.offsets
+        gone = np.zeros(self.nlist, dtype=np.int64)
+        gone[lists] = per_list
+        new = old.numpy().copy()
+        new[1:] -= np.cumsum(gone)
+        remove_rows(self, (*self.row_buffers, "ids"), rows)
+        self.offsets = torch.from_numpy(new)
+        self._move_blocks(old, self.offsets, np.delete(np.arange(old.numpy()[-1]), rows))
 
     def _drop_rows(self, drop: np.ndarray, first: int, removed: int) -> None:
         self._remove_rows(np.flatnonzero(drop[first:]).astype(np.int64) + first)
@@ -205,10 +245,12 @@ class IVFStorage:
         """Remove stored rows ``rows`` (int64, ascending, distinct) and shorten their lists."""
         lists = np.searchsorted(self.offsets.cpu().numpy(), rows, side="right") - 1
         gone = torch.from_numpy(np.bincount(lists, minlength=self.nlist)).to(self.device)
-        offsets = self.offsets.clone()
+        offsets, old = self.offsets.clone(), self.offsets
         offsets[1:] -= torch.cumsum(gone, 0)
         remove_rows(self, (*self.row_buffers, "ids"), rows)
         self.offsets = offsets
+        if self.block_rows:  # the rows kept, in order
+            self._move_blocks(old, offsets, np.delete(np.arange(self.n_rows + rows.size), rows))
 
     def _row_lists(self, rows: torch.Tensor) -> torch.Tensor:  # the list of each stored row
         return torch.searchsorted(self.offsets, rows.to(self.device), right=True) - 1
@@ -221,7 +263,8 @@ class IVFStorage:
         of the buffers held in memory (see :func:`vq.index.core.mapped.read_lists`), and never
         scan through the mapping; the ids of the results come from the file where ``ids`` is
         mapped (:meth:`_ids_of`), whether or not the rows are."""
-        return any(file_range(self._buffers[name]) is not None for name in self.row_buffers)
+        held = (*(self._buffers[name] for name in self.row_buffers), *self.block_buffers().values())
+        return any(file_range(t) is not None for t in held)
 
     def _scan_from_file(self, q, coarse, lists, dist, rows, ranked, mask) -> bool:
         """``_scan_numba`` for an index whose row buffers are mapped from its file
@@ -232,13 +275,14 @@ class IVFStorage:
         if not self.rows_mapped():
             return False
         buffers = {name: self._buffers[name] for name in self.row_buffers}
-        offsets, probes = self.offsets.numpy(), lists.numpy()
+        probes = lists.numpy()
         row_bytes = sum(t[0].numel() * t.element_size() for t in buffers.values())
+        row_bytes += sum(t.shape[1] * t.element_size() / 32 for t in self.block_buffers().values())
         per_query = probes.shape[1] * row_bytes * self.n_rows / self.nlist + 1
         step = max(1, int(FILE_SCAN_BYTES // per_query))
         for s in range(0, q.shape[0], step):
             e = min(q.shape[0], s + step)
-            local = read_lists(buffers, offsets, probes[s:e])
+            local = self.read_probed_lists(probes[s:e])
             part = local.take(mask) if mask.shape[0] else mask
             self._scan_numba(
                 q[s:e], coarse[s:e], lists[s:e], dist[s:e], rows[s:e], ranked, part, local
@@ -246,6 +290,16 @@ class IVFStorage:
             got = rows[s:e].numpy()
             got[...] = local.stored_rows(got)
         return True
+
+    def read_probed_lists(self, lists: np.ndarray):
+        """The rows of ``lists`` (int64, any shape; -1 ignored) of every row buffer (and the
+        blocks of ``block_buffers``, by ``list_blocks``) read from the index file, a
+        :class:`vq.index.core.mapped.LocalLists` (see :func:`vq.index.core.mapped.read_lists`);
+        None where none is mapped from it."""
+        buffers = {name: self._buffers[name] for name in self.row_buffers}
+        blocks = self.block_buffers()
+        held = (blocks, self.list_blocks.numpy()) if blocks else None
+        return read_lists(buffers, self.offsets.numpy(), lists, held)
 
     def _ids_of(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(at, stored)`` with ``stored[at] == ids[rows]`` (-1 rows stay -1): the stored ids

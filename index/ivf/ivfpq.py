@@ -18,6 +18,7 @@ import torch
 from vq import kernels
 from vq._checks import check_flag
 from vq.faiss_interop import pq_from_faiss
+from vq.index.core import fastscan_codes as fastscan
 from vq.index.core.faiss_build import (
     code_bytes,
     copy_codebooks,
@@ -27,10 +28,12 @@ from vq.index.core.faiss_build import (
     keep_alive,
     pq_codes_from_faiss,
 )
-from vq.index.core.fastscan_codes import PackedCodes, check_fast_scan
+from vq.index.core.fastscan_codes import check_fast_scan
 from vq.index.core.filters import block_bits, kernel_mask, row_bits
 from vq.index.core.ranges import probed_hits
 from vq.index.core.registry import register
+from vq.index.core.searching import shape_problem
+from vq.index.core.storage import move_lists, reserve, set_rows
 from vq.index.flat.pq_index import codes_problem, pq_quantizer
 from vq.index.ivf.ivf_faiss import lists_from_faiss
 from vq.index.ivf.ivf_index import IVF_FACTORY, IVFIndex, ivf_arguments
@@ -75,7 +78,11 @@ class IVFPQ(IVFIndex):
         pq: the :class:`vq.ProductQuantizer`; codes: [n_rows, M] (uint8 for nbits <= 8), in
         list order; precomputed_table: float32 [nlist, M, 2**nbits] (not saved; the rows of
         the lists searches probe filled as they probe them, see :mod:`vq.index.ivf.ivfpq_tables`;
-        started anew when the codebooks change).
+        started anew when the codebooks change). A fast-scan index holds its codes once, as
+        faiss's blocks (:mod:`vq.index.core.fastscan_codes`): packed_codes: uint8 [blocks,
+        M * 16], list l in blocks ``list_blocks[l]:list_blocks[l + 1]`` (``ceil(size / 32)``
+        a list, derived from the offsets); ``codes`` is then a property that unpacks them (a
+        new [n_rows, M] tensor per read, in list order; assigning it packs, by the offsets).
     """
 
     row_buffers = ("codes",)
@@ -117,9 +124,12 @@ class IVFPQ(IVFIndex):
         )
         self.pq = pq_quantizer(dim, M, nbits, seed=seed, **pq_options)
         self.fast_scan = check_fast_scan(fast_scan, M, nbits)
-        self._packed = PackedCodes()
         self.by_residual = check_flag(by_residual, "by_residual")
-        self.register_buffer("codes", torch.zeros(0, M, dtype=self.pq.code_dtype))
+        if self.fast_scan:  # the codes as blocks alone (see the class docstring)
+            self.row_buffers, self.block_rows = (), ("codes",)
+            self.register_buffer("packed_codes", torch.zeros(0, M * 16, dtype=torch.uint8))
+        else:
+            self.register_buffer("codes", torch.zeros(0, M, dtype=self.pq.code_dtype))
         self.register_buffer("precomputed_table", torch.zeros(0, M, self.pq.ksub), persistent=False)
         self._tables = ListTables()
 
@@ -135,8 +145,73 @@ class IVFPQ(IVFIndex):
     def vector_ns(self) -> float:
         return self.pq.M / (64 if self.fast_scan else 4)
 
+    @property
+    def codes(self) -> torch.Tensor:
+        """[n_rows, M]: the stored codes in list order (a fast-scan index's unpacked from its
+        blocks: a new tensor, on the index's device)."""
+        held = self.__dict__["_buffers"].get("codes")
+        if held is not None:
+            return held
+        if not self.__dict__.get("fast_scan"):
+            raise AttributeError("codes")
+        every = fastscan.unpack_blocks(self.packed_codes, self.pq.M)
+        return every[fastscan.row_slots(self.offsets, self.list_blocks)]
+
+    @codes.setter
+    def codes(self, value: torch.Tensor) -> None:  # (a fast-scan index: packed by the offsets)
+        if not self.fast_scan:
+            self._buffers["codes"] = value
+            return
+        if value.shape[0] != int(self.offsets[-1]):
+            raise ValueError(
+                f"codes of {value.shape[0]} rows for lists of {int(self.offsets[-1])}; set the "
+                "offsets first"
+            )
+        self.packed_codes = fastscan.pack_rows(value, self.offsets)
+
+    @property
+    def list_blocks(self) -> torch.Tensor:
+        """int64 [nlist + 1]: the first block of each list in ``packed_codes`` (fast-scan)."""
+        return self.derived(
+            "list_blocks", (self.offsets,), lambda: fastscan.list_blocks(self.offsets)
+        )
+
+    def growing_buffers(self) -> tuple[str, ...]:
+        return (*super().growing_buffers(), *(("packed_codes",) if self.fast_scan else ()))
+
+    def block_buffers(self) -> dict[str, torch.Tensor]:
+        return {"packed_codes": self.packed_codes} if self.fast_scan else {}
+
     def _rows_problem(self) -> str | None:
-        return codes_problem(self.codes, self.n_rows, self.pq)
+        if not self.fast_scan:
+            return codes_problem(self.codes, self.n_rows, self.pq)
+        o = self.offsets
+        if o.shape != (self.nlist + 1,) or bool((o.diff() < 0).any()):
+            return None  # (the offsets' own problem, said next)
+        blocks = int(fastscan.list_blocks(o)[-1])
+        return shape_problem("packed_codes", self.packed_codes, (blocks, self.pq.M * 16))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        plain, offsets = state_dict.get(prefix + "codes"), state_dict.get(prefix + "offsets")
+        if self.fast_scan and plain is not None and prefix + "packed_codes" not in state_dict:
+            # a file of vq <= 0.x (format 2): the plain codes, packed as this index holds them
+            del state_dict[prefix + "codes"]
+            o = offsets if offsets is not None else torch.zeros(0, dtype=torch.int64)
+            good = (
+                plain.dim() == 2
+                and plain.shape[1] == self.pq.M
+                and o.shape == (self.nlist + 1,)
+                and int(o[0]) == 0
+                and int(o[-1]) == plain.shape[0]
+                and not bool((o.diff() < 0).any())
+                and (not plain.shape[0] or int(plain.max()) < 16)
+            )
+            if not good:  # (what consistency_problem would have said of them)
+                raise RuntimeError(
+                    f"codes of shape {tuple(plain.shape)} that do not fit the lists or [0, 16)"
+                )
+            state_dict[prefix + "packed_codes"] = fastscan.pack_rows(plain, o)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def faiss_counterpart(self):
         """faiss ``IndexIVFPQ`` (``IndexIVFPQFastScan`` for fast-scan; precomputed tables
@@ -177,10 +252,12 @@ class IVFPQ(IVFIndex):
             **lists.routed,
         )
         out.pq = pq_from_faiss(f.pq)
-        if fast_scan:
-            out.codes = torch.from_numpy(np.concatenate(lists.codes)[:, : f.pq.M])
-        else:
-            out.codes = pq_codes_from_faiss(lists.joined(), f.pq)
+        if fast_scan:  # (packed by the lists: the offsets first)
+            codes = torch.from_numpy(np.concatenate(lists.codes)[:, : f.pq.M])
+            out = lists.fill(out)
+            out.codes = codes
+            return out
+        out.codes = pq_codes_from_faiss(lists.joined(), f.pq)
         return lists.fill(out)
 
     @property
@@ -203,14 +280,50 @@ class IVFPQ(IVFIndex):
         target = self._residuals(x, lists) if self.by_residual else x
         return {"codes": self.pq.encode_rows(target)}
 
-    def _rows_moved(self, before: dict, changed) -> None:
-        if self.fast_scan:  # the packed copy: only the changed lists packed again
-            old = (before["codes"], before["offsets"])
-            self._packed.moved(old, self.codes, self.offsets, changed)
+    def _grow_blocks(self, old: torch.Tensor, new: torch.Tensor):
+        before, starts = self.packed_codes, fastscan.list_blocks(old)
+        grown = fastscan.list_blocks(new)
+        full = reserve(self, "packed_codes", int(grown[-1]))  # (room with spare capacity)
+        move_lists(full, starts, grown)  # whole blocks: every list towards the end, in place
+        counts, room = starts.diff(), grown.diff() - starts.diff()
+        lists = torch.repeat_interleave(torch.arange(self.nlist, device=full.device), room)
+        fresh = torch.arange(int(room.sum()), device=full.device)
+        fresh = fresh - (torch.cumsum(room, 0) - room)[lists] + (grown[:-1] + counts)[lists]
+        full[fresh] = 0  # the lists' new blocks (their padding is code 0)
+        set_rows(self, "packed_codes", int(grown[-1]))
+
+        def undo():
+            move_lists(full, grown, starts)
+            self._buffers["packed_codes"] = before
+            if before.untyped_storage().data_ptr() != full.untyped_storage().data_ptr():
+                return  # (grown into a new tensor: the old blocks were not written)
+            o, b = old.cpu().numpy(), starts.cpu().numpy()  # the old last blocks' padding
+            pad = [np.arange(b[i] * 32 + o[i + 1] - o[i], b[i + 1] * 32) for i in range(self.nlist)]
+            slots = np.concatenate(pad).astype(np.int64)
+            zeros = torch.zeros((slots.shape[0], self.pq.M), dtype=torch.uint8)
+            fastscan.write_rows(before, slots, zeros)
+
+        return undo
+
+    def _write_blocks(self, encoded: dict, lists, slots: np.ndarray, offsets) -> None:
+        offsets = offsets.cpu()
+        starts = fastscan.list_blocks(offsets).numpy()
+        lists = lists.cpu().numpy()
+        at = slots - offsets.numpy()[lists] + starts[lists] * fastscan.BLOCK
+        fastscan.write_rows(self.packed_codes, at, encoded["codes"])
+
+    def _move_blocks(self, old: torch.Tensor, new: torch.Tensor, rowmap: np.ndarray) -> None:
+        self.packed_codes = fastscan.moved_blocks(self.packed_codes, old, rowmap, new)
 
     def decode_rows(self, rows: torch.Tensor) -> torch.Tensor:
         rows = rows.to(self.device)
-        x = pq_decode(self.codes[rows], self.pq.codebooks.float())
+        if self.fast_scan:
+            lists = self._row_lists(rows)
+            slots = rows - self.offsets[lists] + self.list_blocks[lists] * fastscan.BLOCK
+            codes = fastscan.codes_at(self.packed_codes, slots, self.pq.M)
+        else:
+            codes = self.codes[rows]
+        x = pq_decode(codes, self.pq.codebooks.float())
         if self.by_residual:
             x = x + self.quantizer.codebook.float()[self._row_lists(rows)]
         return x
@@ -292,15 +405,14 @@ class IVFPQ(IVFIndex):
         tables = self._kernel_args(lists.numpy())
         base = coarse.numpy() if tables.coarse_base else np.zeros(tuple(coarse.shape), np.float32)
         probes = Probes(lists.contiguous().numpy(), np.ascontiguousarray(base))
-        if self.fast_scan:  # (rows read from the file: packed for this scan alone)
-            packed = (self._packed if store is self else PackedCodes()).get(
-                store.codes, store.offsets
-            )
-            packed_lists = PackedLists(packed.list_blocks, store.offsets.numpy(), packed.packed)
+        if self.fast_scan:  # (store: this index, or the lists read from its file)
+            starts = store.list_blocks.numpy()
+            packed = store.packed_codes.numpy().reshape(-1, 32)
+            packed_lists = PackedLists(starts, store.offsets.numpy(), packed)
             scale, offset = np.empty(q.shape[0], np.float32), np.empty(q.shape[0], np.float32)
             out = ScaledTopK(out_dist.numpy(), out_rows.numpy(), scale, offset)
             scan = ivf_fastscan_lists(self.pq.M // 2, self.pq.dsub, fastscan_kernels.best_isa())
-            mask = block_bits(allowed, store.offsets, packed.list_blocks)
+            mask = block_bits(allowed, store.offsets, starts)
             scan(q.numpy(), tables, packed_lists, probes, mask, out, ranked)
             return
         codes, words = kernels.code_view(store.codes.contiguous().numpy(), self.pq.ksub)
@@ -337,19 +449,18 @@ class IVFPQ(IVFIndex):
         """float32 [n_rows]: :func:`residual_terms`, kept until the codes or codebooks change
         (range search reads a term per row instead of a list's table per probe: 4 bytes a
         vector, where the table of a probe is M * ksub floats read from nlist of them)."""
-        sources = (self.codes, self.quantizer.codebook, self.pq.codebooks)
+        codes = self.packed_codes if self.fast_scan else self.codes
+        sources = (codes, self.offsets, self.quantizer.codebook, self.pq.codebooks)
         return self.derived("row_terms", sources, lambda: residual_terms(self).numpy())
 
     def _lean_kernel(self, store) -> tuple:
         tables = self._kernel_args(_NO_LISTS)  # the lean kernel probes by itself
         offsets = store.offsets.numpy()
         if self.fast_scan:
-            packed = (self._packed if store is self else PackedCodes()).get(
-                store.codes, store.offsets
-            )
             isa = fastscan_kernels.best_isa()
             kernel = ivf_fastscan_lean(self.pq.M // 2, self.pq.dsub, isa)
-            lists = PackedLists(packed.list_blocks, offsets, packed.packed)
+            packed = store.packed_codes.numpy().reshape(-1, 32)
+            lists = PackedLists(store.list_blocks.numpy(), offsets, packed)
         else:
             codes, words = kernels.code_view(store.codes.contiguous().numpy(), self.pq.ksub)
             kernel = kernels.ivfpq_lean(self.pq.M, words, self.pq.dsub)

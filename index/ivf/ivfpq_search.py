@@ -20,9 +20,9 @@ def residual_terms(index, rows: int = 1 << 16) -> torch.Tensor:
     lists = torch.repeat_interleave(
         torch.arange(index.nlist, device=centroids.device), index.list_sizes()
     )
-    out = torch.empty(index.n_rows, device=centroids.device)
+    out, codes = torch.empty(index.n_rows, device=centroids.device), index.codes  # (once)
     for s in range(0, index.n_rows, rows):
-        r = pq_decode(index.codes[s : s + rows], cb)
+        r = pq_decode(codes[s : s + rows], cb)
         c = centroids.index_select(0, lists[s : s + rows])
         out[s : s + rows] = (r * r).sum(-1) + 2.0 * (c * r).sum(-1)
     return out
