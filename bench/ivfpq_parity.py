@@ -5,7 +5,7 @@ the same nprobe; the mission's bar is a recall@k within 0.005 of faiss's, averag
     python -m bench.ivfpq_parity [--data clustered nsynth ...] [--n 50000] [--nq 1000]
                                  [--dim 64] [--seeds 0 1 2] [--nprobe 4 16] [--k 10]
                                  [--kinds IVF256,PQ16 IVF64,PQ16] [--pq-init k-means++]
-                                 [--threads 2] [--name ivfpq_parity]
+                                 [--coarse-init auto] [--threads 2] [--name ivfpq_parity]
 
 For each data set, kind and seed: vq's ``IVFPQ(dim, nlist, M, seed=seed)`` and faiss's
 ``index_factory(dim, "IVF<nlist>,PQ<M>np")`` with the coarse and PQ k-means seeded alike
@@ -13,9 +13,10 @@ For each data set, kind and seed: vq's ``IVFPQ(dim, nlist, M, seed=seed)`` and f
 filled with all of them, each with its library's defaults otherwise (faiss: 10 coarse and 25 PQ
 iterations from random rows, at most 256 points per centroid; vq: as :class:`vq.index.IVFPQ`
 documents, its PQ k-means started by k-means++, or with ``--pq-init random`` from random rows
-as faiss's). Then, per nprobe, the k-recall@k of both against exact neighbours
-(``ground_truth``), one row per seed and a "mean" row per (data, kind, nprobe) with the mean
-difference vq - faiss and whether it is within the bar.
+as faiss's, and its coarse k-means by its ``coarse_init``: "auto", k-means++ seeds up to 2,048
+lists, or ``--coarse-init random``, faiss's start). Then, per nprobe, the k-recall@k of both
+against exact neighbours (``ground_truth``), one row per seed and a "mean" row per (data, kind,
+nprobe) with the mean difference vq - faiss and whether it is within the bar.
 
 Data: "clustered" (``vq.datasets.clustered_vectors``: 256 Gaussian blobs, spread 0.5, data
 seed 0, queries held out from the same draw), "nsynth" (embeddings of the synthetic NSynth
@@ -51,15 +52,17 @@ def load(name: str, args) -> tuple[str, np.ndarray, np.ndarray]:
     return load_data(ns)
 
 
-def build_pair(kind: str, dim: int, seed: int, train: np.ndarray, x: np.ndarray, init: str):
+def build_pair(
+    kind: str, dim: int, seed: int, train: np.ndarray, x: np.ndarray, init: str, coarse: str
+):
     """(vq index, faiss index) of ``kind`` ("IVF<nlist>,PQ<M>"), trained from ``seed``, vq's
-    PQ k-means started by ``init``."""
+    PQ k-means started by ``init`` and its coarse k-means by ``coarse`` (``coarse_init``)."""
     import faiss
 
     from vq.index import IVFPQ
 
     nlist, M = map(int, re.fullmatch(r"IVF(\d+),PQ(\d+)", kind).groups())
-    ours = IVFPQ(dim, nlist, M, seed=seed, init=init)
+    ours = IVFPQ(dim, nlist, M, seed=seed, init=init, coarse_init=coarse)
     theirs = faiss.index_factory(dim, f"IVF{nlist},PQ{M}np")
     ivf = faiss.downcast_index(theirs)  # (a view: theirs owns the index)
     ivf.cp.seed = seed
@@ -115,6 +118,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         choices=["k-means++", "random"],
         help="how vq's PQ k-means starts (vq's default k-means++; faiss: random)",
     )
+    p.add_argument(
+        "--coarse-init",
+        default="auto",
+        choices=["auto", "k-means++", "random"],
+        help="how vq's coarse k-means starts (vq's default auto: k-means++; faiss: random)",
+    )
     p.add_argument("--threads", type=int, default=2, help="threads for both libraries")
     p.add_argument("--name", default="ivfpq_parity", help="results/<name>.csv")
     args = p.parse_args(argv)
@@ -130,7 +139,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for kind in args.kinds:
             per_seed = {npb: [] for npb in args.nprobe}
             for seed in args.seeds:
-                ours, theirs = build_pair(kind, x.shape[1], seed, train, x, args.pq_init)
+                ours, theirs = build_pair(
+                    kind, x.shape[1], seed, train, x, args.pq_init, args.coarse_init
+                )
                 for nprobe in args.nprobe:
                     r_vq, r_faiss = recalls(ours, theirs, q, truth, k, nprobe)
                     row = {"data": label, "index": kind, "nprobe": nprobe, "seed": seed}
@@ -140,7 +151,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 rows += [*per_seed[nprobe], mean_row(per_seed[nprobe], k)]
     title = (
         f"## IVFPQ recall@{k} parity: each library trains its own index from the same seed "
-        f"(seeds {', '.join(map(str, args.seeds))}; vq's PQ init {args.pq_init}), same data, "
+        f"(seeds {', '.join(map(str, args.seeds))}; vq's PQ init {args.pq_init}, coarse init "
+        f"{args.coarse_init}), same data, "
         f"same nprobe; bar: the mean difference within {BAR}"
     )
     report(args.name, title, args.threads, rows, list(rows[0]) if rows else ["data"])

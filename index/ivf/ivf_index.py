@@ -44,6 +44,8 @@ _NO_NORMS = np.zeros(0, np.float32)
 
 #: the coarse k-means starts from k-means++ seeds up to this many lists, from random rows above
 KMEANSPP_MAX_NLIST = 2048
+#: the values of ``coarse_init``
+COARSE_INITS = ("auto", "k-means++", "random")
 #: the most inverted lists (list numbers are int32 nodes in a graph-routed coarse quantizer)
 MAX_NLIST = (1 << 31) - 1
 #: the IVF part of a factory description (the kinds' patterns go on from it): "IVF1024";
@@ -78,6 +80,9 @@ class IVFIndex(IVFStorage, IVFProbing, Index):
         k: neighbours ``forward`` returns.
         nprobe: lists scanned per query (``search(..., nprobe=)`` overrides it per call).
         coarse_niter: k-means iterations of the coarse quantizer (faiss's IVF default, 10).
+        coarse_init: how the coarse k-means starts: "k-means++" seeds, "random" rows (faiss's
+            start: the same algorithm as faiss, for recall parity at equal parameters), or
+            "auto" (k-means++ up to :data:`KMEANSPP_MAX_NLIST` lists, random rows above).
         seed: seeds the coarse k-means.
         verbose: progress bars for train and add.
         spill: store each vector in its nearest list and in a second one chosen by SOAR
@@ -108,6 +113,7 @@ class IVFIndex(IVFStorage, IVFProbing, Index):
         nprobe: int = 1,
         *,
         coarse_niter: int = 10,
+        coarse_init: str = "auto",
         seed: int = 1234,
         verbose: bool = False,
         spill: bool = False,
@@ -115,6 +121,12 @@ class IVFIndex(IVFStorage, IVFProbing, Index):
         coarse_hnsw: int = 0,
     ):
         super().__init__(dim, metric, k, verbose)
+        if coarse_init not in COARSE_INITS:
+            raise ValueError(
+                f"coarse_init must be one of {', '.join(map(repr, COARSE_INITS))}, got "
+                f"{coarse_init!r}"
+            )
+        self.coarse_init = coarse_init
         self.nlist = check_int(nlist, "nlist", 1, MAX_NLIST)
         self.coarse_hnsw = check_int(coarse_hnsw, "coarse_hnsw", 0, MAX_M)
         if self.coarse_hnsw == 1:
@@ -149,6 +161,7 @@ class IVFIndex(IVFStorage, IVFProbing, Index):
             "nlist": self.nlist,
             "nprobe": self.nprobe,
             "coarse_niter": self.coarse_niter,
+            **({"coarse_init": self.coarse_init} if self.coarse_init != "auto" else {}),
             "seed": self.seed,
             **({"spill": True, "soar_lambda": self.soar_lambda} if self.spill else {}),
             **({"coarse_hnsw": self.coarse_hnsw} if self.coarse_hnsw else {}),
@@ -234,14 +247,17 @@ class IVFIndex(IVFStorage, IVFProbing, Index):
     # -- training and routing -------------------------------------------------------------
     def _train_coarse(self, x: torch.Tensor) -> None:
         check_training_size(x.shape[0], self.nlist, f"{type(self).__name__}.train")
-        # k-means++ rather than faiss's random start up to KMEANSPP_MAX_NLIST lists (recall at
-        # equal nprobe is what the partition buys; the seeding's cost is quadratic in nlist,
-        # and above that it no longer bought recall: docs/perf/indexes.md)
+        # "auto": k-means++ rather than faiss's random start up to KMEANSPP_MAX_NLIST lists
+        # (recall at equal nprobe is what the partition buys; the seeding's cost is quadratic
+        # in nlist, and above that it no longer bought recall: docs/perf/indexes.md)
+        init = self.coarse_init
+        if init == "auto":
+            init = "k-means++" if self.nlist <= KMEANSPP_MAX_NLIST else "random"
         result = kmeans(
             x,
             self.nlist,
             niter=self.coarse_niter,
-            init="k-means++" if self.nlist <= KMEANSPP_MAX_NLIST else "random",
+            init=init,
             seed=self.seed,
             verbose=self.verbose,
         )

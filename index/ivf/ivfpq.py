@@ -66,7 +66,7 @@ class IVFPQ(IVFIndex):
         M: sub-quantizers (bytes per vector with nbits=8).
         nbits: bits per sub-code.
         by_residual: encode ``x - c`` (the residual to the list's centroid) rather than x.
-        metric, k, nprobe, coarse_niter, seed, verbose, spill, soar_lambda: as
+        metric, k, nprobe, coarse_niter, coarse_init, seed, verbose, spill, soar_lambda: as
             :class:`vq.index.IVFIndex` (spilled by residual: each copy encodes its residual to
             its own list's centroid).
         fast_scan: with nbits=4, scan with the 4-bit fast-scan kernel (faiss
@@ -101,6 +101,7 @@ class IVFPQ(IVFIndex):
         nprobe: int = 1,
         *,
         coarse_niter: int = 10,
+        coarse_init: str = "auto",
         seed: int = 1234,
         verbose: bool = False,
         fast_scan: bool = False,
@@ -116,6 +117,7 @@ class IVFPQ(IVFIndex):
             k,
             nprobe,
             coarse_niter=coarse_niter,
+            coarse_init=coarse_init,
             seed=seed,
             verbose=verbose,
             spill=spill,

@@ -46,9 +46,9 @@ class IVFSQ(IVFIndex):
         bits: 8, 6, 4, "fp16" or "bf16" (see :class:`vq.ScalarQuantizer`).
         by_residual: encode ``x - c`` (the residual to the list's centroid; faiss's default)
             rather than x. The quantizer's ranges are then trained on residuals.
-        metric, k, nprobe, coarse_niter, seed, verbose, spill, soar_lambda, coarse_hnsw: as
-            :class:`vq.index.IVFIndex` (spilled by residual: each copy encodes its residual to
-            its own list's centroid).
+        metric, k, nprobe, coarse_niter, coarse_init, seed, verbose, spill, soar_lambda,
+            coarse_hnsw: as :class:`vq.index.IVFIndex` (spilled by residual: each copy encodes
+            its residual to its own list's centroid).
         margin: widen the trained ranges (see :class:`vq.ScalarQuantizer`).
 
     Submodules and buffers (beyond :class:`IVFIndex`'s):
@@ -69,6 +69,7 @@ class IVFSQ(IVFIndex):
         *,
         margin: float = 0.0,
         coarse_niter: int = 10,
+        coarse_init: str = "auto",
         seed: int = 1234,
         verbose: bool = False,
         spill: bool = False,
@@ -82,6 +83,7 @@ class IVFSQ(IVFIndex):
             k,
             nprobe,
             coarse_niter=coarse_niter,
+            coarse_init=coarse_init,
             seed=seed,
             verbose=verbose,
             spill=spill,
