@@ -112,7 +112,8 @@ def rabitq_encode(x_rotated: torch.Tensor, center: torch.Tensor, metric: str = "
 
     Args:
         x_rotated: float32 [n, d], the vectors in the rotated space (``x @ rotation``).
-        center: float32 [d], the centre in the rotated space.
+        center: float32 [d], the centre in the rotated space (or [n, d]: each vector's own,
+            an IVF list's rotated centroid).
         metric: "l2" or "ip" (the first factor differs: see the module docstring).
 
     Returns:
@@ -154,10 +155,11 @@ def errors_of_factors(factors2: torch.Tensor, dim: int, metric: str = "l2") -> t
 
 
 def rabitq_decode(codes: torch.Tensor, factors: torch.Tensor, center: torch.Tensor):
-    """float32 [n, d] in the rotated space: ``c + dp_multiplier * ō`` (faiss's ``decode``).
+    """float32 [n, d] in the rotated space: ``c + dp_multiplier * ō`` (faiss's ``decode``;
+    ``center`` float32 [d], or [n, d]: each row's own, an IVF list's centroid).
     Built for inner products: ``<x̂ - c, r> = ||r||²`` exactly, and ``<x̂ - c, q>`` is the
     estimate of ``<r, q>``; its L2 error is not what RaBitQ minimises."""
-    d = center.shape[0]
+    d = center.shape[-1]
     signs = unpack_bits(codes, d) * 2.0 - 1.0
     return center + signs * (factors[:, 1:2] / math.sqrt(d))
 
