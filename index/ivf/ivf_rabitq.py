@@ -222,7 +222,8 @@ class IVFRaBitQ(IVFIndex):
         out.rabitq.set_state(None, torch.zeros(f.d))
         size = out.rabitq.code_size
         raw = lists.joined().reshape(-1, f.code_size)
-        first = torch.from_numpy(np.ascontiguousarray(raw[:, size : size + 8]).view(np.float32))
+        first = np.frombuffer(raw[:, size : size + 8].tobytes(), np.float32).reshape(-1, 2)
+        first = torch.from_numpy(first.copy())
         error = errors_of_factors(first, f.d, out.metric)
         out.codes = torch.from_numpy(np.ascontiguousarray(raw[:, :size]))
         out.factors = torch.cat([first, error[:, None]], dim=1).contiguous()
