@@ -78,12 +78,13 @@ def flat_range(q0, q1, q_c, constants, words, factors, allowed, inner_product, o
     heap = (np.empty(k, dtype=np.float32), np.empty(k, dtype=np.int64))
     planes = np.empty((QB, NW), dtype=np.uint64)
     flat_planes = planes.reshape(QB * NW)
+    levels = np.empty(d, dtype=np.int64)
     buf = np.empty(BLOCK, dtype=np.float32)
     inv_sqrt_d = np.float32(1.0 / np.sqrt(np.float64(d)))
     n = words.shape[0] // NW
     for q in range(q0, q1):
         heap_reset(heap[0], heap[1])
-        vmin, delta, level_sum = quantize_planes(q_c[q], QB, planes)
+        vmin, delta, level_sum = quantize_planes(q_c[q], QB, planes, levels)
         push_rows(
             words,
             factors,
@@ -117,6 +118,7 @@ def ivf_range(
     heap = (np.empty(k, dtype=np.float32), np.empty(k, dtype=np.int64))
     planes = np.empty((QB, NW), dtype=np.uint64)
     flat_planes = planes.reshape(QB * NW)
+    levels = np.empty(d, dtype=np.int64)
     buf = np.empty(BLOCK, dtype=np.float32)
     q_c = np.empty(d, dtype=np.float32)
     inv_sqrt_d = np.float32(1.0 / np.sqrt(np.float64(d)))
@@ -132,7 +134,7 @@ def ivf_range(
                 continue
             for j in range(d):
                 q_c[j] = q_r[q, j] - centroids_r[lst, j]
-            vmin, delta, level_sum = quantize_planes(q_c, QB, planes)
+            vmin, delta, level_sum = quantize_planes(q_c, QB, planes, levels)
             push_rows(
                 words,
                 factors,

@@ -81,34 +81,41 @@ def build_tables(q_hat, table):
     return total * np.float32(0.5) * scale
 
 
+@njit(fastmath=True)
+def min_max(v):
+    """The least and greatest of ``v`` (float32 [d], finite; exact in any order)."""
+    vmin, vmax = v[0], v[0]
+    for j in range(1, v.shape[0]):
+        vmin = min(vmin, v[j])
+        vmax = max(vmax, v[j])
+    return vmin, vmax
+
+
 @njit(fastmath=False)
-def quantize_planes(q_c, qb, planes):
+def quantize_planes(q_c, qb, planes, levels):
     """Scalar-quantize ``q_c`` (float32 [d]) to ``qb`` bits and write its bit planes into
-    ``planes`` (uint64 [qb, ceil(d / 64)]); returns ``(vmin, delta, Σ_j l_j)`` (float32,
-    float32, int64). The levels are :func:`vq.quantizers.rabitq.quantized_levels`' to the
-    bit (IEEE float32, no fastmath: a reassociated division would move a level)."""
+    ``planes`` (uint64 [qb, ceil(d / 64)]; ``levels``: int64 [d], scratch); returns ``(vmin,
+    delta, Σ_j l_j)`` (float32, float32, int64). The levels are
+    :func:`vq.quantizers.rabitq.quantized_levels`' to the bit (IEEE float32, no fastmath: a
+    contracted multiply-add or a division by a reciprocal would move a level)."""
     d = q_c.shape[0]
-    vmin, vmax = q_c[0], q_c[0]
-    for j in range(1, d):
-        v = q_c[j]
-        vmin = min(vmin, v)
-        vmax = max(vmax, v)
+    vmin, vmax = min_max(q_c)
     top = np.float32((1 << qb) - 1)
     delta = np.float32((vmax - vmin) / top)
     inv = np.float32(np.float32(1.0) / delta) if delta > 0 else np.float32(0.0)
-    for p in range(qb):
-        for w in range(planes.shape[1]):
-            planes[p, w] = np.uint64(0)
     total = 0
     for j in range(d):
         level = np.floor(np.float32(np.float32(q_c[j] - vmin) * inv) + np.float32(0.5))
-        level = min(max(level, np.float32(0.0)), top)
-        li = np.int64(level)
+        li = np.int64(min(max(level, np.float32(0.0)), top))
+        levels[j] = li
         total += li
-        bit = np.uint64(1) << np.uint64(j & 63)
+    for w in range(planes.shape[1]):
+        j0, j1 = w * 64, min(d, w * 64 + 64)
         for p in range(qb):
-            if (li >> p) & 1:
-                planes[p, j >> 6] |= bit
+            word = np.uint64(0)
+            for j in range(j0, j1):
+                word |= np.uint64((levels[j] >> p) & 1) << np.uint64(j - j0)
+            planes[p, w] = word
     return vmin, delta, total
 
 
