@@ -17,6 +17,7 @@ from vq.index import from_faiss
 from vq.kernels.common.bundles import TopK
 from vq.kernels.rabitq.rabitq_scans import (
     code_words,
+    level_scratch,
     plane_kernels,
     quantize_planes,
     rabitq_flat_scan,
@@ -191,7 +192,7 @@ def test_kernel_bit_planes_hold_the_torch_levels_exactly(data, queries):
         levels, vmin, delta = quantized_levels(q_c, qb)
         for i in range(q_c.shape[0]):
             planes = np.empty((qb, 2), np.uint64)
-            lo, step, total = quantize_planes(q_c[i].numpy(), qb, planes, np.empty(70, np.int64))
+            lo, step, total = quantize_planes(q_c[i].numpy(), qb, planes, level_scratch(70))
             bits = np.unpackbits(planes.view(np.uint8), axis=1, bitorder="little")
             assert not bits[:, 70:].any()  # the padding dimensions are in no plane
             mine = (bits[:, :70].astype(np.int64) << np.arange(qb)[:, None]).sum(0)

@@ -19,6 +19,7 @@ from vq.kernels.rabitq.rabitq_scans import (
     BLOCK,
     centred_squared,
     finish,
+    level_scratch,
     offer_block,
     quantize_planes,
 )
@@ -78,7 +79,7 @@ def flat_range(q0, q1, q_c, constants, words, factors, allowed, inner_product, o
     heap = (np.empty(k, dtype=np.float32), np.empty(k, dtype=np.int64))
     planes = np.empty((QB, NW), dtype=np.uint64)
     flat_planes = planes.reshape(QB * NW)
-    levels = np.empty(d, dtype=np.int64)
+    levels = level_scratch(d)
     buf = np.empty(BLOCK, dtype=np.float32)
     inv_sqrt_d = np.float32(1.0 / np.sqrt(np.float64(d)))
     n = words.shape[0] // NW
@@ -118,7 +119,7 @@ def ivf_range(
     heap = (np.empty(k, dtype=np.float32), np.empty(k, dtype=np.int64))
     planes = np.empty((QB, NW), dtype=np.uint64)
     flat_planes = planes.reshape(QB * NW)
-    levels = np.empty(d, dtype=np.int64)
+    levels = level_scratch(d)
     buf = np.empty(BLOCK, dtype=np.float32)
     q_c = np.empty(d, dtype=np.float32)
     inv_sqrt_d = np.float32(1.0 / np.sqrt(np.float64(d)))

@@ -91,13 +91,27 @@ def min_max(v):
     return vmin, vmax
 
 
+#: gathers the low bits of a uint64's 8 bytes into its top byte, byte t to bit t
+_GATHER = np.uint64(0x0102040810204080)
+_LOW_BITS = np.uint64(0x0101010101010101)
+
+
+@njit
+def level_scratch(d):
+    """uint8 [ceil(d / 8) * 8], zeros: the levels :func:`quantize_planes` writes (the padding
+    past d stays 0, so it is in no plane)."""
+    return np.zeros(((d + 7) >> 3) * 8, dtype=np.uint8)
+
+
 @njit(fastmath=False)
 def quantize_planes(q_c, qb, planes, levels):
     """Scalar-quantize ``q_c`` (float32 [d]) to ``qb`` bits and write its bit planes into
-    ``planes`` (uint64 [qb, ceil(d / 64)]; ``levels``: int64 [d], scratch); returns ``(vmin,
-    delta, Σ_j l_j)`` (float32, float32, int64). The levels are
-    :func:`vq.quantizers.rabitq.quantized_levels`' to the bit (IEEE float32, no fastmath: a
-    contracted multiply-add or a division by a reciprocal would move a level)."""
+    ``planes`` (uint64 [qb, ceil(d / 64)]; ``levels``: uint8 [ceil(d / 8) * 8], scratch, its
+    padding 0: :func:`level_scratch`); returns ``(vmin, delta, Σ_j l_j)`` (float32, float32,
+    int64). The levels are :func:`vq.quantizers.rabitq.quantized_levels`' to the bit (IEEE
+    float32, no fastmath: a contracted multiply-add or a division by a reciprocal would move
+    a level). A plane's byte of 8 dimensions is one multiply: bit p of each of 8 levels
+    (bytes of a uint64) gathered into the top byte."""
     d = q_c.shape[0]
     vmin, vmax = min_max(q_c)
     top = np.float32((1 << qb) - 1)
@@ -107,15 +121,15 @@ def quantize_planes(q_c, qb, planes, levels):
     for j in range(d):
         level = np.floor(np.float32(np.float32(q_c[j] - vmin) * inv) + np.float32(0.5))
         li = np.int64(min(max(level, np.float32(0.0)), top))
-        levels[j] = li
+        levels[j] = np.uint8(li)
         total += li
-    for w in range(planes.shape[1]):
-        j0, j1 = w * 64, min(d, w * 64 + 64)
-        for p in range(qb):
-            word = np.uint64(0)
-            for j in range(j0, j1):
-                word |= np.uint64((levels[j] >> p) & 1) << np.uint64(j - j0)
-            planes[p, w] = word
+    groups = levels.view(np.uint64)
+    for p in range(qb):
+        for w in range(planes.shape[1]):
+            planes[p, w] = np.uint64(0)
+        for g in range(groups.shape[0]):
+            byte = (((groups[g] >> np.uint64(p)) & _LOW_BITS) * _GATHER) >> np.uint64(56)
+            planes[p, g >> 3] |= byte << np.uint64(8 * (g & 7))
     return vmin, delta, total
 
 
