@@ -59,8 +59,8 @@ class RaBitQIndex(Index):
             default, keeps queries float: the estimate of a stored vector's distance to
             itself is then exactly 0). faiss defaults to 4. The CPU scan reads per-byte
             tables for ``qb = 0`` and, for ``qb`` 1..8, ANDs the codes with the query's bit
-            planes and counts bits (``ceil(dim / 64) (qb + 1)`` popcounts a vector; about
-            twice as fast as ``qb = 0`` at ``qb = 4``, 128 dimensions: bench/rabitq.py).
+            planes and counts bits (``ceil(dim / 64) (qb + 1)`` popcounts a vector; two to
+            three times as fast as ``qb = 0`` at ``qb = 4``, 128 dimensions).
             ``search(..., qb=)`` overrides it per call; ``to_faiss`` sets faiss's.
         seed: the random rotation's seed; rotate: False for no rotation (faiss's bare
             ``IndexRaBitQ``; see :class:`vq.RaBitQ`).
