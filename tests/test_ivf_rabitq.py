@@ -196,3 +196,18 @@ def test_spilled_lists_return_each_id_once(data, queries):
     with torch_only():
         _, It = index.search(torch.from_numpy(queries), 20, nprobe=4)
     assert (It.numpy() == I).mean() > 0.98
+
+
+@pytest.mark.parametrize("qb", [0, 4])
+def test_mapped_index_reads_its_lists_from_the_file_and_searches_alike(tmp_path, queries, qb):
+    x = np.random.default_rng(3).standard_normal((100_000, D), dtype=np.float32)
+    index = vq.IVFRaBitQ(D, 16, nprobe=3, qb=qb, coarse_niter=2)
+    index.train(x[:2000])
+    index.add(x)  # factors of 1.2 MB: the loader maps them
+    D_, I = index.search(queries, 10)
+    index.save(tmp_path / "ivf.index")
+    mapped = vq.load_index(tmp_path / "ivf.index", mmap=True)
+    assert mapped.rows_mapped()
+    D2, I2 = mapped.search(queries, 10)
+    np.testing.assert_array_equal(I2, I)
+    np.testing.assert_array_equal(D2, D_)
