@@ -18,7 +18,10 @@ here), and the estimate needs ``<ō, q̂>``, ``ō = (2 b - 1) / sqrt(d)`` the co
   ``pc = popcount(b)`` and ``s = Σ_j b_j l_j = Σ_p 2**p popcount(b & plane_p)``,
   ``<ō, q̂> = ((2 pc - d) vmin + (2 s - Σ_j l_j) delta) / sqrt(d)``: ``ceil(d / 64) (qb + 1)``
   AND + popcount a vector, on the codes read as uint64 words (:func:`code_words`; LLVM's
-  ``ctpop``, one ``popcnt`` each, or ``vpopcntq`` where it vectorises).
+  ``ctpop``, one ``popcnt`` each, or ``vpopcntq`` where it vectorises). That row loop is
+  :mod:`vq.kernels.rabitq.rabitq_plane_template`, specialised on the words a code and ``qb``
+  (:func:`plane_kernels`) so that it unrolls; an IVF scan quantizes the query once per probed
+  list (about 0.2 us at d = 128).
 
 Then, from the vector's factors (``or_minus_c_l2sqr``, ``dp_multiplier``), ``pre = f0 + ||q_c||²
 - 2 f1 <ō, q̂>``; the value ranked (smaller is nearer) is ``max(pre, 0)`` (squared L2) or
