@@ -1,9 +1,9 @@
 """ANN indexes built from the quantizers (installed as ``vq.index``).
 
 :class:`FlatIndex` (exact), :class:`PQIndex` (ADC over PQ codes), :class:`IVFFlat` and
-:class:`IVFPQ`, :class:`IVFSQ` (inverted lists), :class:`SQIndex` (scalar-quantizer
-codes), :class:`RaBitQIndex` (1-bit RaBitQ codes), :class:`PreTransform` (OPQ rotation in
-front of an index),
+:class:`IVFPQ`, :class:`IVFSQ`, :class:`IVFRaBitQ` (inverted lists), :class:`SQIndex`
+(scalar-quantizer codes), :class:`RaBitQIndex` (1-bit RaBitQ codes), :class:`PreTransform`
+(OPQ rotation in front of an index),
 :class:`Refine` (exact re-ranking), :class:`HNSW` (graph); :func:`index_factory` builds them
 from faiss-style strings,
 ``index.save`` / :func:`load_index` persist them, :func:`from_faiss` / :func:`to_faiss` convert.
@@ -39,6 +39,7 @@ from vq.index.graph.hnsw import HNSW
 from vq.index.graph.hnsw_sq import HNSWSQ
 from vq.index.io import load_index
 from vq.index.ivf.ivf_index import IVFIndex
+from vq.index.ivf.ivf_rabitq import IVFRaBitQ
 from vq.index.ivf.ivfflat import IVFFlat
 from vq.index.ivf.ivfpq import IVFPQ
 from vq.index.ivf.ivfsq import IVFSQ
@@ -47,6 +48,7 @@ from vq.index.wrappers.transform import PreTransform
 
 __all__ = [
     "IVFPQ",
+    "IVFRaBitQ",
     "IVFSQ",
     "FlatIndex",
     "IdFilter",

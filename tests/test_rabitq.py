@@ -3,6 +3,9 @@ give the same codes and search results), the estimator's unbiasedness and error 
 numba scan against the static torch estimate, persistence, re-ranking recall, bad input and
 the static search graph."""
 
+import platform
+
+import numba
 import numpy as np
 import pytest
 import torch
@@ -12,10 +15,17 @@ from vq._cpu import torch_only
 from vq.datasets import clustered_vectors
 from vq.index import from_faiss
 from vq.kernels.common.bundles import TopK
-from vq.kernels.rabitq.rabitq_scans import rabitq_flat_scan
+from vq.kernels.rabitq.rabitq_scans import (
+    code_words,
+    level_scratch,
+    plane_kernels,
+    quantize_planes,
+    rabitq_flat_scan,
+)
 from vq.quantizers.rabitq import (
     errors_of_factors,
     prepare_queries,
+    quantized_levels,
     rabitq_distances,
     random_rotation,
     unpack_bits,
@@ -138,7 +148,7 @@ def test_error_factor_recomputed_from_faiss_layout(data):
 
 
 # -- the numba scan against the torch estimate -------------------------------------------------
-@pytest.mark.parametrize("qb", [0, 4])
+@pytest.mark.parametrize("qb", [0, 2, 4, 8])
 @pytest.mark.parametrize("metric", ["l2", "ip"])
 def test_kernel_equals_torch_estimates(data, queries, metric, qb):
     rq = vq.RaBitQ(70, metric=metric).fit(data)
@@ -146,14 +156,17 @@ def test_kernel_equals_torch_estimates(data, queries, metric, qb):
     q = torch.from_numpy(queries)
     est = rabitq_distances(q, codes, factors, rq.rotation, rq.center, metric, qb)
     ranked = -est if metric == "ip" else est
-    q_hat, constants = prepare_queries(q, rq.rotation, rq.center, qb)
+    q_c, constants = prepare_queries(q, rq.rotation, rq.center, 0)  # quantized in the kernel
     k = 20
     out = TopK(np.empty((len(q), k), np.float32), np.empty((len(q), k), np.int64))
     allowed = np.zeros(0, np.uint8)
+    c = codes.numpy()
     rabitq_flat_scan(
-        q_hat.numpy(),
+        q_c.numpy(),
         constants.numpy(),
-        codes.numpy(),
+        qb,
+        c,
+        code_words(c),
         factors.numpy(),
         allowed,
         metric == "ip",
@@ -169,6 +182,51 @@ def test_kernel_equals_torch_estimates(data, queries, metric, qb):
         for a, b in zip(out.labels, torch.topk(ranked, k, 1, False)[1].numpy(), strict=True)
     ]
     assert np.mean(same) > k - 0.5
+
+
+def test_kernel_bit_planes_hold_the_torch_levels_exactly(data, queries):
+    rq = vq.RaBitQ(70).fit(data)
+    q_c, _ = prepare_queries(torch.from_numpy(queries), rq.rotation, rq.center, 0)
+    q_c = torch.cat([q_c, torch.zeros(1, 70)])  # a constant query: delta 0, every level 0
+    for qb in range(1, 9):
+        levels, vmin, delta = quantized_levels(q_c, qb)
+        for i in range(q_c.shape[0]):
+            planes = np.empty((qb, 2), np.uint64)
+            lo, step, total = quantize_planes(q_c[i].numpy(), qb, planes, level_scratch(70))
+            bits = np.unpackbits(planes.view(np.uint8), axis=1, bitorder="little")
+            assert not bits[:, 70:].any()  # the padding dimensions are in no plane
+            mine = (bits[:, :70].astype(np.int64) << np.arange(qb)[:, None]).sum(0)
+            np.testing.assert_array_equal(mine, levels[i].numpy().astype(np.int64))
+            assert (lo, step, total) == (vmin[i, 0], delta[i, 0], int(levels[i].sum()))
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 assembly")
+def test_kernel_popcount_is_one_instruction():
+    # the row loop compiled on its own (the kernels are loaded from the disk cache, whose
+    # assembly numba does not keep)
+    f = numba.njit(fastmath=True)(plane_kernels(2, 4).push_rows.py_func)
+    words = np.arange(64, dtype=np.uint64)
+    factors = np.ones(96, np.float32)
+    heap = (np.full(5, np.inf, np.float32), np.full(5, -1, np.int64))
+    f(
+        words,
+        factors,
+        0,
+        32,
+        np.ones(8, np.uint64),
+        np.float32(1),
+        np.float32(1),
+        0,
+        128,
+        np.float32(1),
+        np.float32(1),
+        False,
+        np.zeros(0, np.uint8),
+        heap,
+        np.empty(32, np.float32),
+    )
+    asm = f.inspect_asm(f.signatures[0])
+    assert "popcnt" in asm  # popcnt or vpopcntq, never a bit-twiddling loop
 
 
 def test_kernel_filter_skips_rows(data, queries):

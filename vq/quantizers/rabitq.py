@@ -112,7 +112,8 @@ def rabitq_encode(x_rotated: torch.Tensor, center: torch.Tensor, metric: str = "
 
     Args:
         x_rotated: float32 [n, d], the vectors in the rotated space (``x @ rotation``).
-        center: float32 [d], the centre in the rotated space.
+        center: float32 [d], the centre in the rotated space (or [n, d]: each vector's own,
+            an IVF list's rotated centroid).
         metric: "l2" or "ip" (the first factor differs: see the module docstring).
 
     Returns:
@@ -154,28 +155,38 @@ def errors_of_factors(factors2: torch.Tensor, dim: int, metric: str = "l2") -> t
 
 
 def rabitq_decode(codes: torch.Tensor, factors: torch.Tensor, center: torch.Tensor):
-    """float32 [n, d] in the rotated space: ``c + dp_multiplier * ō`` (faiss's ``decode``).
+    """float32 [n, d] in the rotated space: ``c + dp_multiplier * ō`` (faiss's ``decode``;
+    ``center`` float32 [d], or [n, d]: each row's own, an IVF list's centroid).
     Built for inner products: ``<x̂ - c, r> = ||r||²`` exactly, and ``<x̂ - c, q>`` is the
     estimate of ``<r, q>``; its L2 error is not what RaBitQ minimises."""
-    d = center.shape[0]
+    d = center.shape[-1]
     signs = unpack_bits(codes, d) * 2.0 - 1.0
     return center + signs * (factors[:, 1:2] / math.sqrt(d))
 
 
-def quantized_queries(q_centred: torch.Tensor, qb: int) -> torch.Tensor:
-    """The query values the estimate uses: ``q_centred`` (float32 [nq, d]) itself for
-    ``qb = 0``, else each row scalar-quantized to ``qb`` bits between its minimum and maximum
-    (faiss's ``compute_query_factors``, not centred: level ``floor((v - min) / delta + 0.5)``
-    clamped to [0, 2**qb - 1], ``delta = (max - min) / (2**qb - 1)``) and dequantized, ``min +
-    delta * level``."""
-    if qb == 0:
-        return q_centred
+def quantized_levels(q_centred: torch.Tensor, qb: int):
+    """faiss's scalar quantization of queries to ``qb`` (1..8) bits (``compute_query_factors``,
+    not centred), one static-shape graph: each row of ``q_centred`` (float32 [..., d]) between
+    its own minimum and maximum, level ``floor((v - vmin) / delta + 0.5)`` clamped to [0,
+    2**qb - 1], ``delta = (vmax - vmin) / (2**qb - 1)`` (``1 / delta`` multiplied, 0 where
+    delta is 0). Returns ``(levels, vmin, delta)``: float32 [..., d] (whole numbers), [..., 1],
+    [..., 1]. The CPU kernels compute the same levels in the same float32 operations
+    (:func:`vq.kernels.rabitq.rabitq_scans.quantize_planes`)."""
     top = float((1 << qb) - 1)
-    vmin = q_centred.min(dim=1, keepdim=True).values
-    vmax = q_centred.max(dim=1, keepdim=True).values
+    vmin = q_centred.min(dim=-1, keepdim=True).values
+    vmax = q_centred.max(dim=-1, keepdim=True).values
     delta = (vmax - vmin) / top
     inv = torch.where(delta > 0, 1.0 / torch.where(delta > 0, delta, 1.0), 0.0)
     levels = torch.floor((q_centred - vmin) * inv + 0.5).clamp(0.0, top)
+    return levels, vmin, delta
+
+
+def quantized_queries(q_centred: torch.Tensor, qb: int) -> torch.Tensor:
+    """The query values the estimate uses: ``q_centred`` (float32 [..., d]) itself for
+    ``qb = 0``, else its :func:`quantized_levels` dequantized, ``vmin + delta * level``."""
+    if qb == 0:
+        return q_centred
+    levels, vmin, delta = quantized_levels(q_centred, qb)
     return vmin + delta * levels
 
 
