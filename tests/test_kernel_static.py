@@ -11,8 +11,9 @@ from numba.core.errors import TypingError
 
 import vq
 from vq import kernels
+from vq.index.core.searching import NO_IDS
 from vq.kernels.common import select
-from vq.kernels.common.bundles import SQCodes, TopK
+from vq.kernels.common.bundles import SQCodes, TopK, finish_bundle
 from vq.kernels.common.constants import IP, L2, Static, StaticType, constant_metric, metric
 from vq.kernels.exact import exact_scans as exact
 from vq.kernels.graph import graph_search as graph
@@ -116,13 +117,31 @@ def test_the_wrappers_hand_the_kernels_a_static_metric_not_a_bool():
     assert metrics == {IP._numba_type_, L2._numba_type_}, metrics  # no run-time bool
 
 
-def test_a_lean_search_without_reranking_compiles_none_of_it():
-    # ref_vectors None: numba prunes the re-ranking while it compiles (None.shape would not type)
+def test_a_lean_search_compiles_its_last_step_once_with_or_without_reranking():
+    # the re-ranking is a value of the Finish bundle: none, float32 vectors and fp16 bits share
+    # finish_lean's one signature (and so every lean kernel's), each giving its own results
     dist = np.array([[0.5, 1.0, np.inf]], np.float32)
     rows = np.array([[2, 0, -1]], np.int64)
-    out_dist, out_ids = np.empty((1, 4), np.float32), np.empty((1, 4), np.int64)
     ids = np.array([10, 11, 12], np.int64)
-    exact.finish_lean(np.zeros((1, 2), np.float32), dist, rows, ids, IP, None, None, out_dist,
-                      out_ids)  # fmt: skip
-    np.testing.assert_array_equal(out_ids, [[12, 10, -1, -1]])
-    np.testing.assert_array_equal(out_dist, [[-0.5, -1.0, -np.inf, -np.inf]])
+    q = np.array([[1.0, 0.0]], np.float32)
+    vectors = np.array([[0.0, 0.0], [1.0, 0.5], [3.0, 0.0]], np.float32)  # rows 10..12 -> 0..2
+    results, signatures = [], []
+    for bundle in (
+        finish_bundle(ids),
+        finish_bundle(ids - 10, vectors, np.array([7, 8, 9], np.int64)),
+        finish_bundle(ids - 10, vectors.astype(np.float16).view(np.uint16), NO_IDS),
+    ):
+        out_dist, out_ids = np.empty((1, 4), np.float32), np.empty((1, 4), np.int64)
+        exact.finish_lean(q, dist.copy(), rows.copy(), bundle, L2, out_dist, out_ids)
+        results.append((out_dist, out_ids))
+        signatures.append(len(exact.finish_lean.signatures))
+    np.testing.assert_array_equal(results[0][1], [[12, 10, -1, -1]])
+    np.testing.assert_array_equal(results[0][0], [[0.5, 1.0, np.inf, np.inf]])
+    # re-ranked: candidates rows 2 and 0 by their exact distances to q (4.0 and 1.0)
+    np.testing.assert_array_equal(results[1][1], [[7, 9, -1, -1]])
+    np.testing.assert_array_equal(results[1][0], [[1.0, 4.0, np.inf, np.inf]])
+    np.testing.assert_array_equal(results[2][1], [[0, 2, -1, -1]])
+    np.testing.assert_array_equal(results[2][0], [[1.0, 4.0, np.inf, np.inf]])
+    assert signatures[0] == signatures[1] == signatures[2], exact.finish_lean.signatures
+    with pytest.raises(TypeError, match="float32 or uint16"):
+        finish_bundle(ids, vectors.astype(np.float64), ids)

@@ -15,7 +15,7 @@ from vq import _cpu
 from vq._checks import check_positive
 from vq.index.core.lean import SMALL_BATCH
 from vq.index.core.searching import NO_IDS
-from vq.kernels.common.bundles import Coarse, Finish, plain
+from vq.kernels.common.bundles import Coarse, finish_bundle, plain
 from vq.kernels.common.constants import metric as kernel_metric
 from vq.kernels.common.select import unique_rows, unique_rows_range
 from vq.kernels.common.threads import parallel_for
@@ -89,8 +89,8 @@ def ivf_lean_search(index, refine: tuple | None) -> Callable:
             raise ValueError("the lean search of spilled lists takes no re-ranking")
         ids = NO_IDS  # (the kernel's ids: rows, made unique below)
         row_ids = None if mapped else index.ids.numpy()
-    ref_x, ref_ids, k_factor = refine or (None, None, None)  # (None: compiled without it)
-    finish = plain(Finish(ids, ref_x, ref_ids))
+    ref_x, ref_ids, k_factor = refine or (None, None, None)
+    finish = plain(finish_bundle(ids, ref_x, ref_ids))  # (one type with or without: a value)
     nlist, serial_work = index.nlist, _cpu.SERIAL_WORK
     fixed, per_probe, coarse_products = cost_model(index, coarse)
     read_from_file = mapped_scan(index, coarse, ip) if mapped else None
@@ -154,7 +154,7 @@ def mapped_scan(index, coarse: tuple, ip: bool) -> Callable:
     centroids_t, norms = coarse[0], coarse[1]
     c_sq = norms if not ip else (centroids_t * centroids_t).sum(0)
     nlist = index.nlist
-    finish = plain(Finish(NO_IDS, None, None))  # (no re-ranking of mapped rows)
+    finish = plain(finish_bundle(NO_IDS))  # (no re-ranking of mapped rows)
 
     def scan(q, nprobe: int, kc: int, width: int, repeats: bool, out_dist, found, ranked, split_up):
         lists = near_lists(q, centroids_t, c_sq, ip, nprobe)

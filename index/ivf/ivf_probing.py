@@ -195,9 +195,9 @@ class IVFProbing:
 
     def _lean_kernel(self, store) -> tuple:
         """The kind's lean kernel and its stored arrays (the row buffers and ``offsets`` of
-        ``store``: the index, or lists read from its file): ``kernel(q, centroids_t, c_norms,
-        nprobe, *args, ids, inner_product, ref_vectors, ref_ids, k_candidates, out_dist,
-        out_ids, ranked)`` (``ref_vectors``/``ref_ids`` None without re-ranking: see
+        ``store``: the index, or lists read from its file): ``kernel(q, coarse, *args, finish,
+        inner_product, nprobe, k_candidates, (out_dist, out_ids), ranked)`` (``finish``: the
+        ids and any re-ranking, a ``vq.kernels.common.bundles.Finish``: see
         ``vq.kernels.exact.exact_scans.finish_lean``) searches numpy arrays
         of at most 16 queries on the calling thread, from the coarse step to ids (see
         ``build_lean_search``); it returns False, having done nothing, for a query that is not

@@ -69,11 +69,35 @@ class Coarse(NamedTuple):
 
 class Finish(NamedTuple):
     """What the last step of a lean IVF search reads: the stored rows' ids and the re-ranking
-    of a wrapping ``Refine`` (:func:`vq.kernels.exact.exact_scans.finish_lean`)."""
+    of a wrapping ``Refine`` (:func:`vq.kernels.exact.exact_scans.finish_lean`). One type for
+    every re-ranking (none, float32 vectors, fp16 bits): a lean kernel compiles once for an
+    index with or without a ``Refine`` around it (make one with :func:`finish_bundle`)."""
 
     ids: np.ndarray  #: int64 [n]: the id of each stored row, or [0]: the rows are the ids
-    ref_vectors: np.ndarray | None  #: float32 [n', d]: the Refine's vectors; None: no re-ranking
-    ref_ids: np.ndarray | None  #: int64 [n'] (or [0]): their ids; None with ref_vectors
+    refine: int  #: 0: no re-ranking; 1: by ``ref_vectors``; 2: by ``ref_halves``
+    ref_vectors: np.ndarray  #: float32 [n', d]: the Refine's vectors ([0, 0] unless refine 1)
+    ref_halves: np.ndarray  #: uint16 [n', d]: their fp16 bits ([0, 0] unless refine 2)
+    ref_ids: np.ndarray  #: int64 [n'] (or [0]: the rows are the ids)
+
+
+_NO_VECTORS = np.zeros((0, 0), np.float32)
+_NO_HALVES = np.zeros((0, 0), np.uint16)
+_NO_IDS = np.zeros(0, np.int64)
+
+
+def finish_bundle(ids: np.ndarray, ref_vectors: np.ndarray | None = None, ref_ids=None) -> Finish:
+    """The :class:`Finish` of a lean search: ``ids`` int64 [n] (or [0]), and the re-ranking by
+    ``ref_vectors`` (float32 [n', d], or uint16 [n', d] fp16 bits; None: none) and their
+    ``ref_ids`` (int64 [n'] or [0])."""
+    if ref_vectors is None:
+        return Finish(ids, 0, _NO_VECTORS, _NO_HALVES, _NO_IDS)
+    if ref_vectors.dtype == np.uint16:
+        return Finish(ids, 2, _NO_VECTORS, ref_vectors, ref_ids)
+    if ref_vectors.dtype != np.float32:
+        raise TypeError(
+            f"re-ranking vectors must be float32 or uint16 (fp16 bits), not {ref_vectors.dtype}"
+        )
+    return Finish(ids, 1, ref_vectors, _NO_HALVES, ref_ids)
 
 
 class FlatLists(NamedTuple):

@@ -158,25 +158,30 @@ def refine_lean(queries, vectors, candidates, ids, inner_product, out_dist, out_
 
 
 @njit(nogil=True)
-def finish_lean(queries, dist, rows, ids, inner_product, ref_vectors, ref_ids, out_dist, out_ids):
+def finish_lean(queries, dist, rows, finish, inner_product, out_dist, out_ids):
     """The last step of a lean IVF search, from the k_c best stored rows (``dist``, ``rows``
-    [nq, k_c], consumed) to results (``out_dist``, ``out_ids`` [nq, k]).
+    [nq, k_c], consumed) to results (``out_dist``, ``out_ids`` [nq, k]), as ``finish`` (a
+    :class:`~vq.kernels.common.bundles.Finish`) says.
 
-    Without re-ranking (``ref_vectors`` and ``ref_ids`` None; k_c = k): the rows mapped to
-    ``ids`` (int64 [n], or [0]: the rows are the ids), distances negated back with
-    ``inner_product``. With it: the rows mapped to ``ids`` are candidates — rows of
-    ``ref_vectors`` float32 [n', d], the vectors of the ``Refine`` around the index — ranked by
-    their exact distances (:func:`refine_lean`) and mapped to ``ref_ids``.
+    Without re-ranking (``finish.refine`` 0; k_c = k): the rows mapped to ``finish.ids``
+    (int64 [n], or [0]: the rows are the ids), distances negated back with ``inner_product``.
+    With it: the rows mapped to ids are candidates — rows of the ``Refine``'s vectors
+    (float32, or fp16 bits) — ranked by their exact distances (:func:`refine_lean`) and
+    mapped to ``finish.ref_ids``.
 
-    None, not an empty array, says "no re-ranking": numba prunes the branch a None argument
-    decides while it compiles, so an index without a ``Refine`` never compiles the re-ranking.
-    """
+    The re-ranking is a value, not a type: every lean kernel compiles once whether its index
+    is wrapped in a ``Refine`` or not (both re-rankings are separate kernels it calls, compiled
+    once per metric for every kind)."""
+    ids, refine, ref_vectors, ref_halves, ref_ids = finish
     fill = np.float32(-np.inf) if inner_product else np.float32(np.inf)
-    if ref_vectors is None:
+    if refine == 0:
         rows_to_ids(dist, rows, ids, inner_product, fill, out_dist, out_ids)
         return
     rows_to_ids(dist, rows, ids, L2, fill, dist, rows)  # in place: the candidates (not negated)
-    refine_lean(queries, ref_vectors, rows, ref_ids, inner_product, out_dist, out_ids)
+    if refine == 1:
+        refine_lean(queries, ref_vectors, rows, ref_ids, inner_product, out_dist, out_ids)
+    else:
+        refine_lean(queries, ref_halves, rows, ref_ids, inner_product, out_dist, out_ids)
 
 
 def heap_push_block(scores, x_norms, first, allowed, inner_product, heap_d, heap_i):

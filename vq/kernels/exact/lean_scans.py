@@ -226,7 +226,5 @@ def ivf_flat_lean(queries, coarse, lists, finish, inner_product, nprobe, k_candi
     ivf_flat_range(
         np.int64(0), np.int64(nq), queries, lists, probes, no_filter, inner_product, found
     )
-    dist, rows = found
-    ids, ref_x, ref_ids = finish
-    finish_lean(queries, dist, rows, ids, inner_product, ref_x, ref_ids, out_dist, out_ids)
+    finish_lean(queries, found.distances, found.labels, finish, inner_product, out_dist, out_ids)
     return True

@@ -320,18 +320,7 @@ def lean_search(
         found,
         ranked,
     )
-    ids, ref_x, ref_ids = finish
-    finish_lean(
-        queries,
-        found.distances,
-        found.labels,
-        ids,
-        inner_product,
-        ref_x,
-        ref_ids,
-        out_dist,
-        out_ids,
-    )
+    finish_lean(queries, found.distances, found.labels, finish, inner_product, out_dist, out_ids)
     return True
 
 

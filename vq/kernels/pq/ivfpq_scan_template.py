@@ -199,7 +199,5 @@ def lean_search(
     ivfpq_range(
         np.int64(0), np.int64(nq), queries, tables, lists, Probes(probed, base), no_filter, found
     )
-    dist, rows = found
-    ids, ref_x, ref_ids = finish
-    finish_lean(queries, dist, rows, ids, inner_product, ref_x, ref_ids, out_dist, out_ids)
+    finish_lean(queries, found.distances, found.labels, finish, inner_product, out_dist, out_ids)
     return True

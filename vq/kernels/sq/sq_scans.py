@@ -388,7 +388,5 @@ def sq_ivf_lean(
     sq_ivf_range(
         np.int64(0), np.int64(nq), queries, lists, kind, probes, no_filter, inner_product, found
     )
-    dist, rows = found
-    ids, ref_x, ref_ids = finish
-    finish_lean(queries, dist, rows, ids, inner_product, ref_x, ref_ids, out_dist, out_ids)
+    finish_lean(queries, found.distances, found.labels, finish, inner_product, out_dist, out_ids)
     return True
