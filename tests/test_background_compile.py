@@ -186,7 +186,8 @@ def test_nothing_is_handed_over_with_background_compiles_off(tmp_path):
 def test_a_first_search_on_a_cold_cache_answers_at_once_then_runs_on_the_kernels(tmp_path):
     """The first searches (a batch: the general path; one query: the lean path) compile
     nothing in the process and return brute force's ids; once the server is done, the same
-    searches load the kernels it compiled and return the same ids."""
+    searches load the kernels it compiled and return the same ids, and the torch path's
+    snapshot of the storage is let go."""
     report = _child(
         """
         import json
@@ -203,16 +204,20 @@ def test_a_first_search_on_a_cold_cache_answers_at_once_then_runs_on_the_kernels
         exact = np.argsort(d2, axis=1, kind="stable")[:, :5]
         cold = [index.search(q, 5)[1], index.search(q[:1], 5)[1]]
         compiled_cold, handed = cache.compiles(), background.pending()
+        snapshot_cold = "searcher" in index.__dict__.get("_derived_cache", {})
         finished = background.wait(600)
         warm = [index.search(q, 5)[1], index.search(q[:1], 5)[1]]
+        snapshot_warm = "searcher" in index.__dict__.get("_derived_cache", {})
         print(json.dumps({
             "cold_exact": bool((cold[0] == exact).all() and (cold[1] == exact[:1]).all()),
             "warm_same": bool((warm[0] == cold[0]).all() and (warm[1] == cold[1]).all()),
             "compiled_cold": compiled_cold, "handed": handed > 0, "finished": finished,
             "compiles": cache.compiles(), "loaded": cache.loads() > 0,
+            "snapshot": [snapshot_cold, snapshot_warm],
         }))
         """,
         tmp_path,
     )
     assert report == {"cold_exact": True, "warm_same": True, "compiled_cold": 0, "handed": True,
-                      "finished": True, "compiles": 0, "loaded": True}  # fmt: skip
+                      "finished": True, "compiles": 0, "loaded": True,
+                      "snapshot": [True, False]}  # fmt: skip

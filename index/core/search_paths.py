@@ -34,6 +34,7 @@ from vq.index.core.searchers import search_in_chunks
 from vq.index.core.searching import (
     check_k,
     check_options,
+    drop_derived_named,
     filtered_params,
     one_query_as_rows,
     results_by_id,
@@ -122,17 +123,27 @@ class SearchPaths:
 
         A search whose CPU kernels are not compiled yet (a machine that has compiled nothing)
         does not wait for them: it answers on the torch path while they compile in the
-        background (:mod:`vq.kernels.jit.background`), with the same results, ties aside.
+        background (:mod:`vq.kernels.jit.background`), with the same results, ties aside;
+        the torch path's snapshot of the storage it made is let go by the first search the
+        kernels answer.
         """
         previous = background.stop_waiting()
         try:
-            return self._search_once(queries, k, allowed, return_probed, params)
+            found = self._search_once(queries, k, allowed, return_probed, params)
         except KernelNotReady:
-            pass
+            found = None
         finally:
             background.local.waiting = previous
+        if found is not None:
+            if self.__dict__.pop("_torch_stand_in", False):
+                # the kernels serve now: the torch path's snapshot of the storage (unpacked
+                # codes, padded lists: several times the index's bytes) is not kept
+                drop_derived_named(self, "searcher")
+            return found
         with torch_only():
-            return self._search_once(queries, k, allowed, return_probed, params)
+            found = self._search_once(queries, k, allowed, return_probed, params)
+        self.__dict__["_torch_stand_in"] = True
+        return found
 
     def _search_once(self, queries: Any, k, allowed, return_probed: bool, params: dict):
         """``search``, on the paths its kernels (or ``torch_only``) allow."""

@@ -155,6 +155,15 @@ def drop_derived(root, *, stale_only: bool = False) -> None:
                 del cache[name]
 
 
+def drop_derived_named(root, name: str) -> None:
+    """Forget the :func:`derived` array ``name`` of every module in the tree of ``root`` (and
+    the storage it holds); a search that still uses it keeps its own reference."""
+    for m in root.modules():
+        cache = m.__dict__.get("_derived_cache")
+        if cache:
+            cache.pop(name, None)
+
+
 def query_rows(q: torch.Tensor, device: torch.device, normalize: bool = False) -> torch.Tensor:
     """Checked queries as contiguous float32 on ``device`` (the same results whatever the
     input's dtype or memory layout: BLAS rounds differently for transposed operands), scaled
