@@ -2,6 +2,7 @@
 per inline call instead of once per block, and compiles the same code."""
 
 import copy
+import gc
 import os
 import re
 import subprocess
@@ -41,9 +42,11 @@ def _caller(x):
     return a + b, n + m
 
 
-def _compile(x, *, vq_copies: bool):
+def _compile(x, *, vq_copies: bool, as_kernel: bool = False):
     """A fresh dispatcher of _caller compiled with the inliner as vq installs it, or as numba
-    ships it; returns (result, its assembly, Var copies made while compiling)."""
+    ships it, as one of vq's kernels compiles (``as_kernel``: inside
+    ``numba_compat.collector_paused``) or not; returns (result, its assembly, Var copies made
+    while compiling)."""
     assert numba_compat.install_inliner()
     worker = inline_closurecall.InlineWorker
     patched = worker.inline_ir
@@ -59,7 +62,8 @@ def _compile(x, *, vq_copies: bool):
         if not vq_copies:
             worker.inline_ir = patched.__wrapped__
         dispatcher = numba.njit(_caller)
-        result = dispatcher(x)
+        call = numba_compat.collector_paused(dispatcher) if as_kernel else dispatcher
+        result = call(x)
     finally:
         ir.Var.__deepcopy__ = original_var_copy
         worker.inline_ir = patched
@@ -69,8 +73,10 @@ def _compile(x, *, vq_copies: bool):
 
 def _normalised(asm: str) -> str:
     """Assembly without what differs between two compilations of one function: its symbol
-    names (they number the dispatcher) and long numeric ids."""
+    names (they number the dispatcher), the sizes of strings that hold them and long numeric
+    ids."""
     asm = re.sub(r"_ZN[\w$.]+", "SYM", asm)
+    asm = re.sub(r'(SYM", )\d+', r"\1N", asm)  # (the size of a string holding a name)
     return re.sub(r"\b\d{4,}\b", "N", asm)
 
 
@@ -85,6 +91,36 @@ def test_inlining_copies_a_scope_once_and_compiles_the_same_code():
     assert _normalised(ours_asm) == _normalised(theirs_asm)
     # numba's copy walks the whole scope once per block; ours once per inline call
     assert 0 < ours_copies * 3 < theirs_copies, (ours_copies, theirs_copies)
+
+
+def test_a_kernel_compile_skips_the_copy_numba_drops_and_compiles_the_same_code():
+    x = np.linspace(-2.0, 2.0, 41)
+    kernel, kernel_asm, kernel_copies = _compile(x, vq_copies=True, as_kernel=True)
+    ours, ours_asm, ours_copies = _compile(x, vq_copies=True)
+    assert kernel == ours
+    assert _normalised(kernel_asm) == _normalised(ours_asm)
+    # inline_ir's second copy (of its own copy, returned and dropped) is not made
+    assert 0 < kernel_copies * 3 < ours_copies * 2, (kernel_copies, ours_copies)
+
+
+def test_the_collector_is_off_during_a_compile_and_back_as_it_was_after():
+    seen = []
+    inner = numba_compat.collector_paused(lambda: seen.append(gc.isenabled()))
+    outer = numba_compat.collector_paused(lambda: (seen.append(gc.isenabled()), inner()))
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        outer()
+        assert seen == [False, False] and gc.isenabled()
+        gc.disable()  # a user who runs with the collector off keeps it off
+        inner()
+        assert seen[-1] is False and not gc.isenabled()
+        gc.enable()
+        with pytest.raises(ZeroDivisionError):  # an error in the compile resumes it too
+            numba_compat.collector_paused(lambda: 1 / 0)()
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
 
 
 def test_install_is_idempotent_and_wraps_numbas_inliner_once():

@@ -37,14 +37,14 @@ import math
 import numba
 import numpy as np
 from numba import njit, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from vq.kernels.common.bundles import BeamSpace, Graph, Links, Walk
 from vq.kernels.common.constants import metric
 from vq.kernels.common.heaps import heapify_pair, sort_pair_heap
 from vq.kernels.common.simd import borrow
 from vq.kernels.common.threads import get_num_threads, parallel_for
-from vq.kernels.graph.graph_store import borrow_store, node_distance, prepare_query, reranks
+from vq.kernels.graph.graph_store import borrow_store, node_distance, prepare_query, reranked_type
 from vq.kernels.graph.graph_walk import beam, descend, pair_distance
 from vq.kernels.jit import cache
 from vq.kernels.jit.cache import kernel
@@ -171,20 +171,36 @@ def _insert_one(u, levels, graph, walk, ip, ef, space, no_filter):
     x = prepare_query(data[u], store, ip)
     top = min(np.int64(levels[u]), graph.max_level)
     v, dv = descend(x, store, ip, graph, top)
+    m = graph.up_nbr.shape[1]  # hnswlib: M links of its own at every level
     for level in range(top, -1, -1):
         size, _ = beam(x, store, ip, graph, level, v, dv, ef, no_filter, space)
-        if reranks(store):  # the beam on codes: its nodes ranked by their exact distances
-            for j in range(size):
-                hd[j] = pair_distance(data, u, hi[j], ip)
-            heapify_pair(hd, hi, size)
-            sort_pair_heap(hd, hi, size)
-        m = graph.up_nbr.shape[1]  # hnswlib: M links of its own at every level
-        if level == 0:
-            select_neighbours(data, ip, hd, hi, size, graph.nbr0, u, m)
-        else:
-            select_neighbours(data, ip, hd, hi, size, graph.up_nbr, graph.up_off[u] + level - 1, m)
+        rank_exactly(store, data, u, ip, hd, hi, size)
+        rows, row = (graph.nbr0, u) if level == 0 else (graph.up_nbr, graph.up_off[u] + level - 1)
+        select_neighbours(data, ip, hd, hi, size, rows, row, m)
         v = hi[0]
         dv = node_distance(x, store, v, ip)
+
+
+def rank_exactly(store, data, u, ip, beam_d, beam_i, size):
+    """For a beam walked on codes (a ``store`` that
+    :func:`~vq.kernels.graph.graph_store.reranks`): its ``size`` nodes
+    ranked by their exact distances to node u of ``data``, ascending in ``beam_d``/``beam_i``;
+    nothing for a store of the vectors (compiled to nothing: a numba overload, resolved by the
+    store's type)."""
+
+
+@overload(rank_exactly, inline="always")
+def _rank_exactly(store, data, u, ip, beam_d, beam_i, size):
+    if not reranked_type(store):
+        return lambda store, data, u, ip, beam_d, beam_i, size: None
+
+    def impl(store, data, u, ip, beam_d, beam_i, size):
+        for j in range(size):
+            beam_d[j] = pair_distance(data, u, beam_i[j], ip)
+        heapify_pair(beam_d, beam_i, size)
+        sort_pair_heap(beam_d, beam_i, size)
+
+    return impl
 
 
 @njit(inline="always", fastmath=True)

@@ -60,9 +60,15 @@ def reranks(store) -> bool:
     return isinstance(store, tuple) and len(store) == 2
 
 
+def reranked_type(store) -> bool:
+    """Whether a store of numba type ``store`` is re-ranked (:func:`reranks`), for overloads
+    that compile a step only for such stores."""
+    return isinstance(store, types.BaseTuple) and len(store) == 2
+
+
 @overload(reranks, inline="always")
 def _reranks(store):
-    value = isinstance(store, types.BaseTuple) and len(store) == 2
+    value = reranked_type(store)
     return lambda store: value
 
 

@@ -7,7 +7,8 @@ here, and nowhere else: :class:`Kernel`, the dispatcher of every kernel (its fir
 cached compilation without numba's compiler, :func:`load_cached`; it types read-only arrays as
 writable, :func:`writable`), the cache objects swapped onto numba's own
 (:class:`SafeFunctionCache`, :class:`SharedCacheFile`), the IR inliner's block copy
-(:func:`install_inliner`), the compile events (:func:`on_compile`) and the dispatcher's
+(:func:`install_inliner`), the garbage collector's pause while a kernel compiles
+(:func:`collector_paused`), the compile events (:func:`on_compile`) and the dispatcher's
 fingerprints (:func:`pretyped`).
 
 All of it was written and tested against the numba releases of :data:`NUMBA_RANGE`, the
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import gc
 import hashlib
 import os
 import re
@@ -131,7 +133,7 @@ class Kernel(CPUDispatcher):
         return writable(super().typeof_pyval(val))
 
     def _compile_for_args(self, *args, **kws):
-        compile_here = functools.partial(super()._compile_for_args, *args, **kws)
+        compile_here = collector_paused(functools.partial(super()._compile_for_args, *args, **kws))
         if kws or Kernel.first_call is None:
             install_inliner()  # before numba's compiler first runs in this process
             return compile_here()
@@ -228,7 +230,42 @@ def loads() -> int:
 def compile_types(dispatcher: Dispatcher, argtypes: tuple) -> None:
     """Compile ``dispatcher`` for ``argtypes`` (numba types), saving it in its cache."""
     install_inliner()
-    dispatcher.compile(argtypes)
+    collector_paused(dispatcher.compile)(argtypes)
+
+
+# -- the garbage collector during a compile ----------------------------------------------------
+# numba's compiler allocates millions of small objects (IR nodes, their copies, typing state),
+# and each allocation burst triggers Python's cyclic collector, which walks every object the
+# process holds (torch's alone are some 400,000): a quarter of a kernel's compile. The collector
+# is paused while vq's kernels compile (with no effect on the code compiled) and resumed, if it
+# ran before, when the last compile in progress ends; the garbage of the compile is then
+# collected as usual.
+_collector_lock = threading.Lock()
+_collector_depth = 0
+_collector_was_on = False
+
+
+def collector_paused(compile_: Callable) -> Callable:
+    """``compile_`` wrapped so that Python's cyclic garbage collector is off while it runs
+    (see above); calls in several threads at once share one pause."""
+
+    @functools.wraps(compile_)
+    def paused(*args, **kwargs):
+        global _collector_depth, _collector_was_on
+        with _collector_lock:
+            if _collector_depth == 0:
+                _collector_was_on = gc.isenabled()
+                gc.disable()
+            _collector_depth += 1
+        try:
+            return compile_(*args, **kwargs)
+        finally:
+            with _collector_lock:
+                _collector_depth -= 1
+                if _collector_depth == 0 and _collector_was_on:
+                    gc.enable()
+
+    return paused
 
 
 class SharedCacheFile(IndexDataCacheFile):
@@ -327,7 +364,10 @@ def on_compile(callback: Callable[[Any], None]) -> None:
 # memo (InlineWorker.inline_ir); every block refers to the function's one scope, which holds all
 # its variables, so a copy costs blocks x variables (numba issue #8989). install_inliner gives
 # the blocks of one scope one memo for an inline_ir call: the scope is copied once, and the IR
-# (so the compiled code) is the same. Only the ``copy`` name inside inline_closurecall and
+# (so the compiled code) is the same. inline_ir then copies its copy once more, for an
+# "original" it returns and both of its callers in numba (InlineInlinables, InlineOverloads)
+# drop: while one of vq's kernels compiles (:func:`collector_paused`), that copy is skipped (the
+# blocks themselves stand in for it). Only the ``copy`` name inside inline_closurecall and
 # InlineWorker.inline_ir change; not with VQ_NUMBA_INLINE_COPY=numba, nor where numba's inliner
 # is laid out otherwise.
 _inliner_lock = threading.Lock()
@@ -346,7 +386,12 @@ class _BlockCopier:
     def deepcopy(self, x: Any, memo: dict | None = None, _nil: Any = None) -> Any:
         memos = getattr(_inliner_state, "memos", None)
         if memo is None and memos is not None and type(x) is self._block_type:
+            if id(x.scope) in _inliner_state.copied and _collector_depth > 0:
+                return x  # (numba's copy of its own copy, dropped by its callers: see above)
             memo = memos.setdefault(id(x.scope), {})  # the memo keeps the scope (and its id) alive
+            block = copy.deepcopy(x, memo)
+            _inliner_state.copied.add(id(block.scope))
+            return block
         return copy.deepcopy(x, memo)
 
     def __getattr__(self, name: str) -> Any:
@@ -381,12 +426,12 @@ def _patch_inliner() -> bool:
 
     @functools.wraps(original)
     def inline_ir(self, *args, **kwargs):
-        outer = getattr(_inliner_state, "memos", None)
-        _inliner_state.memos = {}
+        outer = getattr(_inliner_state, "memos", None), getattr(_inliner_state, "copied", None)
+        _inliner_state.memos, _inliner_state.copied = {}, set()  # (the memos keep the ids alive)
         try:
             return original(self, *args, **kwargs)
         finally:
-            _inliner_state.memos = outer
+            _inliner_state.memos, _inliner_state.copied = outer
 
     inline_ir.__wrapped_by_vq__ = True
     worker.inline_ir = inline_ir
