@@ -221,3 +221,31 @@ def test_a_first_search_on_a_cold_cache_answers_at_once_then_runs_on_the_kernels
     assert report == {"cold_exact": True, "warm_same": True, "compiled_cold": 0, "handed": True,
                       "finished": True, "compiles": 0, "loaded": True,
                       "snapshot": [True, False]}  # fmt: skip
+
+
+def test_what_training_asks_for_ahead_is_what_the_first_add_runs(monkeypatch):
+    """Index.kernels_ahead (called by train) asks for the kernels of the coarse assignment,
+    the PQ encoding, the inverted lists' row moves and the fast-scan packing with the very
+    types the first add then calls them with: a signature that differed would compile in the
+    server for nothing while add compiled its own here."""
+    import numpy as np
+
+    import vq
+    from vq.kernels.jit import cache, numba_compat
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((600, 16), dtype=np.float32)
+    index = vq.index_factory(16, "IVF8,PQ4x4fs")
+    index.train(x)
+    index.add(x)
+    asked = []
+
+    def record(dispatcher, *args):
+        asked.append((dispatcher, numba_compat.argtypes(dispatcher, args)))
+
+    monkeypatch.setattr(cache, "prefetch", record)
+    index.kernels_ahead()
+    names = sorted(d.py_func.__qualname__ for d, _ in asked)
+    assert names == ["argmin_range", "encode_range", "list_slots", "move_lists", "write_codes"]
+    unused = [(d.py_func.__qualname__, t) for d, t in asked if t not in d.overloads]
+    assert unused == []

@@ -271,8 +271,16 @@ class Index(Updates, SearchPaths, nn.Module):
                     "index"
                 )
             t = t.to(self.device)
+            self.kernels_ahead()
             self.learn(in_chunks(unit_rows, t, 1 << 16) if self.normalize else t)
         return self
+
+    def kernels_ahead(self) -> None:
+        """Start compiling, in the background (``vq.kernels.jit.cache.prefetch``), the
+        kernels that ``learn``'s later steps and the first ``add`` run, while ``learn``'s first
+        steps compile theirs here: on a machine that has compiled nothing yet, the two compile
+        on two cores. Called by ``train``; nothing by default, nor where the kernels are
+        compiled already."""
 
     def learns(self) -> bool:
         """Whether ``train`` changes anything (False for the kinds with nothing to learn)."""

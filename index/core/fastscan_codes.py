@@ -26,7 +26,7 @@ from vq import _cpu
 from vq._checks import check_flag
 from vq.kernels.common.threads import parallel_for
 from vq.kernels.fastscan import fastscan_scans as fastscan
-from vq.kernels.fastscan.fastscan_pack import POSITION, move_blocks, write_codes
+from vq.kernels.fastscan.fastscan_pack import POSITION, move_blocks, write_codes, write_codes_ahead
 
 BLOCK = fastscan.BLOCK
 #: IVF lists of at least this many rows are moved on the thread pool
@@ -106,6 +106,12 @@ def pack_rows(codes: torch.Tensor, offsets: torch.Tensor | None = None) -> torch
     else:
         packed = fastscan.pack_lists(c, offsets.cpu().numpy())[0]
     return torch.from_numpy(packed.reshape(-1, M * 16)).to(codes.device)
+
+
+def write_rows_ahead() -> None:
+    """Start compiling :func:`write_rows`'s kernel in the background (see
+    ``Index.kernels_ahead``)."""
+    write_codes_ahead()
 
 
 def write_rows(packed: torch.Tensor, slots: np.ndarray, codes: torch.Tensor) -> None:

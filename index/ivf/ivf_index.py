@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vq import _cpu
+from vq import _cpu, kernels
 from vq._checks import (
     check_flag,
     check_int,
@@ -245,6 +245,13 @@ class IVFIndex(IVFStorage, IVFProbing, Index):
         raise NotImplementedError
 
     # -- training and routing -------------------------------------------------------------
+    def kernels_ahead(self) -> None:
+        """``Index.kernels_ahead``: the coarse assignment's kernel after the coarse k-means
+        (L2, without a graph over the centroids), then the storage's."""
+        if self.device.type == "cpu" and self.metric == "l2" and not self.coarse_hnsw:
+            kernels.argmin_ahead()
+        super().kernels_ahead()
+
     def _train_coarse(self, x: torch.Tensor) -> None:
         check_training_size(x.shape[0], self.nlist, f"{type(self).__name__}.train")
         # "auto": k-means++ rather than faiss's random start up to KMEANSPP_MAX_NLIST lists

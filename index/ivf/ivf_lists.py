@@ -39,6 +39,7 @@ from vq import _cpu
 from vq.index.core.mapped import file_range, read_lists, read_rows
 from vq.index.core.storage import (
     IdRange,
+    byte_rows,
     move_lists,
     remove_list_rows,
     remove_rows,
@@ -70,6 +71,16 @@ class IVFStorage:
 
     def data_buffers(self) -> tuple[str, ...]:
         return (*super().data_buffers(), "offsets")
+
+    def kernels_ahead(self) -> None:
+        """``Index.kernels_ahead``: the kernels ``_insert`` runs on the CPU (the moves of the
+        buffers' rows, a row's slot in its list)."""
+        super().kernels_ahead()
+        if self.device.type != "cpu":
+            return
+        words = [byte_rows(self._buffers[name]).dtype for name in (*self.row_buffers, "ids")]
+        words += [byte_rows(buf).dtype for buf in self.block_buffers().values()]
+        row_kernels.insertion_ahead(words)
 
     def block_buffers(self) -> dict[str, torch.Tensor]:
         """The buffers holding ``block_rows`` (list l in blocks ``list_blocks[l]:list_blocks[l +

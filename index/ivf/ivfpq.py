@@ -271,6 +271,13 @@ class IVFPQ(IVFIndex):
         return self.pq.nbits
 
     # -- training and adding --------------------------------------------------------------
+    def kernels_ahead(self) -> None:
+        super().kernels_ahead()
+        if self.device.type == "cpu":
+            self.pq.kernels_ahead()
+            if self.fast_scan:
+                fastscan.write_rows_ahead()
+
     def learn(self, x: torch.Tensor) -> None:
         self._train_coarse(x)
         self.pq.fit(self._residuals(x, self._assign(x)) if self.by_residual else x)

@@ -151,6 +151,13 @@ class ProductQuantizer(Quantizer):
         return objective
 
     # -- coding -----------------------------------------------------------------------------
+    def kernels_ahead(self) -> None:
+        """Start compiling the CPU encoding kernel in the background
+        (:func:`vq.kernels.pq_encoder_ahead`), for an index whose training encodes after it
+        compiles other kernels (its coarse k-means); nothing on another device."""
+        if self.codebooks.device.type == "cpu":
+            kernels.pq_encoder_ahead(self.dsub, self.M, _cpu.numpy_dtype(self.code_dtype))
+
     def _assign(
         self, x: torch.Tensor, with_errors: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:

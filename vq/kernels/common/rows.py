@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from vq.kernels.jit import cache
 from vq.kernels.jit.cache import kernel
 
 
@@ -265,3 +266,16 @@ def list_slots(lists, cursors, out_rows):
         lst = lists[j]
         out_rows[j] = cursors[lst]
         cursors[lst] += 1
+
+
+def insertion_ahead(words) -> None:
+    """Start compiling, in the background server (:func:`vq.kernels.jit.cache.prefetch`), what
+    adding rows to inverted lists runs: :func:`move_lists` for rows of each unsigned dtype of
+    ``words`` (as ``vq.index.core.storage.byte_rows`` views the buffers) and
+    :func:`list_slots`; for an index whose first ``add`` comes after a training that compiles
+    other kernels first. Nothing where they are compiled already, or compiles are not handed
+    to the background."""
+    offsets = np.zeros(1, np.int64)
+    for word in sorted({np.dtype(w).str for w in words}):
+        cache.prefetch(move_lists, np.zeros((0, 1), word), offsets, offsets, True)
+    cache.prefetch(list_slots, offsets, offsets, offsets)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from vq.kernels.fastscan.fastscan_scans import BLOCK, PERM
+from vq.kernels.jit import cache
 from vq.kernels.jit.cache import kernel
 
 #: the byte (0..15) of a block row holding vector v % 16 (PERM's inverse)
@@ -44,6 +45,13 @@ def write_codes(packed, blocks, slots, codes):
                 packed[block, at] = (packed[block, at] & np.uint8(0x0F)) | (
                     codes[i, m] << np.uint8(4)
                 )
+
+
+def write_codes_ahead() -> None:
+    """Start compiling :func:`write_codes` in the background server (see
+    :func:`vq.kernels.common.rows.insertion_ahead`)."""
+    codes, at = np.zeros((0, 1), np.uint8), np.zeros(0, np.int64)
+    cache.prefetch(write_codes, codes, at, at, codes)
 
 
 @kernel(nogil=True)

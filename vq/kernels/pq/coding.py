@@ -19,6 +19,7 @@ from numba import njit
 from vq.kernels.common.heaps import EMPTY_KEY, INDEX_MASK, float_key
 from vq.kernels.common.simd import borrow
 from vq.kernels.common.threads import parallel_for
+from vq.kernels.jit import cache
 from vq.kernels.jit.cache import kernel, specialise
 
 
@@ -46,6 +47,13 @@ def argmin_rows(dots, bias, out_index, out_value, out_second):
     Threads split the rows.
     """
     parallel_for(argmin_range, dots.shape[0], dots, bias, out_index, out_value, out_second)
+
+
+def argmin_ahead() -> None:
+    """Start compiling :func:`argmin_rows`'s kernel in the background server (see
+    :func:`vq.kernels.common.rows.insertion_ahead`)."""
+    f32, i64 = np.zeros(0, np.float32), np.zeros(0, np.int64)
+    cache.prefetch(argmin_range, 0, 0, np.zeros((0, 1), np.float32), f32, i64, f32, f32)
 
 
 @kernel(fastmath=True, nogil=True)
@@ -196,6 +204,19 @@ def pq_encoder(dsub: int):
     """
     module = specialise("vq.kernels.pq.pq_code_template", DSUB=int(dsub))
     return module.pq_encode
+
+
+def pq_encoder_ahead(dsub: int, M: int, code_dtype) -> None:
+    """Start compiling :func:`pq_encoder`'s kernel for ``M`` sub-vectors of ``dsub`` dimensions
+    and codes of ``code_dtype`` in the background server (see
+    :func:`vq.kernels.common.rows.insertion_ahead`), for a step that encodes after others
+    compile (an IVF index's coarse k-means)."""
+    module = specialise("vq.kernels.pq.pq_code_template", DSUB=int(dsub))
+    f32 = np.float32
+    x, err = np.zeros((0, M * dsub), f32), np.zeros(0, f32)
+    books, norms, norm_max = np.zeros((M, dsub, 1), f32), np.zeros((M, 1), f32), np.zeros(M, f32)
+    codes = np.zeros((0, M), code_dtype)
+    cache.prefetch(module.encode_range, 0, 0, x, books, norms, norm_max, codes, err)
 
 
 @functools.cache
