@@ -64,18 +64,19 @@ def test_arrays_held_by_a_closure_are_counted():
 
 
 def test_a_spilled_index_with_fp16_refinement_counts_each_part():
-    x = _vectors(2048, 16)
-    index = vq.index_factory(16, "IVF16(soar),PQ8x4fs,Refine(SQfp16)")
+    x = _vectors(2048, 32)  # (test_refine_fp16's dim and M: the same compiled kernels)
+    index = vq.index_factory(32, "IVF16(soar),PQ16x4fs,Refine(SQfp16)")
     index.train(x)
     index.add(x)
     inner = index.index
     packed = inner.packed_codes.numel()  # two codes a byte; each list padded to whole blocks
-    assert 2 * 2048 * 8 // 2 <= packed <= (2 * 2048 + 16 * 31) * 8 // 2
-    stored = 2048 * 16 * 2 + inner.ids.numel() * 8 + packed  # fp16, ids, codes
+    assert 2 * 2048 * 16 // 2 <= packed <= (2 * 2048 + 16 * 31) * 16 // 2
+    stored = 2048 * 32 * 2 + inner.ids.numel() * 8 + packed  # fp16, ids, codes
     assert inner.ids.numel() == 2 * 2048  # each vector in two lists
     assert index.vectors.dtype == torch.float16
     assert 0 <= index.nbytes() - _buffer_bytes(index) <= 400  # (+ list_blocks, derived)
-    assert stored <= index.nbytes() <= stored + 4096  # + codebooks, list offsets
+    stored += 16 * 32 * 4 + 16 * 16 * 2 * 4  # coarse centroids, PQ codebooks
+    assert stored <= index.nbytes() <= stored + 1024  # + list offsets
     index.search(x[:8], 10, nprobe=4, k_factor=2)
     assert index.nbytes() - stored <= 8192  # tables, norms: no second copy of the codes
 
