@@ -181,6 +181,11 @@ _EXPANSION_ERROR = np.float32(1e-5)
 
 
 @functools.cache  # a dictionary hit per call, not specialise()'s checks
+def _code_module(dsub: int):
+    """The module of ``vq.kernels.pq.pq_code_template`` specialised for ``dsub``."""
+    return specialise("vq.kernels.pq.pq_code_template", DSUB=int(dsub))
+
+
 def pq_encoder(dsub: int):
     """The PQ encoding kernel specialised for sub-vectors of ``dsub`` dimensions.
 
@@ -202,8 +207,7 @@ def pq_encoder(dsub: int):
     compared on ``Σ (x_j - c_j)²``, so data far from the origin encodes as faiss's direct
     computation does.
     """
-    module = specialise("vq.kernels.pq.pq_code_template", DSUB=int(dsub))
-    return module.pq_encode
+    return _code_module(dsub).pq_encode
 
 
 def pq_encoder_ahead(dsub: int, M: int, code_dtype) -> None:
@@ -211,7 +215,7 @@ def pq_encoder_ahead(dsub: int, M: int, code_dtype) -> None:
     and codes of ``code_dtype`` in the background server (see
     :func:`vq.kernels.common.rows.insertion_ahead`), for a step that encodes after others
     compile (an IVF index's coarse k-means)."""
-    module = specialise("vq.kernels.pq.pq_code_template", DSUB=int(dsub))
+    module = _code_module(dsub)
     f32 = np.float32
     x, err = np.zeros((0, M * dsub), f32), np.zeros(0, f32)
     books, norms, norm_max = np.zeros((M, dsub, 1), f32), np.zeros((M, 1), f32), np.zeros(M, f32)
@@ -219,22 +223,20 @@ def pq_encoder_ahead(dsub: int, M: int, code_dtype) -> None:
     cache.prefetch(module.encode_range, 0, 0, x, books, norms, norm_max, codes, err)
 
 
-@functools.cache
 def pq_encoder_lean(dsub: int):
     """:func:`pq_encoder`'s kernel for a few vectors on the calling thread (the lean path of
     ``encode``): ``encode_lean(x, codebooks_t, norms, norm_max, codes)`` with the arguments of
     ``pq_encode`` (no errors) and ``norm_max`` float32 [M], the largest of each row of
     ``norms``; returns False (and does nothing) if a vector is not finite."""
-    return specialise("vq.kernels.pq.pq_code_template", DSUB=int(dsub)).encode_lean
+    return _code_module(dsub).encode_lean
 
 
-@functools.cache  # a dictionary hit per call, not specialise()'s checks
 def pq_decoder(dsub: int):
     """The PQ decoding kernel for sub-vectors of ``dsub`` dimensions (a compile-time constant,
     as in :func:`pq_encoder`): ``pq_decode(codes, codebooks, out)`` concatenates sub-centroids,
     codes [n, M] (any integer dtype), codebooks float32 [M, ksub, dsub] → out float32
     [n, M * dsub]."""
-    return specialise("vq.kernels.pq.pq_code_template", DSUB=int(dsub)).pq_decode
+    return _code_module(dsub).pq_decode
 
 
 def additive_decode(codes, codebooks, out):
