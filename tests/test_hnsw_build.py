@@ -92,10 +92,12 @@ def test_reverse_links_group_every_link_by_level_and_target_in_batch_order():
     assert starts[0] == 0 and starts[-1] == len(sources) == sum(map(len, want.values()))
 
 
-def test_the_link_kernels_asked_for_ahead_are_the_ones_the_build_calls(monkeypatch):
-    """hnsw_insert asks the background server for phase two's kernels before its first batch
-    (vq.kernels.jit.cache.prefetch); a type that differed from the later call's would compile
-    a kernel nobody calls while the build compiles the real one itself."""
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_the_link_kernels_asked_for_ahead_are_the_ones_the_build_calls(monkeypatch, metric):
+    """train (HNSW.kernels_ahead) and add ask the background server for phase two's kernels
+    before the first batch (vq.kernels.jit.cache.prefetch, on placeholder arrays); a type that
+    differed from the later call's would compile a kernel nobody calls while the build
+    compiles the real one itself."""
     from vq.index.graph.hnsw import HNSW
     from vq.kernels.jit import numba_compat
 
@@ -107,8 +109,10 @@ def test_the_link_kernels_asked_for_ahead_are_the_ones_the_build_calls(monkeypat
 
     monkeypatch.setattr(graph_build.cache, "prefetch", record)
     x = np.random.default_rng(0).standard_normal((300, 8)).astype(np.float32)
-    index = HNSW(8, 8)
-    index.add(x)
+    index = HNSW(8, 8, metric=metric)
+    index.train(x)
     assert [d for d, _ in asked] == [graph_build.reverse_links, graph_build.link_range]
+    index.add(x)
+    assert {d for d, _ in asked} == {graph_build.reverse_links, graph_build.link_range}
     for dispatcher, argtypes in asked:
         assert argtypes is not None and argtypes in dispatcher.overloads

@@ -164,3 +164,25 @@ def test_a_reranked_beam_is_sorted_by_distance_then_node():
     hd, hi = np.array([3, 1, 2, 0], np.float32), np.arange(4)
     graph.sort_nearly_sorted(hd, hi, 2)  # only the first size pairs
     assert hd.tolist() == [1, 3, 2, 0] and hi.tolist() == [1, 0, 2, 3]
+
+
+def test_pair_distance_is_each_metrics_own_and_refuses_a_run_time_flag():
+    import numba
+    import pytest
+
+    data = np.random.default_rng(3).standard_normal((3, DIM)).astype(np.float32)
+
+    @numba.njit
+    def both(data, l2, ip):
+        return graph_walk.pair_distance(data, 0, 2, l2), graph_walk.pair_distance(data, 0, 2, ip)
+
+    l2, ip = both(data, metric(False), metric(True))
+    np.testing.assert_allclose(l2, ((data[0] - data[2]) ** 2).sum(), rtol=1e-5)
+    np.testing.assert_allclose(ip, -(data[0] @ data[2]), rtol=1e-5)
+
+    @numba.njit
+    def flag(data, inner_product):
+        return graph_walk.pair_distance(data, 0, 1, inner_product)
+
+    with pytest.raises(numba.core.errors.TypingError, match="compile-time constant"):
+        flag(data, True)

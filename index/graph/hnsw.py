@@ -196,9 +196,17 @@ class HNSW(Index):
             self.codes = torch.cat([self.codes, torch.from_numpy(codes).to(device)])
             self.code_factors = torch.cat([self.code_factors, torch.from_numpy(factors).to(device)])
 
+    def kernels_ahead(self) -> None:
+        """``Index.kernels_ahead``: the linking kernels of the insertion
+        (:func:`vq.kernels.graph.graph_build.link_kernels_ahead`), so that a first build
+        compiles them in the background while it compiles its searches here."""
+        super().kernels_ahead()
+        graph_build.link_kernels_ahead(self.metric == "ip")
+
     def _store(self, encoded: dict[str, torch.Tensor], ids: torch.Tensor) -> None:
         """Insert the batch into the graph (on CPU arrays) and keep it."""
         n0 = self.ntotal
+        graph_build.link_kernels_ahead(self.metric == "ip")  # (before the vectors' preparation)
         data = self._build_vectors(encoded)
         b = data.shape[0] - n0
         rng = np.random.default_rng([self.seed, n0])

@@ -37,14 +37,13 @@ import math
 import numba
 import numpy as np
 from numba import njit, types
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic
 
-from vq.kernels.common.bundles import BeamSpace, Graph, Links, Walk
+from vq.kernels.common.bundles import BeamSpace, Graph, Links
 from vq.kernels.common.constants import metric
-from vq.kernels.common.heaps import heapify_pair, sort_pair_heap
 from vq.kernels.common.simd import borrow
 from vq.kernels.common.threads import get_num_threads, parallel_for
-from vq.kernels.graph.graph_store import borrow_store, node_distance, prepare_query, reranked_type
+from vq.kernels.graph.graph_store import node_distance, prepare_query, reranks
 from vq.kernels.graph.graph_walk import beam, descend, pair_distance
 from vq.kernels.jit import cache
 from vq.kernels.jit.cache import kernel
@@ -84,20 +83,16 @@ def select_neighbours(data, ip, cand_d, cand_i, size, out_rows, row, m):
     nearer to it than the node is; -1 after them. Returns how many were kept. As faiss's
     ``shrink_neighbor_list``, at most m candidates are all kept (no pruning)."""
     count = 0
-    if size <= m:
-        for c in range(size):
-            out_rows[row, c] = cand_i[c]
-        for r in range(size, out_rows.shape[1]):
-            out_rows[row, r] = -1
-        return size
+    prune = size > m
     for c in range(size):
         w = cand_i[c]
         dq = cand_d[c]
         good = True
-        for r in range(count):
-            if pair_distance(data, w, out_rows[row, r], ip) < dq:
-                good = False
-                break
+        if prune:
+            for r in range(count):
+                if pair_distance(data, w, np.int64(out_rows[row, r]), ip) < dq:
+                    good = False
+                    break
         if good:
             out_rows[row, count] = w
             count += 1
@@ -144,13 +139,12 @@ def insert_range(s0, s1, nodes, levels, graph, walk, ip, ef, seen, counter):
     so that a thread held up (a busy machine) leaves its share to the others; which thread
     inserts a node does not change its lists."""
     levels, graph, seen, nodes = borrow(levels), borrow(graph), borrow(seen), borrow(nodes)
-    walk = Walk(borrow_store(walk.store), borrow(walk.data))
+    walk = borrow(walk)
     width = graph.nbr0.shape[1]
     hd = np.empty(ef, dtype=np.float32)
     hi = np.empty(ef, dtype=np.int64)
     scratch = np.empty(width, dtype=np.int64)
     dist = np.empty(width, dtype=np.float32)
-    no_filter = np.zeros(0, dtype=np.uint8)
     nb = nodes.shape[0]
     for s in range(s0, s1):
         space = BeamSpace(hd, hi, scratch, dist, hd, hi, seen[s])  # (no filter: hd, hi unread)
@@ -159,11 +153,11 @@ def insert_range(s0, s1, nodes, levels, graph, walk, ip, ef, seen, counter):
             if b0 >= nb:
                 break
             for b in range(b0, min(b0 + CLAIM, nb)):
-                _insert_one(nodes[b], levels, graph, walk, ip, ef, space, no_filter)
+                _insert_one(nodes[b], levels, graph, walk, ip, ef, space)
 
 
 @njit(inline="always", fastmath=True)
-def _insert_one(u, levels, graph, walk, ip, ef, space, no_filter):
+def _insert_one(u, levels, graph, walk, ip, ef, space):
     """Node u's own lists at its levels: a beam of ``ef`` per level on the walk's store, the
     beam ranked by the exact distances, then the heuristic on the vectors."""
     store, data = walk
@@ -173,7 +167,7 @@ def _insert_one(u, levels, graph, walk, ip, ef, space, no_filter):
     v, dv = descend(x, store, ip, graph, top)
     m = graph.up_nbr.shape[1]  # hnswlib: M links of its own at every level
     for level in range(top, -1, -1):
-        size, _ = beam(x, store, ip, graph, level, v, dv, ef, no_filter, space)
+        size, _ = beam(x, store, ip, graph, level, v, dv, ef, None, space)
         rank_exactly(store, data, u, ip, hd, hi, size)
         rows, row = (graph.nbr0, u) if level == 0 else (graph.up_nbr, graph.up_off[u] + level - 1)
         select_neighbours(data, ip, hd, hi, size, rows, row, m)
@@ -181,26 +175,32 @@ def _insert_one(u, levels, graph, walk, ip, ef, space, no_filter):
         dv = node_distance(x, store, v, ip)
 
 
+@njit(inline="always")
+def sort_pairs(dist, idx, size):
+    """Sort the first ``size`` pairs of ``dist``/``idx`` ascending by distance, equal ones in
+    their own order, by insertion: few moves where the order is nearly right already (a beam
+    ranked on codes, a list chosen ascending and then appended to); O(size²) at worst."""
+    for j in range(1, size):
+        d, w = dist[j], idx[j]
+        at = j
+        while at > 0 and dist[at - 1] > d:
+            dist[at], idx[at] = dist[at - 1], idx[at - 1]
+            at -= 1
+        dist[at], idx[at] = d, w
+
+
+@njit(inline="always", fastmath=True)
 def rank_exactly(store, data, u, ip, beam_d, beam_i, size):
     """For a beam walked on codes (a ``store`` that
     :func:`~vq.kernels.graph.graph_store.reranks`): its ``size`` nodes
-    ranked by their exact distances to node u of ``data``, ascending in ``beam_d``/``beam_i``;
-    nothing for a store of the vectors (compiled to nothing: a numba overload, resolved by the
-    store's type)."""
-
-
-@overload(rank_exactly, inline="always")
-def _rank_exactly(store, data, u, ip, beam_d, beam_i, size):
-    if not reranked_type(store):
-        return lambda store, data, u, ip, beam_d, beam_i, size: None
-
-    def impl(store, data, u, ip, beam_d, beam_i, size):
+    ranked by their exact distances to node u of ``data``, ascending in ``beam_d``/``beam_i``
+    (ties in the beam's order), by insertion: the beam's order by estimates is nearly that of
+    the exact distances. Nothing for a store of the vectors (a branch on a constant of the store's
+    type)."""
+    if reranks(store):
         for j in range(size):
             beam_d[j] = pair_distance(data, u, beam_i[j], ip)
-        heapify_pair(beam_d, beam_i, size)
-        sort_pair_heap(beam_d, beam_i, size)
-
-    return impl
+        sort_pairs(beam_d, beam_i, size)
 
 
 @njit(inline="always", fastmath=True)
@@ -225,8 +225,7 @@ def _link(data, ip, rows, row, v, sources, s0, s1, cd, ci):
         w = sources[s]
         cd[size], ci[size] = pair_distance(data, v, w, ip), w
         size += 1
-    heapify_pair(cd, ci, size)
-    sort_pair_heap(cd, ci, size)
+    sort_pairs(cd, ci, size)  # (the list: ascending as last chosen, then appended ones)
     select_neighbours(data, ip, cd, ci, size, rows, row, m)
 
 
@@ -295,46 +294,34 @@ def reverse_links(batch, nbr0, up_off, up_nbr):
     in batch order: targets int64 [g], their levels int64 [g], group starts int64 [g + 1],
     sources int64 [links] (phase two's work, :func:`link_range`)."""
     n = nbr0.shape[0]
+    room = 0
+    for u in batch:
+        room += nbr0.shape[1] + (up_off[u + 1] - up_off[u]) * up_nbr.shape[1]
+    keys = np.empty(room, dtype=np.int64)  # level * n + target
+    sources = np.empty(room, dtype=np.int64)
     links = 0
     for u in batch:
-        for j in range(nbr0.shape[1]):
-            links += nbr0[u, j] >= 0
-        for r in range(up_off[u], up_off[u + 1]):
-            for j in range(up_nbr.shape[1]):
-                links += up_nbr[r, j] >= 0
-    keys = np.empty(links, dtype=np.int64)  # level * n + target
-    sources = np.empty(links, dtype=np.int64)
-    e = 0
-    for u in batch:
-        for j in range(nbr0.shape[1]):
-            t = nbr0[u, j]
-            if t >= 0:
-                keys[e], sources[e] = t, u
-                e += 1
-        for r in range(up_off[u], up_off[u + 1]):
-            level = r - up_off[u] + 1
-            for j in range(up_nbr.shape[1]):
-                t = up_nbr[r, j]
+        for level in range(up_off[u + 1] - up_off[u] + 1):
+            rows, row = (nbr0, u) if level == 0 else (up_nbr, up_off[u] + level - 1)
+            for j in range(rows.shape[1]):
+                t = rows[row, j]
                 if t >= 0:
-                    keys[e], sources[e] = level * n + t, u
-                    e += 1
-    order = stable_order(keys)  # sources stay in batch order
-    groups = 0
-    for e in range(links):
-        groups += e == 0 or keys[order[e]] != keys[order[e - 1]]
-    targets = np.empty(groups, dtype=np.int64)
-    target_levels = np.empty(groups, dtype=np.int64)
-    starts = np.empty(groups + 1, dtype=np.int64)
+                    keys[links], sources[links] = level * n + t, u
+                    links += 1
+    order = stable_order(keys[:links])  # sources stay in batch order
+    targets = np.empty(links, dtype=np.int64)
+    target_levels = np.empty(links, dtype=np.int64)
+    starts = np.empty(links + 1, dtype=np.int64)
     grouped = np.empty(links, dtype=np.int64)
-    g = 0
+    groups = 0
     for e in range(links):
         key = keys[order[e]]
         if e == 0 or key != keys[order[e - 1]]:
-            targets[g], target_levels[g], starts[g] = key % n, key // n, e
-            g += 1
+            targets[groups], target_levels[groups], starts[groups] = key % n, key // n, e
+            groups += 1
         grouped[e] = sources[order[e]]
     starts[groups] = links
-    return targets, target_levels, starts, grouped
+    return targets[:groups], target_levels[:groups], starts[: groups + 1], grouped
 
 
 def hnsw_insert(nodes, graph, walk, inner_product, levels, ef_construction):
@@ -363,7 +350,7 @@ def hnsw_insert(nodes, graph, walk, inner_product, levels, ef_construction):
     data = walk.data
     seen = np.zeros((get_num_threads(), data.shape[0] + 1), np.uint16)
     inserted, pos = data.shape[0] - len(nodes), 0
-    _link_kernels_ahead(nodes, graph, data, ip)
+    link_kernels_ahead(inner_product)  # (asked already by an index's train or add: a no-op)
     while pos < len(nodes):
         u = int(nodes[pos])
         if entry < 0:
@@ -389,15 +376,19 @@ def hnsw_insert(nodes, graph, walk, inner_product, levels, ef_construction):
     return entry, max_level
 
 
-def _link_kernels_ahead(nodes, graph, data, ip) -> None:
+def link_kernels_ahead(inner_product: bool) -> None:
     """On a machine where phase two's kernels are not compiled yet, start compiling them in
-    the background server (:func:`vq.kernels.jit.cache.prefetch`) while the first batch
-    compiles :func:`insert_range` here: the same types as the calls of :func:`hnsw_insert`."""
-    if len(nodes) < 2:
-        return
-    nbr0, up_off, up_nbr, entry, max_level = graph
-    none = np.zeros(0, np.int64)
-    cache.prefetch(reverse_links, nodes[:1], nbr0, up_off, up_nbr)
-    now = Graph(nbr0, up_off, up_nbr, int(entry), int(max_level))
+    the background server (:func:`vq.kernels.jit.cache.prefetch`), so that they compile
+    there while the first batch compiles :func:`insert_range` here: the types of
+    :func:`hnsw_insert`'s calls, on placeholder arrays. Called by an HNSW index's
+    ``kernels_ahead`` (``train``) and first ``add`` before they prepare the vectors, and by
+    :func:`hnsw_insert`; nothing where the kernels are loaded or asked for already."""
+    nbr0, up_off = np.full((1, 2), -1, np.int32), np.zeros(2, np.int64)
+    up_nbr, none = np.full((0, 1), -1, np.int32), np.zeros(0, np.int64)
+    cache.prefetch(reverse_links, np.zeros(1, np.int64), nbr0, up_off, up_nbr)
+    now = Graph(nbr0, up_off, up_nbr, 0, 0)
     links = Links(none, none.copy(), none.copy(), none.copy())
-    cache.prefetch(link_range, 0, 1, links, data, ip, now, 1, np.zeros(1, np.int64))
+    data = np.zeros((1, 1), np.float32)
+    cache.prefetch(
+        link_range, 0, 1, links, data, metric(inner_product), now, 1, np.zeros(1, np.int64)
+    )

@@ -24,7 +24,6 @@ from vq.kernels.common.threads import get_num_threads, parallel_for
 from vq.kernels.exact.exact_scans import exact_distance, rows_to_ids
 from vq.kernels.exact.lean_scans import all_finite
 from vq.kernels.graph.graph_store import (
-    borrow_store,
     node_distance,
     prefetch_node,
     prepare_query,
@@ -44,7 +43,7 @@ def hnsw_search_range(s0, s1, queries, graph, walk, ip, ef, seen, allowed, out):
     s // slices`` .. of ``slices = seen.shape[0]``, and the visit stamps ``seen[s]``) on the
     calling thread; ``ip`` a :class:`vq.kernels.common.constants.Static`."""
     queries, graph, seen, out = borrow(queries), borrow(graph), borrow(seen), borrow(out)
-    walk, allowed = Walk(borrow_store(walk.store), borrow(walk.data)), borrow(allowed)
+    walk, allowed = borrow(walk), borrow(allowed)
     nq, slices = out.distances.shape[0], seen.shape[0]
     for s in range(s0, s1):
         q0, q1 = nq * s // slices, nq * (s + 1) // slices
@@ -126,7 +125,7 @@ def write_row(hd, hi, size, out, q):
 def rows_scan_range(q0, q1, queries, walk, ip, rows, out):
     """:func:`rows_scan` for queries ``q0..q1`` on the calling thread."""
     queries, rows, out = borrow(queries), borrow(rows), borrow(out)
-    store, data = borrow_store(walk.store), borrow(walk.data)
+    store, data = borrow(walk)
     k = out.distances.shape[1]
     hd = np.empty(k, dtype=np.float32)
     hi = np.empty(k, dtype=np.int64)
@@ -213,8 +212,7 @@ def hnsw_search_lean(queries, graph, walk, ip, ef, seen, ids, claim, chunk, out)
 
     Compiled with ``fastmath`` as :func:`hnsw_search_range` is: the traversal's code is
     inlined here and takes this kernel's flags."""
-    graph, walk = borrow(Graph(*graph)), Walk(*walk)
-    walk = Walk(borrow_store(walk.store), borrow(walk.data))
+    graph, walk = borrow(Graph(*graph)), borrow(Walk(*walk))
     out_dist, out_ids = out
     queries, seen = borrow(queries), borrow(seen)
     nq, k = out_dist.shape

@@ -1,8 +1,8 @@
 """What an HNSW traversal reads (the *store*) and how it computes a distance on it: the
 float32 vectors, int8 codes with a scale per vector, or scalar-quantizer codes (faiss's
-``IndexHNSWSQ``). :func:`node_distance`, :func:`prepare_query`, :func:`prefetch_node` and
-:func:`borrow_store` are numba overloads resolved by the store's type, so that one traversal
-(:mod:`vq.kernels.graph.graph_search`) compiles for each:
+``IndexHNSWSQ``). :func:`node_distance`, :func:`prepare_query` and :func:`prefetch_node`
+are numba overloads resolved by the store's type, and :func:`reranks` a constant of that
+type, so that one traversal (:mod:`vq.kernels.graph.graph_search`) compiles for each:
 
 - float32 [n, d]: :func:`vq.kernels.exact.exact_scans.exact_distance`;
 - (codes int8 [n, d], factors float32 [n, 2]): :func:`int8_distance`;
@@ -13,11 +13,12 @@ float32 vectors, int8 codes with a scale per vector, or scalar-quantizer codes (
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit, types
-from numba.extending import overload
+from numba.extending import intrinsic, overload
 
-from vq.kernels.common.simd import borrow, prefetch_line
+from vq.kernels.common.simd import prefetch_line
 from vq.kernels.exact.exact_scans import exact_distance
 from vq.kernels.sq.sq_scans import sq_distance, sq_prepare
 
@@ -55,21 +56,28 @@ def prefetch_node(store, i):
 
 
 def reranks(store) -> bool:
-    """Whether a traversal on ``store`` re-ranks its nodes on the vectors: for int8 codes (a
-    compile-time constant in a kernel: an overload, resolved by the store's type)."""
+    """Whether a traversal on ``store`` re-ranks its nodes on the vectors: for int8 codes.
+    In a kernel, a constant of the store's type (a numba intrinsic: ``if reranks(store):``
+    types its branch once, inside the kernel's own type inference, and LLVM drops it where
+    it is false)."""
     return isinstance(store, tuple) and len(store) == 2
 
 
 def reranked_type(store) -> bool:
-    """Whether a store of numba type ``store`` is re-ranked (:func:`reranks`), for overloads
-    that compile a step only for such stores."""
+    """Whether a store of numba type ``store`` is re-ranked (:func:`reranks`)."""
     return isinstance(store, types.BaseTuple) and len(store) == 2
 
 
-@overload(reranks, inline="always")
-def _reranks(store):
-    value = reranked_type(store)
-    return lambda store: value
+if not numba.config.DISABLE_JIT:  # (with it, the kernels run as Python and call the above)
+
+    @intrinsic
+    def reranks(typingctx, store):  # noqa: F811
+        value = reranked_type(store)
+
+        def codegen(context, builder, signature, args):
+            return context.get_constant(types.boolean, value)
+
+        return types.boolean(store), codegen
 
 
 def _is_sq(store) -> bool:  # (codes, offset, scale, kind): scalar-quantizer codes
@@ -126,20 +134,6 @@ def _prefetch_node(store, i):
             prefetch_line(codes, i, byte)
 
     return impl_codes
-
-
-def borrow_store(store):
-    """``store`` (an array, or a tuple of arrays) with its arrays borrowed
-    (:func:`vq.kernels.common.simd.borrow`: no reference counting in the hot loops)."""
-
-
-@overload(borrow_store, inline="always")
-def _borrow_store(store):
-    if isinstance(store, types.Array):
-        return lambda store: borrow(store)
-    if _is_sq(store):
-        return lambda store: (borrow(store[0]), borrow(store[1]), borrow(store[2]), store[3])
-    return lambda store: (borrow(store[0]), borrow(store[1]))
 
 
 def int8_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -29,7 +29,10 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from numba.core.errors import TypingError
+from numba.extending import overload
 
+from vq.kernels.common.constants import constant_metric
 from vq.kernels.common.heaps import push_pair, sift_down_pair
 from vq.kernels.common.simd import prefetch_line
 from vq.kernels.graph.graph_store import node_distance, prefetch_node
@@ -37,18 +40,40 @@ from vq.kernels.graph.graph_store import node_distance, prefetch_node
 _EPOCHS = 65535
 
 
-@njit(inline="always", fastmath=True)
-def pair_distance(data, a, b, inner_product):
-    """:func:`~vq.kernels.graph.graph_store.node_distance` between rows a and b of ``data``."""
+def _ip_pair(data, a, b, inner_product):
     d = np.float32(0.0)
-    if inner_product:
-        for j in range(data.shape[1]):
-            d -= data[a, j] * data[b, j]
-    else:
-        for j in range(data.shape[1]):
-            diff = data[a, j] - data[b, j]
-            d += diff * diff
+    for j in range(data.shape[1]):
+        d -= data[a, j] * data[b, j]
     return d
+
+
+def _l2_pair(data, a, b, inner_product):
+    d = np.float32(0.0)
+    for j in range(data.shape[1]):
+        diff = data[a, j] - data[b, j]
+        d += diff * diff
+    return d
+
+
+def pair_distance(data, a, b, inner_product):
+    """:func:`~vq.kernels.graph.graph_store.node_distance` between rows a and b of ``data``:
+    squared L2, or the negated inner product. In a kernel, a numba overload resolved by the
+    metric's type (:func:`vq.kernels.common.constants.metric`): the kernel types a call site,
+    not the code of both metrics. (This body runs with ``NUMBA_DISABLE_JIT=1``.)"""
+    if inner_product:
+        return _ip_pair(data, a, b, inner_product)
+    return _l2_pair(data, a, b, inner_product)
+
+
+@overload(pair_distance, jit_options={"fastmath": True})
+def _pair_distance(data, a, b, inner_product):
+    fixed = constant_metric(inner_product)
+    if fixed is None:
+        raise TypingError(
+            f"pair_distance: the metric must be a compile-time constant, got {inner_product}; "
+            "pass vq.kernels.common.constants.metric(inner_product)"
+        )
+    return _ip_pair if fixed else _l2_pair
 
 
 @njit(inline="always")
@@ -119,7 +144,10 @@ def beam(x, store, ip, graph, level, entry, d_entry, ef, allowed, space):
     :class:`~vq.kernels.common.bundles.BeamSpace`) also holds a node's unvisited neighbours
     and their distances, and the visit stamps. ``allowed`` uint8 [n] (or [0]: no filter): the
     beam walks every node, and the ``cap`` nearest allowed ones seen are kept in the max-heap
-    ``kept_d``/``kept_i`` (faiss's search with an ``IDSelector``).
+    ``kept_d``/``kept_i`` (faiss's search with an ``IDSelector``). ``allowed`` may also be the
+    constant ``None`` (a build's searches): numba then drops the filter's code before typing
+    it (each use is a branch on ``allowed is not None``, which its dead-branch pruning
+    resolves once the beam is inlined).
 
     The beam is a sorted array (NSG's and DiskANN's search list): the nearest node not yet
     expanded is expanded next (marked by its id's complement while the search runs), and
@@ -131,13 +159,16 @@ def beam(x, store, ip, graph, level, entry, d_entry, ef, allowed, space):
     cap = bd.shape[0]
     epoch = next_epoch(seen)
     deg = degree(graph, level)
-    filtered = allowed.shape[0] > 0
+    filtered = False
+    if allowed is not None:
+        filtered = allowed.shape[0] > 0
     bd[0], bi[0] = d_entry, entry
     size, cur, rsize = 1, 0, 0
     seen[entry] = epoch
-    if filtered and allowed[entry] != 0:
-        rd[0], ri[0] = d_entry, entry
-        rsize = 1
+    if allowed is not None:
+        if filtered and allowed[entry] != 0:
+            rd[0], ri[0] = d_entry, entry
+            rsize = 1
     while cur < size:
         if ef < cap and cur >= ef:  # faiss's stop for efSearch < k: ef nodes are nearer
             break
@@ -149,8 +180,9 @@ def beam(x, store, ip, graph, level, entry, d_entry, ef, allowed, space):
             dist[j] = node_distance(x, store, scratch[j], ip)
         for j in range(fresh):
             w, d = scratch[j], dist[j]
-            if filtered and allowed[w] != 0:
-                rsize = keep_nearest(rd, ri, rsize, cap, d, w)
+            if allowed is not None:
+                if filtered and allowed[w] != 0:
+                    rsize = keep_nearest(rd, ri, rsize, cap, d, w)
             if size == cap and d >= bd[size - 1]:
                 continue
             if size < cap:
