@@ -73,11 +73,11 @@ def row_scratch(n):
     return np.empty(-(-n // 16) * 16, dtype=np.float32)
 
 
-@njit(nogil=True)
+@kernel(nogil=True)
 def _smallest_k_row(row, query, x_norms, inner_product, dist, idx, values):
-    """smallest_k_rows for one row (a function of its own, not inlined: the loop around it
-    compiles in a fraction of the time a loop holding all of this takes); ``values`` is
-    scratch (:func:`row_scratch`).
+    """smallest_k_rows for one row (a disk-cached kernel of its own, not inlined: the loop
+    around it compiles in a fraction of the time a loop holding all of this takes, and a
+    kernel compiled later loads it); ``values`` is scratch (:func:`row_scratch`).
 
     Each 16 (8, 4) columns' least value is an element of the row, so the k-th least of
     those block minima bounds the k-th least value from above: columns past it are never

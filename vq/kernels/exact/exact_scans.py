@@ -157,7 +157,7 @@ def refine_lean(queries, vectors, candidates, ids, inner_product, out_dist, out_
     rows_to_ids(dist, rows, ids, inner_product, fill, out_dist, out_ids)
 
 
-@njit(nogil=True)
+@kernel(nogil=True)
 def finish_lean(queries, dist, rows, finish, inner_product, out_dist, out_ids):
     """The last step of a lean IVF search, from the k_c best stored rows (``dist``, ``rows``
     [nq, k_c], consumed) to results (``out_dist``, ``out_ids`` [nq, k]), as ``finish`` (a
@@ -171,7 +171,8 @@ def finish_lean(queries, dist, rows, finish, inner_product, out_dist, out_ids):
 
     The re-ranking is a value, not a type: every lean kernel compiles once whether its index
     is wrapped in a ``Refine`` or not (both re-rankings are separate kernels it calls, compiled
-    once per metric for every kind)."""
+    once per metric for every kind). A disk-cached kernel itself: each lean kernel compiled
+    after the first loads it."""
     ids, refine, ref_vectors, ref_halves, ref_ids = finish
     fill = np.float32(-np.inf) if inner_product else np.float32(np.inf)
     if refine == 0:
