@@ -40,7 +40,7 @@ from vq.kernels.graph.graph_store import node_distance, prefetch_node
 _EPOCHS = 65535
 
 
-def _ip_pair(data, a, b, inner_product):
+def _ip_pair(data, a, b, inner_product):  # (each takes the metric, as pair_distance does)
     d = np.float32(0.0)
     for j in range(data.shape[1]):
         d -= data[a, j] * data[b, j]
