@@ -199,7 +199,7 @@ class HNSW(Index):
     def kernels_ahead(self) -> None:
         """``Index.kernels_ahead``: the linking kernels of the insertion
         (:func:`vq.kernels.graph.graph_build.link_kernels_ahead`), so that a first build
-        compiles them in the background while it compiles its searches here."""
+        compiles them in the background while it compiles its insertion kernel here."""
         super().kernels_ahead()
         graph_build.link_kernels_ahead(self.metric == "ip")
 
