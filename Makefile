@@ -4,13 +4,17 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# uv installs the wheels (torch's CUDA build among them, ~5 GB) in a quarter of pip's time; it
+# leaves the bytecode to Python, which caches each module as it is first imported: a
+# PYTHONDONTWRITEBYTECODE in the caller's environment would make every process parse torch again
+unexport PYTHONDONTWRITEBYTECODE
+INSTALL = $(PY) -m pip install --quiet uv && $(VENV)/bin/uv pip install --quiet --python $(PY)
 
 .PHONY: demo test docs bench lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[all]"
+	$(INSTALL) -e ".[all]"
 	touch $@
 
 demo: $(VENV)/.installed
@@ -25,7 +29,7 @@ docs: $(VENV)/.installed
 	$(PY) docs/hooks/check_links.py site
 
 $(VENV)/.peers: $(VENV)/.installed
-	$(PY) -m pip install --quiet -e ".[all,peers]"
+	$(INSTALL) -e ".[all,peers]"
 	touch $@
 
 bench: $(VENV)/.peers
