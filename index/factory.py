@@ -12,7 +12,8 @@ from vq.quantizers import OPQ, PCA
 
 #: what the factory reads around the kinds' own descriptions
 _AROUND = (
-    "IVF<nlist>(soar[=<λ>]) for spilled lists, IVF<nlist>_HNSW<M> for graph-routed lists, "
+    "IVF<nlist>(soar[=<λ>]) for spilled lists, IVF<nlist>(spherical) for unit-norm centroids, "
+    "IVF<nlist>_HNSW<M> for graph-routed lists, "
     "optionally preceded by OPQ<M>[_<dim_out>] or PCA<dim_out>, and before that by L2norm "
     "(vectors scaled to unit norm) and IDMap / IDMap2 (no-ops: every kind takes ids), "
     "and followed by RFlat or Refine(Flat), or Refine(SQfp16) (re-ranking on fp16 vectors) "

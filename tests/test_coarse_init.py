@@ -1,5 +1,6 @@
 """``coarse_init``: how an IVF index's coarse k-means starts (k-means++ seeds by default up to
-2,048 lists; faiss's random rows on request, for recall parity at equal parameters)."""
+2,048 lists; faiss's random rows on request, for recall parity at equal parameters), and
+``spherical``: the coarse k-means with unit-norm centroids."""
 
 import numpy as np
 import pytest
@@ -44,3 +45,51 @@ def test_coarse_init_is_kept_through_a_save(blobs, kind, tmp_path):
 def test_an_unknown_coarse_init_is_refused_with_the_choices():
     with pytest.raises(ValueError, match="coarse_init must be one of 'auto', 'k-means\\+\\+'"):
         IVFFlat(8, 4, coarse_init="kmeans++")
+
+
+def unit_rows(x: np.ndarray) -> np.ndarray:
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def test_spherical_coarse_centroids_are_those_of_spherical_kmeans(blobs):
+    x = torch.from_numpy(unit_rows(blobs[:2000]))
+    index = IVFFlat(x.shape[1], 16, seed=3, spherical=True)
+    index.train(x)
+    expected = vq.kmeans(x, 16, niter=index.coarse_niter, init="k-means++", seed=3,
+                         spherical=True).centroids  # fmt: skip
+    torch.testing.assert_close(index.quantizer.codebook, expected, rtol=0, atol=0)
+    torch.testing.assert_close(index.quantizer.codebook.norm(dim=1), torch.ones(16))
+    assert "spherical" not in IVFFlat(x.shape[1], 16).config()  # old files stay as they were
+
+
+@pytest.mark.parametrize(
+    ("desc", "spill", "lam"),
+    [("IVF16(spherical),Flat", False, None), ("IVF16(soar=1.5,spherical),PQ8", True, 1.5),
+     ("IVF16(spherical,soar),SQ8", True, 1.0), ("IVF16(spherical),PQ8x4fs,RFlat", False, None)],
+)  # fmt: skip
+def test_spherical_factory_strings_build_search_and_save(blobs, desc, spill, lam, tmp_path):
+    x = unit_rows(blobs[:3000])
+    index = vq.index_factory(x.shape[1], desc)
+    index.train(x)
+    index.add(x)
+    ivf = getattr(index, "index", index)  # (the IVF inside a Refine)
+    assert ivf.spherical and ivf.spill == spill and (not spill or ivf.soar_lambda == lam)
+    D, I = index.search(x[:20], 5, nprobe=16)  # every list: the exact answer (ties aside)
+    exact = np.argsort(((x[:20, None] - x[None]) ** 2).sum(-1), axis=1)[:, :5]
+    if desc.endswith("),Flat"):
+        np.testing.assert_array_equal(I, exact)
+    index.save(tmp_path / "i")
+    loaded = vq.load_index(tmp_path / "i")
+    assert loaded.config() == index.config()
+    np.testing.assert_array_equal(loaded.search(x[:20], 5, nprobe=16)[1], I)
+
+
+@pytest.mark.parametrize(
+    ("desc", "match"),
+    [("IVF16(spherical,spherical),Flat", "IVF option 'spherical'"),
+     ("IVF16(sphere),Flat", "expected soar, soar=<lambda> or spherical"),
+     ("IVF16(soar,soar=2),Flat", "IVF option 'soar=2'")],
+)  # fmt: skip
+def test_unknown_or_repeated_ivf_options_are_refused(desc, match):
+    with pytest.raises(ValueError, match=match):
+        vq.index_factory(32, desc)

@@ -200,3 +200,41 @@ def test_ivf_coarse_training_seeds_by_kmeanspp_up_to_the_limit_and_random_rows_a
     init = "k-means++" if 32 <= most else "random"
     expected = vq.kmeans(x, 32, niter=3, init=init, seed=7).centroids
     torch.testing.assert_close(index.quantizer.codebook, expected, rtol=0, atol=0)
+
+
+def unit(x):
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def cosine_loss(x, centroids):
+    """Σ (1 - the largest cosine of each row with a centroid), for unit-norm rows."""
+    c = unit(np.asarray(centroids))
+    return float((1.0 - (x @ c.T).max(axis=1)).astype(np.float64).sum())
+
+
+def test_spherical_centroids_are_unit_norm_and_as_good_as_faiss(blobs):
+    x = unit(blobs)
+    ours = vq.kmeans(x, 64, niter=20, seed=5, spherical=True)
+    np.testing.assert_allclose(np.linalg.norm(ours.centroids, axis=1), 1.0, rtol=1e-5)
+    ref = faiss.Kmeans(32, 64, niter=20, seed=5, spherical=True)
+    ref.train(x)
+    assert cosine_loss(x, ours.centroids) <= 1.01 * cosine_loss(x, ref.centroids)
+    plain = vq.kmeans(x, 64, niter=20, seed=5)
+    assert np.linalg.norm(plain.centroids, axis=1).max() < 0.999  # means of unit rows: shorter
+    with pytest.raises(TypeError, match="spherical must be True or False"):
+        vq.kmeans(x, 4, spherical="yes")
+
+
+def test_spherical_lloyd_loops_agree(blobs, monkeypatch):
+    import vq.clustering.lloyd
+
+    x = unit(blobs)
+    fused = vq.kmeans(x, 64, niter=12, init="random", seed=4, spherical=True)  # 10k rows: fused
+    monkeypatch.setattr(vq.clustering.lloyd, "_FUSED_MAX_N", 0)
+    bounded = vq.kmeans(x, 64, niter=12, init="random", seed=4, spherical=True)
+    monkeypatch.setattr(vq.clustering.lloyd, "_BOUNDED", False)
+    plain = vq.kmeans(x, 64, niter=12, init="random", seed=4, spherical=True)
+    for other in (bounded, plain):
+        np.testing.assert_array_equal(fused.assignments, other.assignments)
+        np.testing.assert_allclose(fused.centroids, other.centroids, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(fused.objective, other.objective, rtol=1e-5)

@@ -14,6 +14,8 @@ This module holds what the IVF kinds share (:class:`IVFIndex`); the static-shape
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import torch
 
@@ -49,22 +51,33 @@ COARSE_INITS = ("auto", "k-means++", "random")
 #: the most inverted lists (list numbers are int32 nodes in a graph-routed coarse quantizer)
 MAX_NLIST = (1 << 31) - 1
 #: the IVF part of a factory description (the kinds' patterns go on from it): "IVF1024";
-#: "IVF1024(soar)" / "IVF1024(soar=0.5)" spilled lists (SOAR, λ 1 unless given);
-#: "IVF65536_HNSW32" the coarse quantizer routed by an HNSW graph over the centroids
-IVF_FACTORY = (
-    r"IVF(?P<nlist>\d+)(?:_HNSW(?P<graph>\d+))?(?:\((?P<soar>soar)(?:=(?P<lam>\d+(?:\.\d*)?))?\))?"
-)
+#: options in parentheses, comma-separated: "IVF1024(soar)" / "IVF1024(soar=0.5)" spilled
+#: lists (SOAR, λ 1 unless given), "IVF1024(spherical)" unit-norm centroids (spherical
+#: k-means), both "IVF1024(soar=1.5,spherical)"; "IVF65536_HNSW32" the coarse quantizer
+#: routed by an HNSW graph over the centroids
+IVF_FACTORY = r"IVF(?P<nlist>\d+)(?:_HNSW(?P<graph>\d+))?(?:\((?P<ivf_options>[a-z0-9.=,]*)\))?"
+_SOAR_OPTION = re.compile(r"soar(?:=(?P<lam>\d+(?:\.\d*)?))?")
 
 
 def ivf_arguments(match) -> dict:
-    """``nlist`` and the IVF options (``coarse_hnsw``, ``spill``, ``soar_lambda``) of a
-    description's IVF part (:data:`IVF_FACTORY`)."""
+    """``nlist`` and the IVF options (``coarse_hnsw``, ``spill``, ``soar_lambda``,
+    ``spherical``) of a description's IVF part (:data:`IVF_FACTORY`)."""
     graph = match["graph"]
     if graph is not None and int(graph) < 2:
         raise FactoryRefusal(f"_HNSW{graph}: the graph's M must be >= 2")
     extra = {"coarse_hnsw": int(graph)} if graph else {}
-    if match["soar"]:
-        extra.update(spill=True, soar_lambda=float(match["lam"] or 1.0))
+    options = match["ivf_options"]
+    for option in options.split(",") if options is not None else ():
+        soar = _SOAR_OPTION.fullmatch(option)
+        if soar and "spill" not in extra:
+            extra.update(spill=True, soar_lambda=float(soar["lam"] or 1.0))
+        elif option == "spherical" and "spherical" not in extra:
+            extra["spherical"] = True
+        else:
+            raise FactoryRefusal(
+                f"IVF option {option!r} in ({options}): expected soar, soar=<lambda> or "
+                "spherical, each at most once, comma-separated"
+            )
     return {"nlist": int(match["nlist"]), **extra}
 
 
@@ -93,6 +106,11 @@ class IVFIndex(IVFStorage, IVFProbing, Index):
             list).
         coarse_hnsw: M of an HNSW graph over the centroids that routes vectors and queries
             instead of a scan of all nlist (faiss's ``IVF65536_HNSW32``); 0: the scan.
+        spherical: train the coarse quantizer by spherical k-means (unit-norm centroids,
+            faiss's ``spherical`` clustering option; factory ``"IVF1024(spherical),Flat"``).
+            For unit-norm vectors (normalised embeddings, ``metric="cosine"``) the lists then
+            rank by cosine, and fewer rows are scanned for the same recall; the L2 ranking of
+            the lists is kept. No effect on a trained index's layout or on faiss interop.
 
     Submodules and buffers:
         quantizer: :class:`vq.VectorQuantizer` with ``codebook`` float32 [nlist, dim];
@@ -119,6 +137,7 @@ class IVFIndex(IVFStorage, IVFProbing, Index):
         spill: bool = False,
         soar_lambda: float = 1.0,
         coarse_hnsw: int = 0,
+        spherical: bool = False,
     ):
         super().__init__(dim, metric, k, verbose)
         if coarse_init not in COARSE_INITS:
@@ -133,6 +152,7 @@ class IVFIndex(IVFStorage, IVFProbing, Index):
             raise ValueError("coarse_hnsw must be 0 (no graph) or the graph's M >= 2, got 1")
         self.spill = check_flag(spill, "spill")
         self.soar_lambda = check_real(soar_lambda, "soar_lambda")
+        self.spherical = check_flag(spherical, "spherical")
         if self.spill and self.nlist < 2:
             raise ValueError("spill=True needs nlist >= 2 (a second list to spill to)")
         self.nprobe = check_positive(nprobe, "nprobe")
@@ -165,6 +185,7 @@ class IVFIndex(IVFStorage, IVFProbing, Index):
             "seed": self.seed,
             **({"spill": True, "soar_lambda": self.soar_lambda} if self.spill else {}),
             **({"coarse_hnsw": self.coarse_hnsw} if self.coarse_hnsw else {}),
+            **({"spherical": True} if self.spherical else {}),
         }
 
     # -- rows and copies: a spilled vector is stored twice, under one id ------------------------
@@ -266,6 +287,7 @@ class IVFIndex(IVFStorage, IVFProbing, Index):
             niter=self.coarse_niter,
             init=init,
             seed=self.seed,
+            spherical=self.spherical,
             verbose=self.verbose,
         )
         self.quantizer.codebook.copy_(result.centroids)

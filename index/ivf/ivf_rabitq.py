@@ -60,9 +60,9 @@ class IVFRaBitQ(IVFIndex):
     Args:
         dim: vector dimension.
         nlist: inverted lists.
-        metric, k, nprobe, coarse_niter, seed, verbose, spill, soar_lambda, coarse_hnsw: as
-            :class:`vq.index.IVFIndex` (spilled: each copy codes its residual to its own
-            list's centroid).
+        metric, k, nprobe, coarse_niter, seed, verbose, spill, soar_lambda, coarse_hnsw,
+            spherical: as :class:`vq.index.IVFIndex` (spilled: each copy codes its residual
+            to its own list's centroid).
         qb: bits of the query's scalar quantization (faiss's ``qb``; 0, the default as in
             :class:`vq.RaBitQIndex`, keeps queries float).
             An attribute: set ``index.qb`` to search at other bits (no per-call option). The
@@ -97,6 +97,7 @@ class IVFRaBitQ(IVFIndex):
         spill: bool = False,
         soar_lambda: float = 1.0,
         coarse_hnsw: int = 0,
+        spherical: bool = False,
     ):
         super().__init__(
             dim,
@@ -110,6 +111,7 @@ class IVFRaBitQ(IVFIndex):
             spill=spill,
             soar_lambda=soar_lambda,
             coarse_hnsw=coarse_hnsw,
+            spherical=spherical,
         )
         self.rabitq = RaBitQ(self.dim, 1, rotation_seed, self.metric, rotate=rotate)
         self.qb = check_qb(qb)

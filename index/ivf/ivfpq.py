@@ -66,9 +66,9 @@ class IVFPQ(IVFIndex):
         M: sub-quantizers (bytes per vector with nbits=8).
         nbits: bits per sub-code.
         by_residual: encode ``x - c`` (the residual to the list's centroid) rather than x.
-        metric, k, nprobe, coarse_niter, coarse_init, seed, verbose, spill, soar_lambda: as
-            :class:`vq.index.IVFIndex` (spilled by residual: each copy encodes its residual to
-            its own list's centroid).
+        metric, k, nprobe, coarse_niter, coarse_init, seed, verbose, spill, soar_lambda,
+            coarse_hnsw, spherical: as :class:`vq.index.IVFIndex` (spilled by residual: each
+            copy encodes its residual to its own list's centroid).
         fast_scan: with nbits=4, scan with the 4-bit fast-scan kernel (faiss
             ``IndexIVFPQFastScan``, factory ``"IVF1024,PQ32x4fs"``); distances are approximate.
         **pq_options: passed to :class:`vq.ProductQuantizer` (niter, init,
@@ -108,6 +108,7 @@ class IVFPQ(IVFIndex):
         spill: bool = False,
         soar_lambda: float = 1.0,
         coarse_hnsw: int = 0,
+        spherical: bool = False,
         **pq_options,
     ):
         super().__init__(
@@ -123,6 +124,7 @@ class IVFPQ(IVFIndex):
             spill=spill,
             soar_lambda=soar_lambda,
             coarse_hnsw=coarse_hnsw,
+            spherical=spherical,
         )
         self.pq = pq_quantizer(dim, M, nbits, seed=seed, **pq_options)
         self.fast_scan = check_fast_scan(fast_scan, M, nbits)

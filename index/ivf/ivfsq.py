@@ -47,8 +47,8 @@ class IVFSQ(IVFIndex):
         by_residual: encode ``x - c`` (the residual to the list's centroid; faiss's default)
             rather than x. The quantizer's ranges are then trained on residuals.
         metric, k, nprobe, coarse_niter, coarse_init, seed, verbose, spill, soar_lambda,
-            coarse_hnsw: as :class:`vq.index.IVFIndex` (spilled by residual: each copy encodes
-            its residual to its own list's centroid).
+            coarse_hnsw, spherical: as :class:`vq.index.IVFIndex` (spilled by residual: each
+            copy encodes its residual to its own list's centroid).
         margin: widen the trained ranges (see :class:`vq.ScalarQuantizer`).
 
     Submodules and buffers (beyond :class:`IVFIndex`'s):
@@ -75,6 +75,7 @@ class IVFSQ(IVFIndex):
         spill: bool = False,
         soar_lambda: float = 1.0,
         coarse_hnsw: int = 0,
+        spherical: bool = False,
     ):
         super().__init__(
             dim,
@@ -89,6 +90,7 @@ class IVFSQ(IVFIndex):
             spill=spill,
             soar_lambda=soar_lambda,
             coarse_hnsw=coarse_hnsw,
+            spherical=spherical,
         )
         self.by_residual = check_flag(by_residual, "by_residual")
         self.sq = sq_quantizer(dim, bits, margin)

@@ -39,7 +39,12 @@ Observer = Callable[[torch.Tensor, float], None]
 
 
 def lloyd(
-    x: Shards, centroids: torch.Tensor, niter: int, gen: torch.Generator, after: Observer
+    x: Shards,
+    centroids: torch.Tensor,
+    niter: int,
+    gen: torch.Generator,
+    after: Observer,
+    spherical: bool = False,
 ) -> torch.Tensor:
     """``niter`` Lloyd iterations on the (possibly distributed) rows ``x``; returns the
     centroids and reports each iteration to ``after``. Small float32 CPU jobs take
@@ -50,16 +55,18 @@ def lloyd(
     Args:
         x: the training rows, float Tensor[n, d] per process; centroids: float32 Tensor[k, d],
             the start; gen: the run's generator (empty-cluster repair draws from it).
+        spherical: each update ends with the centroids scaled to unit L2 norm
+            (:func:`update_centroids`); the assignment step stays nearest-by-L2.
     """
     local = x.local
     if local.dtype == torch.float32 and _cpu.fast_path(local) and local.shape[0] <= _FUSED_MAX_N:
-        return _lloyd_fused(x, centroids, niter, gen, after)
+        return _lloyd_fused(x, centroids, niter, gen, after, spherical)
     if local.dtype == torch.float32 and _BOUNDED and centroids.shape[0] >= _BOUNDED_MIN_K:
-        return _lloyd_bounded(x, centroids, niter, gen, after)
+        return _lloyd_bounded(x, centroids, niter, gen, after, spherical)
     for _ in range(niter):
         sums, counts, errors, _ = accumulate(x.local, centroids)
         sums, counts, total = x.all_sum(sums, counts, errors.sum())
-        centroids = update_centroids(centroids, sums, counts, gen)
+        centroids = update_centroids(centroids, sums, counts, gen, spherical)
         after(centroids, float(total))
     return centroids
 
@@ -84,14 +91,26 @@ def accumulate(x: torch.Tensor, centroids: torch.Tensor, x_norms: torch.Tensor |
 
 
 def update_centroids(
-    centroids: torch.Tensor, sums: torch.Tensor, counts: torch.Tensor, gen: torch.Generator
+    centroids: torch.Tensor,
+    sums: torch.Tensor,
+    counts: torch.Tensor,
+    gen: torch.Generator,
+    spherical: bool = False,
 ) -> torch.Tensor:
     """The centroids after an assignment step: each cluster's mean (``sums`` float32 [k, d] /
     ``counts`` [k]), the old centroid where a cluster is empty, then empty clusters repaired
-    (:func:`split_empty_clusters`). Returns a new float32 Tensor[k, d]."""
+    (:func:`split_empty_clusters`); with ``spherical``, every row then scaled to unit L2 norm
+    (faiss's ``spherical``; a zero row stays zero). Returns a new float32 Tensor[k, d]."""
     new = torch.where(counts[:, None] > 0, sums / counts.clamp_min(1.0)[:, None], centroids)
     split_empty_clusters(new, counts, gen)
-    return new
+    return normalize_rows(new) if spherical else new
+
+
+def normalize_rows(centroids: torch.Tensor) -> torch.Tensor:
+    """float32 Tensor[k, d] scaled to unit L2 norm row by row (rows of norm 0 stay 0): the
+    centroids of spherical k-means."""
+    norms = torch.linalg.vector_norm(centroids, dim=1, keepdim=True)
+    return centroids / torch.where(norms > 0, norms, torch.ones_like(norms))
 
 
 def split_empty_clusters(
@@ -114,7 +133,12 @@ def split_empty_clusters(
 
 
 def _lloyd_fused(
-    shards: Shards, centroids: torch.Tensor, niter: int, gen: torch.Generator, after: Observer
+    shards: Shards,
+    centroids: torch.Tensor,
+    niter: int,
+    gen: torch.Generator,
+    after: Observer,
+    spherical: bool,
 ) -> torch.Tensor:
     """Plain Lloyd on CPU float32 rows, each iteration one matrix product and one kernel
     (:func:`vq.kernels.assign_accumulate`: nearest centroids, cluster sums, counts and errors
@@ -147,7 +171,7 @@ def _lloyd_fused(
             torch.tensor(errors.sum(), dtype=torch.float64),
             torch.tensor(changed),
         )
-        new = update_centroids(centroids, sums_t, counts_t, gen)
+        new = update_centroids(centroids, sums_t, counts_t, gen, spherical)
         after(new, float(total))
         if int(changed_t) == 0 and bool((counts_t > 0).all()):
             for _ in range(it + 1, niter):  # a fixed point: the same centroids every time
@@ -158,7 +182,12 @@ def _lloyd_fused(
 
 
 def _lloyd_bounded(
-    shards: Shards, centroids: torch.Tensor, niter: int, gen: torch.Generator, after: Observer
+    shards: Shards,
+    centroids: torch.Tensor,
+    niter: int,
+    gen: torch.Generator,
+    after: Observer,
+    spherical: bool,
 ) -> torch.Tensor:
     """Lloyd iterations that skip the points which provably keep their cluster.
 
@@ -211,7 +240,7 @@ def _lloyd_bounded(
             + float((counts.double() * (c64 * c64).sum(dim=1)).sum())
         )
         total = max(total, 0.0)
-        new = update_centroids(centroids, sums, counts, gen)
+        new = update_centroids(centroids, sums, counts, gen, spherical)
         shift = (new - centroids).double().norm(dim=1)
         upper += shift[assign]
         lower -= shift.max()

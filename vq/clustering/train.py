@@ -16,8 +16,8 @@ from typing import Any, Literal
 import torch
 from tqdm.auto import tqdm
 
-from vq._checks import as_vectors, check_int, check_training_size, like_input
-from vq.clustering.lloyd import Observer, accumulate, lloyd
+from vq._checks import as_vectors, check_flag, check_int, check_training_size, like_input
+from vq.clustering.lloyd import Observer, accumulate, lloyd, normalize_rows
 from vq.clustering.seeding import generator, kmeans_plus_plus
 from vq.distances import nearest
 from vq.parallel import Shards, TrainingRun, checkpoint_path
@@ -93,6 +93,7 @@ def kmeans(
     init: Literal["k-means++", "random"] = "random",
     seed: int = 1234,
     max_points_per_centroid: int = 256,
+    spherical: bool = False,
     verbose: bool = False,
     checkpoint: str | os.PathLike | None = None,
     checkpoint_every: int = 1,
@@ -110,6 +111,9 @@ def kmeans(
         seed: seeds every random choice; the same seed gives the same centroids.
         max_points_per_centroid: train on a random subset of ``k * max_points_per_centroid``
             vectors when there are more (faiss's subsampling); assignments still cover all of x.
+        spherical: unit-norm centroids (faiss's ``spherical``): the start and every update
+            scaled to L2 norm 1. Assignments stay nearest-by-L2, which for unit-norm rows is
+            the largest inner product (cosine): the partition for normalised embeddings.
         verbose: show a progress bar with the objective.
         checkpoint: file to save the training state to every ``checkpoint_every`` iterations
             (and after the last one), and to resume from when it exists — after a crash, run the
@@ -138,6 +142,7 @@ def kmeans(
     _check_common(niter, max_points_per_centroid)
     if init not in ("k-means++", "random"):
         raise ValueError(f"init must be 'k-means++' or 'random', got {init!r}")
+    spherical = check_flag(spherical, "spherical")
     path, every = checkpoint_path("kmeans", checkpoint, checkpoint_every)
     gen = generator(seed)
     train = data.subsample(k * max_points_per_centroid, gen)
@@ -147,18 +152,22 @@ def kmeans(
         "init": init,
         "seed": seed,
         "max_points_per_centroid": max_points_per_centroid,
+        **({"spherical": True} if spherical else {}),
     }
     run = TrainingRun("kmeans", settings, train, niter, gen, path, every)
     centroids = run.restore()
-    if centroids is None and init == "random":
-        centroids = train.sample(k, gen).float().clone()
-    elif centroids is None:
-        centroids = kmeans_plus_plus(train, k, gen)
+    if centroids is None:
+        if init == "random":
+            centroids = train.sample(k, gen).float().clone()
+        else:
+            centroids = kmeans_plus_plus(train, k, gen)
+        centroids = normalize_rows(centroids) if spherical else centroids
     quiet = not verbose or not data.is_root
     with tqdm(
         total=niter, initial=run.step, desc=f"k-means k={k}", disable=quiet, leave=False
     ) as bar:
-        centroids = lloyd(train, centroids, niter - run.step, gen, _observer(run, bar))
+        after = _observer(run, bar)
+        centroids = lloyd(train, centroids, niter - run.step, gen, after, spherical)
     return _finish(x_in, data, centroids, run.objective)
 
 
