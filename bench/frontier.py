@@ -1,7 +1,7 @@
 """Recall frontiers: each library swept over the configurations its users pick, and the best QPS
 each reaches at recall@10 >= 0.80, 0.90, 0.95 and 0.99 (k = 10, same data, same threads).
 
-    python -m bench.frontier [--data text|nsynth|synthetic|X.fvecs|X.hdf5] [--n 300000]
+    python -m bench.frontier [--data text|words|nsynth|synthetic|X.fvecs|X.hdf5] [--n 300000]
 
 Systems (each where importable; ``make bench`` installs all of them):
 - vq: IVF{nlist},PQ{d/2}x4fs,RFlat (nprobe x k_factor), IVF{nlist},Flat (nprobe), and every
@@ -34,7 +34,8 @@ bench.graph_peers says; and the seconds its index took to build, training includ
 to the best peer at each level, and of vq's best among its indexes that hold no more bytes
 per vector than hnswlib's best there; writes
 results/<name>.csv, <name>-frontier.csv and <name>.png. Data as bench.ann ("text" is the
-all-MiniLM-L6-v2 set of vq.datasets.text: 300k sentences of local text, unit norm).
+all-MiniLM-L6-v2 set of vq.datasets.text: 300k sentences of local text, unit norm; "words"
+the same model over single words and two-word phrases of that text, vq.datasets.words).
 """
 
 from __future__ import annotations
@@ -195,8 +196,8 @@ def scann_points(x, train_n: int, q, threads: int, soar: bool = False) -> tuple[
 
     points = [
         (f"leaves={nl},reorder={r}", run(nl, r))
-        for nl in (4, 8, 16, 32, 64, 128)
-        for r in (20, 50, 100)
+        for nl in (4, 8, 16, 32, 64, 128, 256)
+        for r in (20, 50, 100, 200)
     ]
     return points, None  # (ScaNN does not say)
 
