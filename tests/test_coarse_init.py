@@ -67,20 +67,24 @@ def test_spherical_coarse_centroids_are_those_of_spherical_kmeans(blobs):
     [("IVF16(spherical),Flat", False, None), ("IVF16(soar=1.5,spherical),PQ8", True, 1.5),
      ("IVF16(spherical,soar),SQ8", True, 1.0), ("IVF16(spherical),PQ8x4fs,RFlat", False, None)],
 )  # fmt: skip
-def test_spherical_factory_strings_build_search_and_save(blobs, desc, spill, lam, tmp_path):
-    x = unit_rows(blobs[:3000])
-    index = vq.index_factory(x.shape[1], desc)
-    index.train(x)
-    index.add(x)
+def test_spherical_factory_strings_set_the_options(desc, spill, lam):
+    index = vq.index_factory(32, desc)
     ivf = getattr(index, "index", index)  # (the IVF inside a Refine)
     assert ivf.spherical and ivf.spill == spill and (not spill or ivf.soar_lambda == lam)
+    assert ivf.config()["spherical"] is True
+
+
+def test_a_spherical_index_searches_exactly_over_every_list_and_saves(blobs, tmp_path):
+    x = unit_rows(blobs[:3000])
+    index = vq.index_factory(x.shape[1], "IVF16(spherical),Flat")
+    index.train(x)
+    index.add(x)
     D, I = index.search(x[:20], 5, nprobe=16)  # every list: the exact answer (ties aside)
     exact = np.argsort(((x[:20, None] - x[None]) ** 2).sum(-1), axis=1)[:, :5]
-    if desc.endswith("),Flat"):
-        np.testing.assert_array_equal(I, exact)
+    np.testing.assert_array_equal(I, exact)
     index.save(tmp_path / "i")
     loaded = vq.load_index(tmp_path / "i")
-    assert loaded.config() == index.config()
+    assert loaded.spherical and loaded.config() == index.config()
     np.testing.assert_array_equal(loaded.search(x[:20], 5, nprobe=16)[1], I)
 
 
