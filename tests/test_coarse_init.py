@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import vq
+from vq.distances import unit_rows_np
 from vq.index import IVFPQ, IVFSQ, IVFFlat
 
 
@@ -47,12 +48,8 @@ def test_an_unknown_coarse_init_is_refused_with_the_choices():
         IVFFlat(8, 4, coarse_init="kmeans++")
 
 
-def unit_rows(x: np.ndarray) -> np.ndarray:
-    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-
-
 def test_spherical_coarse_centroids_are_those_of_spherical_kmeans(blobs):
-    x = torch.from_numpy(unit_rows(blobs[:2000]))
+    x = torch.from_numpy(unit_rows_np(blobs[:2000]))
     index = IVFFlat(x.shape[1], 16, seed=3, spherical=True)
     index.train(x)
     expected = vq.kmeans(x, 16, niter=index.coarse_niter, init="k-means++", seed=3,
@@ -75,7 +72,7 @@ def test_spherical_factory_strings_set_the_options(desc, spill, lam):
 
 
 def test_a_spherical_index_searches_exactly_over_every_list_and_saves(blobs, tmp_path):
-    x = unit_rows(blobs[:3000])
+    x = unit_rows_np(blobs[:3000])
     index = vq.index_factory(x.shape[1], "IVF16(spherical),Flat")
     index.train(x)
     index.add(x)

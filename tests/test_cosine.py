@@ -11,9 +11,9 @@ from index_kinds import KINDS, VARIANTS
 
 import vq
 from vq import _cpu
+from vq.distances import unit_rows, unit_rows_np
 from vq.export import OnnxRunner, audit, to_onnx
 from vq.export.search import search_module
-from vq.index.core.searching import unit_rows, unit_rows_np
 
 K = 5
 

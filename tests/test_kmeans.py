@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import vq
-from vq.distances import nearest, nearest_static
+from vq.distances import nearest, nearest_static, unit_rows_np
 
 faiss = pytest.importorskip("faiss")
 
@@ -202,18 +202,14 @@ def test_ivf_coarse_training_seeds_by_kmeanspp_up_to_the_limit_and_random_rows_a
     torch.testing.assert_close(index.quantizer.codebook, expected, rtol=0, atol=0)
 
 
-def unit(x):
-    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-
-
 def cosine_loss(x, centroids):
     """Σ (1 - the largest cosine of each row with a centroid), for unit-norm rows."""
-    c = unit(np.asarray(centroids))
+    c = unit_rows_np(np.asarray(centroids, dtype=np.float32))
     return float((1.0 - (x @ c.T).max(axis=1)).astype(np.float64).sum())
 
 
 def test_spherical_centroids_are_unit_norm_and_as_good_as_faiss(blobs):
-    x = unit(blobs)
+    x = unit_rows_np(blobs)
     ours = vq.kmeans(x, 64, niter=20, seed=5, spherical=True)
     np.testing.assert_allclose(np.linalg.norm(ours.centroids, axis=1), 1.0, rtol=1e-5)
     ref = faiss.Kmeans(32, 64, niter=20, seed=5, spherical=True)
@@ -228,7 +224,7 @@ def test_spherical_centroids_are_unit_norm_and_as_good_as_faiss(blobs):
 def test_spherical_lloyd_loops_agree(blobs, monkeypatch):
     import vq.clustering.lloyd
 
-    x = unit(blobs)
+    x = unit_rows_np(blobs)
     fused = vq.kmeans(x, 64, niter=12, init="random", seed=4, spherical=True)  # 10k rows: fused
     monkeypatch.setattr(vq.clustering.lloyd, "_FUSED_MAX_N", 0)
     bounded = vq.kmeans(x, 64, niter=12, init="random", seed=4, spherical=True)

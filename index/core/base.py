@@ -37,6 +37,7 @@ from vq._checks import (
     in_chunks,
 )
 from vq._tree_cache import drop
+from vq.distances import unit_rows
 from vq.index.core.faiss_build import import_faiss, keep_alive
 from vq.index.core.fileformat import save_target, write_index_file
 from vq.index.core.locking import ReadWriteLock
@@ -46,7 +47,6 @@ from vq.index.core.search_paths import SearchPaths
 from vq.index.core.searching import (
     MAX_K,
     drop_derived,
-    unit_rows,
 )
 from vq.index.core.searching import (
     derived as derived_value,

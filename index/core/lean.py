@@ -19,7 +19,8 @@ import torch
 
 from vq._checks import MAX_NORM, is_eager
 from vq._cpu import numpy_path
-from vq.index.core.searching import MAX_K, unit_rows_np
+from vq.distances import unit_rows_np
+from vq.index.core.searching import MAX_K
 
 #: searches of at most this many queries may take the lean path
 SMALL_BATCH = 16

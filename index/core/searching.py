@@ -18,6 +18,7 @@ import torch
 
 from vq import _cpu, kernels
 from vq._checks import check_positive
+from vq.distances import unit_rows
 from vq.index.core.filters import IdFilter
 from vq.index.core.searchers import to_results
 from vq.kernels.common.constants import metric as kernel_metric
@@ -49,22 +50,6 @@ def one_query_as_rows(queries: Any) -> Any:
             f"{tuple(queries.shape)}"
         )
     return queries
-
-
-def unit_rows(x: torch.Tensor) -> torch.Tensor:
-    """float32 rows of ``x`` [n, d] scaled to unit L2 norm (metric "cosine", ``"L2norm,"``):
-    the norms computed in float64 and rounded to float32, then one float32 division per
-    value, so that :func:`unit_rows_np` (the lean path's) gives the very same values; a zero
-    row stays zero."""
-    norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float64).float()
-    return x.float() / torch.where(norms > 0, norms, 1.0)
-
-
-def unit_rows_np(q: np.ndarray) -> np.ndarray:
-    """:func:`unit_rows` of float32 numpy rows ``q`` [n, d] (a new C-contiguous array)."""
-    q64 = q.astype(np.float64)
-    norms = np.sqrt(np.einsum("ij,ij->i", q64, q64))[:, None].astype(np.float32)
-    return np.ascontiguousarray(q / np.where(norms > 0, norms, np.float32(1.0)))
 
 
 #: ``rows_to_ids``'s id table where the ids are the rows themselves

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from vq import _cpu, kernels
-from vq.distances import iter_nearest, nearest
+from vq.distances import iter_nearest, nearest, unit_rows
 from vq.parallel import Shards
 
 # relative size of the symmetric perturbation when a cluster is split (faiss uses 1/1024)
@@ -103,14 +103,7 @@ def update_centroids(
     (faiss's ``spherical``; a zero row stays zero). Returns a new float32 Tensor[k, d]."""
     new = torch.where(counts[:, None] > 0, sums / counts.clamp_min(1.0)[:, None], centroids)
     split_empty_clusters(new, counts, gen)
-    return normalize_rows(new) if spherical else new
-
-
-def normalize_rows(centroids: torch.Tensor) -> torch.Tensor:
-    """float32 Tensor[k, d] scaled to unit L2 norm row by row (rows of norm 0 stay 0): the
-    centroids of spherical k-means."""
-    norms = torch.linalg.vector_norm(centroids, dim=1, keepdim=True)
-    return centroids / torch.where(norms > 0, norms, torch.ones_like(norms))
+    return unit_rows(new) if spherical else new
 
 
 def split_empty_clusters(

@@ -17,9 +17,9 @@ import torch
 from tqdm.auto import tqdm
 
 from vq._checks import as_vectors, check_flag, check_int, check_training_size, like_input
-from vq.clustering.lloyd import Observer, accumulate, lloyd, normalize_rows
+from vq.clustering.lloyd import Observer, accumulate, lloyd
 from vq.clustering.seeding import generator, kmeans_plus_plus
-from vq.distances import nearest
+from vq.distances import nearest, unit_rows
 from vq.parallel import Shards, TrainingRun, checkpoint_path
 
 
@@ -161,7 +161,7 @@ def kmeans(
             centroids = train.sample(k, gen).float().clone()
         else:
             centroids = kmeans_plus_plus(train, k, gen)
-        centroids = normalize_rows(centroids) if spherical else centroids
+        centroids = unit_rows(centroids) if spherical else centroids
     quiet = not verbose or not data.is_root
     with tqdm(
         total=niter, initial=run.step, desc=f"k-means k={k}", disable=quiet, leave=False
