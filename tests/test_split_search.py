@@ -11,7 +11,7 @@ import vq
 from vq.index.core import lean
 from vq.index.core.base import Index
 from vq.index.ivf import ivf_lean
-from vq.index.ivf.ivf_probing import coarse_bound
+from vq.index.ivf.ivf_probing import BOUND_SHARE, coarse_bound
 from vq.kernels.common.bundles import Coarse
 from vq.kernels.common.select import smallest_k_range
 from vq.kernels.exact.coarse_probe import BOUND_MOST, probe_bounded, probe_few, probe_lists
@@ -188,7 +188,7 @@ def test_the_bounded_coarse_step_ranks_as_exact_distances(nlist, dim, nprobe, di
     c = rng.integers(-3, 4, (nlist, dim)) + rng.integers(-3, 4, (nlist, directions)) @ basis
     q = rng.integers(-3, 4, (50, dim)) + rng.integers(-3, 4, (50, directions)) @ basis
     c, q = c.astype(np.float32), q.astype(np.float32)
-    bound = coarse_bound(c)
+    bound = coarse_bound(c, share=0.0)  # (the kernel's answer whatever the bound's share)
     assert bound[0].shape == (dim, 8 * -(-dim // 32))
     scores, lists = np.empty((50, nprobe), np.float32), np.empty((50, nprobe), np.int64)
     coarse = Coarse(np.ascontiguousarray(c.T), (c * c).sum(1), *bound)
@@ -208,7 +208,8 @@ def test_a_loose_bound_falls_back_to_the_whole_coarse_step():
     c = rng.integers(-1, 2, (1024, 64)).astype(np.float32)
     q = rng.integers(-1, 2, (20, 64)).astype(np.float32)
     ct, norms = np.ascontiguousarray(c.T), (c * c).sum(1)
-    bound = coarse_bound(c)
+    assert coarse_bound(c)[0].shape == (64, 0)  # (16 axes hold 25%: no bound by default)
+    bound = coarse_bound(c, share=0.0)
     got = probe_few(q, Coarse(ct, norms, *bound), 5, False)
     want = np.empty((20, 5), np.float32), np.empty((20, 5), np.int64)
     probe_lists(q, ct, norms, False, *want)
@@ -223,7 +224,22 @@ def test_a_loose_bound_falls_back_to_the_whole_coarse_step():
 def test_few_centroids_or_dimensions_take_no_bound():
     assert coarse_bound(np.ones((63, 128), np.float32))[0].shape == (128, 0)
     assert coarse_bound(np.ones((100, 16), np.float32))[0].shape == (16, 0)
-    assert coarse_bound(np.ones((128, 128), np.float32))[0].shape == (128, 32)
+    rng = np.random.default_rng(0)
+    few_axes = rng.standard_normal((128, 8)) @ rng.standard_normal((8, 128))  # rank 8
+    assert coarse_bound(few_axes.astype(np.float32))[0].shape == (128, 32)
+
+
+def test_a_bound_on_axes_that_hold_too_little_variance_is_not_built():
+    # 32 axes of 128 hold about 75% of the variance here: under the share, no bound;
+    # asked for a lower share, the bound
+    rng = np.random.default_rng(1)
+    scale = np.where(np.arange(128) < 32, 3.0, 1.0)
+    c = (rng.standard_normal((512, 128)) * scale).astype(np.float32)
+    cov = np.linalg.eigvalsh(np.cov(c.T.astype(np.float64)))[::-1]
+    held = cov[:32].sum() / cov.sum()
+    assert 0.7 < held < BOUND_SHARE
+    assert coarse_bound(c)[0].shape == (128, 0)
+    assert coarse_bound(c, share=held - 0.01)[0].shape == (128, 32)
 
 
 @pytest.mark.parametrize("description", ["IVF512,Flat", "IVF512,PQ16x4fs,RFlat", "IVF512,SQ8",

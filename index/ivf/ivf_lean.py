@@ -25,8 +25,8 @@ from vq.kernels.exact.coarse_probe import BOUND_RATIO, BOUND_SPARE, probe_lists
 #: the threads, where its coarse step is small (at most SPLIT_COARSE products of centroid and
 #: query components: the lean kernels scan the centroids, with no matrix product; fewer where a
 #: bound rules most centroids out, see vq.kernels.exact.coarse_probe.probe_bounded) and so is its
-#: whole estimated work (SPLIT_WORK ns): there the general path's fixed costs (a multi-threaded
-#: BLAS product of a few hundred queries, torch tensors, two pool wake-ups) are most of the time
+#: whole estimated work (SPLIT_WORK ns): there the general path's fixed costs (the coarse step
+#: split on its own, torch tensors, two pool wake-ups) are most of the time
 SPLIT_COARSE = 1 << 16
 SPLIT_WORK = 20_000_000
 _NO_NORMS = np.zeros(0, np.float32)

@@ -34,8 +34,9 @@ from vq.kernels.jit.cache import kernel
 
 #: probe_lists computes the products of this many queries with each group of centroids
 PROBE_QUERIES = 16
-#: and holds sums in registers up to this many centroids
-PROBE_COLUMNS = 1024
+#: and holds sums in registers up to this many centroids (numba's loop, a query at a time, past
+#: it: with several queries sharing each load of the columns, the registers pay at any nlist)
+PROBE_COLUMNS = 1 << 16
 #: probe_bounded computes the exact distances of this many more centroids than nprobe first
 BOUND_SPARE = 4
 #: and takes over from probe_lists where there are at least this many centroids for each of
@@ -61,7 +62,7 @@ def probe_lists(queries, centroids_t, c_norms, inner_product, out_scores, out_li
     (:func:`vq.kernels.common.dots.column_dots_rows` over ``DOT_COLUMNS`` centroids and
     ``DOT_ROWS`` queries at a time), for up to :data:`PROBE_QUERIES` queries in turn, so that
     those centroids stay in cache for all of them; with more centroids, numba's loop, a query
-    at a time (the strided reads of wide rows then contend for the same cache sets).
+    at a time.
     """
     queries, out_scores, out_lists = borrow(queries), borrow(out_scores), borrow(out_lists)
     nq = queries.shape[0]
