@@ -12,7 +12,8 @@ Systems (each where importable; ``make bench`` installs all of them):
   factory strings as vq.index_factory reads them, ":efc200" setting a graph's build beam,
   a Refine around a graph re-ranking the beam: k_factor = efSearch / k);
 - faiss: the same fast-scan + RFlat and IVF,Flat, HNSW{M} for each --hnsw-M (efSearch), and
-  IVF RaBitQ fast-scan + RFlat with 1-bit and 4-bit (extended RaBitQ) codes (nprobe x k_factor);
+  IVF RaBitQ fast-scan + RFlat with 1-bit and 4-bit (extended RaBitQ) codes (nprobe x k_factor),
+  and every --faiss factory string given (swept as vq's descriptions are);
 - hnswlib: each --hnsw-M (default 16, hnswlib's own example, and 32), ef_construction=200 (ef);
 - ScaNN: tree (num_leaves ~ 2 sqrt(n)) + score_ah(2, 0.2) + reorder (leaves x reorder), with
   and without its SOAR spilling (soar_lambda 1.5), as vq's own "IVF…(soar),…" descriptions.
@@ -75,7 +76,7 @@ def vq_points(desc: str, x, train, q, nprobes, k_factors, efs) -> tuple[Points, 
             graph.efConstruction = efc[0]
     index.train(train)
     index.add(x)
-    if "HNSW" in desc.split(",")[0]:
+    if desc.split(",")[0].startswith("HNSW"):  # (not IVF…_HNSW: graph-routed lists)
         if "Refine" in desc:  # the beam's efSearch nodes re-ranked (k_factor = efSearch / k)
             points = [(f"efSearch={e}", lambda e=e: index.search(
                 q, K, efSearch=e, k_factor=max(1, e // K))[1]) for e in efs]  # fmt: skip
@@ -229,7 +230,7 @@ def build_all(args, x, train, q) -> dict[tuple[str, str], tuple[Points, Held, fl
         plan.append(("vq", desc, lambda d=desc: vq_points(d, x, train, q, *args.sweeps)))
     rabitq = [f"IVF{nlist},RaBitQfs,RFlat", f"IVF{nlist},RaBitQfs4,RFlat"]
     graphs = [f"HNSW{m}" for m in args.hnsw_M]
-    for desc in [fast, f"IVF{nlist},Flat", *graphs, *rabitq]:
+    for desc in [fast, f"IVF{nlist},Flat", *graphs, *rabitq, *args.faiss]:
         plan.append(("faiss", desc, lambda d=desc: faiss_points(d, x, train, q, *args.sweeps)))
     for m in args.hnsw_M:
         graph = partial(hnswlib_points, x, q, m, args.threads, args.sweeps[2])
@@ -268,6 +269,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     add_data_arguments(p)
     p.set_defaults(data="text", n=300_000)
     p.add_argument("--vq", nargs="*", default=[], help="more vq descriptions (e.g. HNSW32)")
+    p.add_argument("--faiss", nargs="*", default=[],
+                   help="more faiss factory strings (e.g. IVF1024,PQ192x4fs,RFlat)")  # fmt: skip
     systems = ["vq", "faiss", "hnswlib", "scann", "usearch", "ngt", "svs"]
     p.add_argument("--systems", nargs="+", default=systems, help="(each skipped if absent)")
     nprobes = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]
