@@ -17,15 +17,15 @@ import torch
 
 from vq import _cpu, kernels
 from vq._checks import check_positive
-from vq.kernels.common.bundles import Coarse
-from vq.kernels.common.constants import metric as kernel_metric
-from vq.kernels.common.threads import parallel_for
-from vq.kernels.exact.coarse_probe import PROBE_QUERIES, probe_few
 from vq.index.core.filters import kernel_mask, probes_for_filter, torch_mask
 from vq.index.core.mapped import file_range
 from vq.index.core.searchers import search_in_chunks
 from vq.index.ivf.ivf_lean import coarse_arrays, ivf_lean_search
 from vq.index.ivf.ivf_searchers import IVFSearch
+from vq.kernels.common.bundles import Coarse
+from vq.kernels.common.constants import metric as kernel_metric
+from vq.kernels.common.threads import parallel_for
+from vq.kernels.exact.coarse_probe import PROBE_QUERIES, probe_few
 
 
 class IVFProbing:
