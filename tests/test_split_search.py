@@ -6,12 +6,14 @@ from unittest import mock
 
 import numpy as np
 import pytest
+import torch
 
 import vq
 from vq.index.core import lean
 from vq.index.core.base import Index
 from vq.index.ivf import ivf_lean
 from vq.index.ivf.ivf_probing import BOUND_SHARE, coarse_bound
+from vq.index.ivf.ivf_searchers import probe
 from vq.kernels.common.bundles import Coarse
 from vq.kernels.common.select import smallest_k_range
 from vq.kernels.exact.coarse_probe import BOUND_MOST, probe_bounded, probe_few, probe_lists
@@ -244,9 +246,11 @@ def test_a_bound_on_axes_that_hold_too_little_variance_is_not_built():
 
 @pytest.mark.parametrize("description", ["IVF512,Flat", "IVF512,PQ16x4fs,RFlat", "IVF512,SQ8",
                                          "IVF512(soar),Flat"])  # fmt: skip
-def test_a_bounded_coarse_step_gives_the_general_paths_results(description):
-    # anisotropic vectors (as embeddings are): the lean coarse step rules most lists out by
-    # their bound, and still probes the lists the general path's BLAS products pick
+def test_a_bounded_coarse_step_probes_the_torch_paths_lists(description):
+    # anisotropic vectors (as embeddings are): the coarse step of the lean and the general
+    # paths rules most lists out by their bound, and still probes the lists the torch path's
+    # products pick; the general path's multiplies nothing with torch (whose OpenMP threads
+    # would then spin on the cores its scan needs)
     rng = np.random.default_rng(3)
     scale = 0.93 ** np.arange(64, dtype=np.float32)
     x = rng.standard_normal((12000, 64), dtype=np.float32) * scale
@@ -256,8 +260,13 @@ def test_a_bounded_coarse_step_gives_the_general_paths_results(description):
     index.add(x)
     ivf = index.index if description.endswith("RFlat") else index
     assert ivf._coarse_bound()[0].shape == (64, 16)
+    c = ivf.quantizer.codebook.float()
     for nprobe in (1, 4, 12):  # (at least BOUND_RATIO centroids for each of nprobe + 4)
-        want_dist, want_ids = _general(index, q, 10, nprobe=nprobe)
+        want_lists = probe(torch.from_numpy(q), c, (c * c).sum(1), nprobe, "l2")[1]
+        with mock.patch.object(torch, "mm", side_effect=AssertionError("torch.mm")):
+            lists = ivf.nearest_lists(torch.from_numpy(q), nprobe)[1]
+            want_dist, want_ids = _general(index, q, 10, nprobe=nprobe)
+        np.testing.assert_array_equal(lists.numpy(), want_lists.numpy())
         dist, ids = index.search(q, 10, nprobe=nprobe)
         np.testing.assert_array_equal(ids, want_ids)
         np.testing.assert_allclose(dist, want_dist, rtol=1e-4, atol=1e-3)
