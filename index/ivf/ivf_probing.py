@@ -211,9 +211,8 @@ class IVFProbing:
         raise NotImplementedError
 
 
-#: the least share of the centroids' variance the bound's axes must hold (all-MiniLM-L6-v2
-#: embeddings of short texts: 72% on 96 axes of 384, where the bounded step took 4x as long as
-#: the full one)
+#: the least share of the centroids' variance the bound's axes must hold: below it the bound
+#: rules out too few centroids to pay for itself (docs/perf/kernels.md, the coarse step)
 BOUND_SHARE = 0.9
 
 
