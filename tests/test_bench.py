@@ -20,6 +20,7 @@ from bench import (  # noqa: E402
     kmeans,
     latency,
     memory,
+    pool,
     pq_search,
     sketch,
     spill,
@@ -276,6 +277,22 @@ def test_latency_reports_percentiles_of_both_libraries(results):
         assert 0 < row["faiss p50 us"] <= row["faiss p99 us"]
     assert rows[0]["same ids"] == 1.0  # exact search: the same neighbours
     read_csv(results / "latency.csv", ["index", "vq p50 us", "faiss p50 us", "p50 ratio"])
+
+
+def test_pool_reports_each_step_against_one_thread(results, monkeypatch):
+    from vq.kernels.common import threads
+
+    monkeypatch.setattr(threads, "_setting", threads._setting)  # (the run sets 2: put back)
+    # two threads: the steps go through the pool (whether a worker wakes in time to take a
+    # slice of so small a step depends on the machine's load: not asserted)
+    rows = pool.main(["--threads", "2", "--work", "5", "40", "--rounds", "1"])
+    assert [r["work µs"] for r in rows] == ["5", "40"]
+    for row in rows:
+        assert 0 < row["ideal µs"] < row["serial µs"]
+        assert row["overhead µs"] == pytest.approx(row["step µs"] - row["ideal µs"], abs=0.2)
+        assert row["caller starts µs"] >= 0
+    assert rows[1]["serial µs"] > rows[0]["serial µs"]  # more work takes longer
+    read_csv(results / "pool.csv", ["work µs", "step µs", "serial µs", "speed-up"])
 
 
 def test_ivfpq_parity_reports_each_seed_and_their_mean(results):
