@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    help="µs of one core per step")  # fmt: skip
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
+    if args.threads < 1 or args.rounds < 1 or min(args.work) <= 0:
+        p.error(f"--threads and --rounds must be at least 1 and each --work above 0, got "
+                f"--threads {args.threads} --rounds {args.rounds} --work {args.work}")  # fmt: skip
 
     import vq
     from vq.kernels.common.threads import parallel_for

@@ -295,6 +295,13 @@ def test_pool_reports_each_step_against_one_thread(results, monkeypatch):
     read_csv(results / "pool.csv", ["work µs", "step µs", "serial µs", "speed-up"])
 
 
+def test_pool_refuses_no_work_and_no_threads(capsys):
+    for argv in (["--work", "0"], ["--threads", "0"], ["--rounds", "0"]):
+        with pytest.raises(SystemExit):
+            pool.main(argv)
+        assert "must be at least 1 and each --work above 0" in capsys.readouterr().err
+
+
 def test_ivfpq_parity_reports_each_seed_and_their_mean(results):
     # 32 dimensions, PQ8: the IVF-PQ kernel configuration most tests use (compiled once)
     argv = "--data clustered --n 3000 --nq 40 --dim 32 --seeds 0 1 --nprobe 2 --kinds IVF16,PQ8"
