@@ -7,7 +7,8 @@ Systems (each where importable; ``make bench`` installs all of them):
 - vq: IVF{nlist},PQ{d/2}x4fs,RFlat (nprobe x k_factor), IVF{nlist},Flat (nprobe), and every
   other --vq description given (an HNSW description sweeps efSearch, an IVF one nprobe, and
   nprobe x k_factor where it re-ranks: ",RFlat" or ",Refine(SQfp16)");
-  "HNSW32:int8" is vq.HNSW(d, 32, traversal="int8"), "HNSW32:int8:efc200" with
+  "HNSW32:int8" is vq.HNSW(d, 32, traversal="int8") ("HNSW32:rabitq": traversal="rabitq"),
+  "HNSW32:int8:efc200" with
   efConstruction=200, hnswlib's build beam here; "HNSW32,SQ8,Refine(SQfp16)" and other
   factory strings as vq.index_factory reads them, ":efc200" setting a graph's build beam,
   a Refine around a graph re-ranking the beam: k_factor = efSearch / k);
@@ -67,8 +68,9 @@ def vq_points(desc: str, x, train, q, nprobes, k_factors, efs) -> tuple[Points, 
     base, *options = desc.split(":")
     efc = [int(o[3:]) for o in options if o.startswith("efc")]
     if base.startswith("HNSW") and "," not in base and options:  # HNSW32:int8[:efc200]
+        walk = next((o for o in options if o in ("int8", "rabitq")), "float")
         index = vq.HNSW(x.shape[1], int(base[4:]), efConstruction=efc[0] if efc else 40,
-                        traversal="int8" if "int8" in options else "float")  # fmt: skip
+                        traversal=walk)  # fmt: skip
     else:  # a factory string, [:efcN] setting a graph's build beam
         index = vq.index_factory(x.shape[1], base)
         graph = getattr(index, "index", index)

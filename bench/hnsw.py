@@ -3,13 +3,15 @@ build time at the same M and efConstruction, then QPS and recall@10 over an efSe
 and the best QPS that reaches recall 0.90 / 0.95 / 0.99; memory per vector.
 
     python -m bench.hnsw [--n 100000] [--dim 128] [--M 32] [--efc 40] [--nq 1000] [--threads 2]
-                         [--unit-norm] [--vectors FILE] [--systems vq,vq-int8,vq-sq8,...]
+                         [--unit-norm] [--vectors FILE] [--systems vq,vq-int8,vq-rabitq,...]
 
 The data are anisotropic Gaussian vectors (variance decaying over a random basis, as
 embeddings have), or the first n rows and nq queries of ``--vectors``, a safetensors file
 holding "database" and "queries" (such as the cache file of
 :func:`vq.datasets.text.sentence_embeddings`). Systems: vq (float traversal), vq-int8 (int8
-traversal, exact re-rank), vq-sq8 / vq-fp16 (``HNSW<M>,SQ8`` / ``HNSW<M>,SQfp16``: codes only),
+traversal, exact re-rank), vq-rabitq (the beam's distances exact, each read only where the
+neighbour's RaBitQ estimate may put it in the beam), vq-sq8 / vq-fp16 (``HNSW<M>,SQ8`` /
+``HNSW<M>,SQfp16``: codes only),
 vq-sq8-rfp16 (``HNSW<M>,SQ8,Refine(SQfp16)``: the beam re-ranked on fp16 vectors), faiss,
 hnswlib. Builds alternate the systems ``--build-rounds`` times (best kept); searches
 alternate at each efSearch (best of 3). Writes bench/results/hnsw.csv (the sweep) and
@@ -44,10 +46,13 @@ def builders(x: np.ndarray, M: int, efc: int, threads: int) -> dict:
         index.add(x)
         return index
 
-    def build_vq_int8():
-        index = vq.HNSW(x.shape[1], M, efConstruction=efc, traversal="int8")
-        index.add(x)
-        return index
+    def build_walk(traversal):
+        def build():
+            index = vq.HNSW(x.shape[1], M, efConstruction=efc, traversal=traversal)
+            index.add(x)
+            return index
+
+        return build
 
     def build_sq(bits):
         def build():
@@ -70,7 +75,8 @@ def builders(x: np.ndarray, M: int, efc: int, threads: int) -> dict:
         index.add(x)
         return index
 
-    out = {"vq": build_vq, "vq-int8": build_vq_int8, "vq-sq8": build_sq(8),
+    out = {"vq": build_vq, "vq-int8": build_walk("int8"), "vq-rabitq": build_walk("rabitq"),
+           "vq-sq8": build_sq(8),
            "vq-fp16": build_sq("fp16"), "vq-sq8-rfp16": build_sq8_refine_fp16,
            "faiss": build_faiss}  # fmt: skip
     try:
@@ -113,7 +119,7 @@ def searchers(built: dict, q: np.ndarray, k: int) -> dict:
 
     table = {"vq": vq_search, "faiss": faiss_search, "hnswlib": hnswlib_search,
              "vq-sq8-rfp16": refined_search}  # fmt: skip
-    for name in ("vq-int8", "vq-sq8", "vq-fp16"):
+    for name in ("vq-int8", "vq-rabitq", "vq-sq8", "vq-fp16"):
         table[name] = lambda ef, name=name: vq_search(ef, name)
     return {name: table[name] for name in built}
 
@@ -141,7 +147,8 @@ def main(argv=None) -> None:
     p.add_argument("--build-rounds", type=int, default=1)
     p.add_argument("--unit-norm", action="store_true", help="normalise (as sentence embeddings)")
     p.add_argument("--vectors", help="safetensors file with 'database' and 'queries' arrays")
-    p.add_argument("--systems", default="vq,vq-int8,vq-sq8,vq-fp16,vq-sq8-rfp16,faiss,hnswlib")
+    systems = "vq,vq-int8,vq-rabitq,vq-sq8,vq-fp16,vq-sq8-rfp16,faiss,hnswlib"
+    p.add_argument("--systems", default=systems)
     args = p.parse_args(argv)
 
     import faiss

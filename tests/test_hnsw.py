@@ -315,3 +315,66 @@ def test_visit_stamps_are_reused_by_shape_and_never_handed_out_for_another_graph
     for _ in range(12):  # more stamps given back than searches ever hold at once: 8 kept
         pool.give_back(np.zeros((1, 151), np.uint16))
     assert len(pool.free) == 8
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_rabitq_walk_estimates_are_the_torch_estimates(data, metric):
+    from numba import njit
+
+    from vq.kernels.common.constants import metric as static_metric
+    from vq.kernels.graph.graph_store import prepare_query, rabitq_estimate
+    from vq.quantizers.rabitq import estimates, prepare_queries, unpack_bits
+
+    @njit
+    def all_estimates(queries, store, ip, out):
+        for q in range(queries.shape[0]):
+            x = prepare_query(queries[q], store, ip)
+            for i in range(out.shape[1]):
+                out[q, i] = rabitq_estimate(x, store, i, ip)
+
+    x, q = data
+    index = vq.HNSW(DIM, M=8, metric=metric, traversal="rabitq")
+    index.add(x[:500])
+    index.add(x[500:800])
+    torch.testing.assert_close(index.center, torch.from_numpy(x[:500]).mean(0))
+    _, words, factors, transform = index._search_store()
+    found = np.empty((q.shape[0], 800), np.float32)
+    store = (words, factors, transform, x[:800])
+    all_estimates(q, store, static_metric(metric == "ip"), found)
+    rotation, center = index.rotation, index.center @ index.rotation
+    q_hat, constants = prepare_queries(torch.from_numpy(q), rotation, center, qb=4)
+    signs = (unpack_bits(index.codes, DIM) * 2 - 1) / np.sqrt(DIM)
+    expected = estimates(q_hat @ signs.T, index.code_factors, constants, metric)
+    if metric == "ip":  # the walk ranks by negated inner products
+        expected = -expected
+    np.testing.assert_allclose(found, expected.numpy(), rtol=1e-4, atol=1e-4)
+    exact = ((q[:, None, :] - x[None, :800]) ** 2).sum(-1) if metric == "l2" else -(q @ x[:800].T)
+    q_c = torch.from_numpy(q) @ rotation - center  # the error bound the beam's gate uses
+    bound = index.code_factors[:, 2] * q_c.norm(dim=1, keepdim=True)
+    within = float((np.abs(found - exact) <= bound.numpy()).mean())
+    assert within > 0.9, within
+
+
+def test_rabitq_traversal_keeps_recall_and_exact_distances(tmp_path, data):
+    x, q = data
+    index = vq.HNSW(DIM, M=12, traversal="rabitq")
+    index.add(x[:1000])
+    index.add(x[1000:])
+    assert index.codes.dtype == torch.uint8 and index.codes.shape == (N, DIM // 8)
+    assert torch.equal(index.neighbors, _graph_of(x, 1000))  # the same graph as "float"
+    gt = faiss.knn(q, x, 10)[1]
+    D, I = index.search(q, 10, efSearch=96)
+    assert recall(I, gt) >= recall(_float_search(x, q), gt) - 0.02
+    exact = ((q[:, None, :] - x[I]) ** 2).sum(-1)  # re-ranked: exact distances
+    np.testing.assert_allclose(D, exact, rtol=1e-4, atol=1e-4)
+    assert recall(index.search(q, 10, efSearch=16)[1], gt) < recall(I, gt)
+    index.save(tmp_path / "rq.vqi")
+    loaded = vq.load_index(tmp_path / "rq.vqi")
+    assert loaded.traversal == "rabitq" and torch.equal(loaded.center, index.center)
+    np.testing.assert_array_equal(loaded.search(q, 10, efSearch=96)[1], I)
+    loaded.reset()
+    loaded.add(x[:500])  # a new first batch: a new centre, codes about it
+    torch.testing.assert_close(loaded.center, torch.from_numpy(x[:500]).mean(0))
+    codes, factors = loaded.rabitq_codes(torch.from_numpy(x[:500]))
+    assert torch.equal(loaded.codes, codes) and torch.equal(loaded.code_factors, factors)
+    assert not torch.equal(codes, index.codes[:500])  # (about the other centre)

@@ -31,6 +31,7 @@ def indexes(data):
     for name, index in (
         ("float", vq.HNSW(DIM, M=8, efConstruction=40)),
         ("int8", vq.HNSW(DIM, M=8, efConstruction=40, traversal="int8")),
+        ("rabitq", vq.HNSW(DIM, M=8, efConstruction=40, traversal="rabitq")),
         ("sq8", vq.HNSWSQ(DIM, M=8, bits=8, efConstruction=40)),
     ):
         index.train(x)
@@ -56,7 +57,7 @@ def path(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize("kind", ["float", "int8", "sq8"])
+@pytest.mark.parametrize("kind", ["float", "int8", "rabitq", "sq8"])
 @pytest.mark.parametrize("form", ["ids", "mask", "filter"])
 def test_filtered_search_equals_brute_force_over_the_allowed_ids(data, indexes, kind, form, path):
     x, q = data
@@ -139,7 +140,7 @@ def test_range_search_at_a_wide_beam_equals_the_exact_one(data, metric):
         assert len(I) == np.isin(I_f, allowed).sum()
 
 
-@pytest.mark.parametrize("kind", ["float", "int8", "sq8"])
+@pytest.mark.parametrize("kind", ["float", "int8", "rabitq", "sq8"])
 def test_searches_from_many_threads_equal_one_at_a_time(data, indexes, kind):
     _, q = data
     index = indexes[kind]

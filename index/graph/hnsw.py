@@ -16,7 +16,14 @@ number of threads. Storage (buffers):
   level l >= 1 is row ``upper_offsets[v] + l - 1``;
 - ``entry_point`` int64 [1] (-1 while empty), a node of the top level;
 - with ``traversal="int8"``: ``codes`` int8 [ntotal, dim] and ``code_factors`` float32
-  [ntotal, 2], what the search walks the graph on before re-ranking the beam exactly.
+  [ntotal, 2], what the search walks the graph on before re-ranking the beam exactly;
+- with ``traversal="rabitq"``: ``codes`` uint8 [ntotal, ceil(dim / 8)], RaBitQ's sign bits
+  (J. Gao, C. Long, SIGMOD 2024; faiss ``IndexRaBitQ``'s codes), ``code_factors`` float32
+  [ntotal, 3] (:data:`vq.quantizers.rabitq.FACTORS`), ``rotation`` float32 [dim, dim] (drawn
+  from the seed) and ``center`` float32 [dim] (the mean of the first batch added): the beam
+  ranks by exact distances, but reads a neighbour's vector only where its RaBitQ estimate
+  (1 bit a dimension, a query of 4 bits) less the estimate's error bound is nearer than the
+  beam's farthest node (:func:`vq.kernels.graph.graph_store.fresh_distances`).
 
 A filtered search (``allowed=``) walks the graph through every node and keeps only allowed
 ones (faiss's HNSW with an ``IDSelector``); few allowed rows, or a walk that met fewer than k
@@ -56,8 +63,10 @@ from vq.kernels.common.bundles import Graph, TopK
 from vq.kernels.common.threads import get_num_threads
 from vq.kernels.graph import graph_build, graph_store
 from vq.kernels.graph import graph_search as graph
+from vq.kernels.rabitq.rabitq_scans import code_words
+from vq.quantizers.rabitq import code_size, rabitq_encode, random_rotation
 
-_TRAVERSALS = ("float", "int8")
+_TRAVERSALS = ("float", "int8", "rabitq")
 #: the largest M (2M neighbours a node on level 0, int32 node numbers)
 MAX_M = 1 << 15
 #: the least beam of a range search (see ``HNSW.range_hits``)
@@ -77,10 +86,13 @@ class HNSW(Index):
             faiss's default, 16; at least k nodes are kept).
         seed: seeds the levels and the insertion order.
         verbose: unused (kept for the common signature).
-        traversal: what the search walks the graph on: "float" (the vectors) or "int8"
+        traversal: what the search walks the graph on: "float" (the vectors), "int8"
             (int8 codes with a scale per vector, a quarter of the bytes per visit, the
             beam then re-ranked on the vectors: more queries per second at the same recall,
-            for dim + 8 more bytes per vector; :func:`vq.kernels.graph.graph_store.int8_codes`).
+            for dim + 8 more bytes per vector; :func:`vq.kernels.graph.graph_store.int8_codes`)
+            or "rabitq" (RaBitQ's 1-bit codes: the vectors read only of the neighbours
+            whose estimate may put them in the beam; dim / 8 + 12 more bytes per vector).
+            The torch path (:meth:`searcher`) walks the vectors whatever the traversal.
     """
 
     static_search = HNSWSearch  #: the class of :meth:`searcher`
@@ -118,6 +130,11 @@ class HNSW(Index):
         if traversal == "int8":
             self.register_buffer("codes", torch.zeros(0, dim, dtype=torch.int8))
             self.register_buffer("code_factors", torch.zeros(0, 2))
+        if traversal == "rabitq":
+            self.register_buffer("codes", torch.zeros(0, code_size(dim), dtype=torch.uint8))
+            self.register_buffer("code_factors", torch.zeros(0, 3))
+            self.register_buffer("rotation", random_rotation(dim, self.seed))
+            self.register_buffer("center", torch.zeros(dim))
         self._seen_pool = SeenPool()
 
     def config(self) -> dict:
@@ -142,11 +159,12 @@ class HNSW(Index):
 
     def growing_buffers(self) -> tuple[str, ...]:
         graph = ("vectors", "neighbors", "levels", "upper_offsets", "upper_neighbors")
-        codes = ("codes", "code_factors") if self.traversal == "int8" else ()
+        codes = ("codes", "code_factors") if self.traversal != "float" else ()
         return (*super().growing_buffers(), *graph, *codes)
 
     def data_buffers(self) -> tuple[str, ...]:
-        return (*super().data_buffers(), "entry_point")  # (a node: stored data, not training)
+        center = ("center",) if self.traversal == "rabitq" else ()  # (set by the first add)
+        return (*super().data_buffers(), "entry_point", *center)  # (stored data, not training)
 
     def reset_rows(self) -> None:
         super().reset_rows()
@@ -189,12 +207,27 @@ class HNSW(Index):
     def _keep_batch(self, encoded: dict[str, torch.Tensor], data: np.ndarray) -> None:
         """Keep what the search reads of the batch: the vectors (``data``, all of them) and,
         for an int8 traversal, the batch's codes."""
-        device = self.neighbors.device
+        device, first = self.neighbors.device, self.ntotal == 0
         self.vectors = torch.from_numpy(data).to(device)
         if self.traversal == "int8":
             codes, factors = graph_store.int8_codes(encoded["vectors"].cpu().numpy())
-            self.codes = torch.cat([self.codes, torch.from_numpy(codes).to(device)])
-            self.code_factors = torch.cat([self.code_factors, torch.from_numpy(factors).to(device)])
+            codes, factors = torch.from_numpy(codes), torch.from_numpy(factors)
+        elif self.traversal == "rabitq":
+            batch = encoded["vectors"].cpu().float()
+            if first:
+                self.center = batch.mean(dim=0).to(device)
+            codes, factors = self.rabitq_codes(batch)
+        else:
+            return
+        self.codes = torch.cat([self.codes, codes.to(device)])
+        self.code_factors = torch.cat([self.code_factors, factors.to(device)])
+
+    def rabitq_codes(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """RaBitQ's codes of float32 CPU rows ``x`` [n, dim] about this graph's ``center``
+        (``traversal="rabitq"``): sign bits uint8 [n, ceil(dim / 8)] and factors float32 [n,
+        3] (:func:`vq.quantizers.rabitq.rabitq_encode`)."""
+        rotation = self.rotation.cpu()
+        return rabitq_encode(x @ rotation, self.center.cpu() @ rotation, self.metric)
 
     def kernels_ahead(self) -> None:
         """``Index.kernels_ahead``: the linking kernels of the insertion
@@ -270,10 +303,11 @@ class HNSW(Index):
         """``consistency_problem`` for what the search reads of the nodes."""
         n = self.ntotal
         checks = [("vectors", self.vectors, (n, self.dim))]
-        if self.traversal == "int8":
+        if self.traversal != "float":
+            int8 = self.traversal == "int8"
             checks += [
-                ("codes", self.codes, (n, self.dim)),
-                ("code_factors", self.code_factors, (n, 2)),
+                ("codes", self.codes, (n, self.dim if int8 else code_size(self.dim))),
+                ("code_factors", self.code_factors, (n, 2 if int8 else 3)),
             ]
         problems = (shape_problem(name, t, shape) for name, t, shape in checks)
         return next((p for p in problems if p), None)
@@ -296,9 +330,16 @@ class HNSW(Index):
 
     def _search_store(self) -> tuple:
         """What :func:`vq.kernels.graph.graph_search.hnsw_search` reads of the nodes, numpy: the
-        vectors, then the int8 codes and their factors for an int8 traversal."""
-        codes = (self.codes, self.code_factors) if self.traversal == "int8" else ()
-        return tuple(t.cpu().contiguous().numpy() for t in (self.vectors, *codes))
+        vectors, then the int8 codes and their factors for an int8 traversal, or the RaBitQ
+        codes as 64-bit words, their factors and the query's transform (the rotation's rows,
+        then the rotated centre) for a RaBitQ one."""
+        codes = (self.codes, self.code_factors) if self.traversal != "float" else ()
+        arrays = tuple(t.cpu().contiguous().numpy() for t in (self.vectors, *codes))
+        if self.traversal != "rabitq":
+            return arrays
+        rotation = self.rotation.cpu()
+        transform = torch.cat([rotation, (self.center.cpu() @ rotation)[None]]).contiguous()
+        return arrays[0], code_words(arrays[1]), arrays[2], transform.numpy()
 
     def _rows_numba(self, q: np.ndarray, k: int, ef: int, slots: int, mask=graph.NO_FILTER):
         data, nbr0, up_off, up_nbr, *codes = self._arrays()

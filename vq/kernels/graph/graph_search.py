@@ -240,11 +240,14 @@ def hnsw_search_lean(queries, graph, walk, ip, ef, seen, ids, claim, chunk, out)
 def traversal(data, codes) -> Walk:
     """What the traversal of :func:`hnsw_search` reads, from the vectors ``data`` and
     ``codes``: None (the vectors themselves), int8 codes and factors (the nodes then re-ranked
-    on ``data``), or scalar-quantizer codes ``(codes, offset, scale, kind)``."""
+    on ``data``), scalar-quantizer codes ``(codes, offset, scale, kind)``, or RaBitQ codes
+    ``(words, factors, transform)`` (:mod:`vq.kernels.graph.graph_store`), beside ``data``."""
     if codes is None:
         return Walk(data, data)
     codes = tuple(codes)
     if len(codes) == 4:
         c, offset, scale, kind = codes
         return Walk((c, offset, scale, sq_kind(kind)), data)
+    if len(codes) == 3:  # RaBitQ codes: the beam reads the vectors where the bits let it
+        return Walk((*codes, data), data)
     return Walk(codes, data)

@@ -35,7 +35,7 @@ from numba.extending import overload
 from vq.kernels.common.constants import constant_metric
 from vq.kernels.common.heaps import push_pair, sift_down_pair
 from vq.kernels.common.simd import prefetch_line
-from vq.kernels.graph.graph_store import node_distance, prefetch_node
+from vq.kernels.graph.graph_store import fresh_distances, node_distance, prefetch_node
 
 _EPOCHS = 65535
 
@@ -176,8 +176,8 @@ def beam(x, store, ip, graph, level, entry, d_entry, ef, allowed, space):
         bi[cur] = ~v
         first = size  # the nearest place a node entered this round
         fresh = unvisited(store, graph, level, v, deg, seen, epoch, scratch)
-        for j in range(fresh):
-            dist[j] = node_distance(x, store, scratch[j], ip)
+        gate = size == cap and not filtered  # (a filter's heap takes every distance exact)
+        fresh_distances(x, store, ip, scratch, fresh, dist, gate, bd[size - 1])
         for j in range(fresh):
             w, d = scratch[j], dist[j]
             if allowed is not None:
