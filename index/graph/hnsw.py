@@ -206,7 +206,8 @@ class HNSW(Index):
 
     def _keep_batch(self, encoded: dict[str, torch.Tensor], data: np.ndarray) -> None:
         """Keep what the search reads of the batch: the vectors (``data``, all of them) and,
-        for an int8 traversal, the batch's codes."""
+        for an int8 or RaBitQ traversal, the batch's codes (RaBitQ's about the mean of the
+        first batch added to an empty index, kept as ``center``)."""
         device, first = self.neighbors.device, self.ntotal == 0
         self.vectors = torch.from_numpy(data).to(device)
         if self.traversal == "int8":
