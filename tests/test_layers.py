@@ -119,6 +119,89 @@ def test_ema_update_matches_a_hand_computed_update():
     torch.testing.assert_close(layer.codebook, m1 / smoothed[:, None])
 
 
+def test_codeword_smoothing_matches_a_hand_computed_update():
+    """``smoothing="codeword"``: statistics start at zero, ``e ← (m + ε e) / (n + ε)``, so an
+    unused codeword stays exactly where it was."""
+    gamma, eps = 0.5, 0.1
+    learning = vq.EMA(kmeans_init=False, decay=gamma, eps=eps, smoothing="codeword")
+    layer = vq.VectorQuantizer(2, 3, learning=learning)
+    assert not layer.learner.cluster_size.any() and not layer.learner.embed_sum.any()
+    cb = torch.tensor([[0.0, 0.0], [10.0, 10.0], [-50.0, 50.0]])
+    with torch.no_grad():
+        layer.codebook.copy_(cb)
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [9.0, 9.0], [0.5, 0.5]])
+    assert layer(x).codes.tolist() == [0, 0, 1, 0]
+    counts = torch.tensor([3.0, 1.0, 0.0])
+    sums = torch.tensor([[1.5, 1.5], [9.0, 9.0], [0.0, 0.0]])
+    n1, m1 = (1 - gamma) * counts, (1 - gamma) * sums
+    torch.testing.assert_close(layer.learner.cluster_size[0], n1)
+    torch.testing.assert_close(layer.learner.embed_sum[0], m1)
+    torch.testing.assert_close(layer.codebook, (m1 + eps * cb) / (n1 + eps)[:, None])
+    assert torch.equal(layer.codebook[2], cb[2])  # unused: unmoved
+
+
+def test_kmeans_start_leaves_codeword_statistics_at_zero_until_the_update():
+    """After the k-means start the statistics are those of the first update alone: (1 - γ)
+    times the batch's counts and sums (Laplace smoothing keeps the k-means counts instead)."""
+    x = clustered(512, 4, centers=8, seed=3)
+    torch.manual_seed(0)
+    layer = vq.VectorQuantizer(4, 8, learning=vq.EMA(decay=0.8, smoothing="codeword"))
+    codes = layer(x).codes.long()
+    counts = torch.bincount(codes, minlength=8).float()
+    sums = torch.zeros(8, 4).index_add_(0, codes, x)
+    torch.testing.assert_close(layer.learner.cluster_size[0], 0.2 * counts)
+    torch.testing.assert_close(layer.learner.embed_sum[0], 0.2 * sums)
+
+
+def test_relative_dead_code_threshold_restarts_codes_below_a_fraction_of_the_mean():
+    torch.manual_seed(0)
+    learning = vq.EMA(kmeans_init=False, decay=0.9, dead_code_ratio=0.9, reset_ratio=0.25)
+    layer = vq.VectorQuantizer(4, 8, learning=learning)
+    x = clustered(256, 4, centers=2, seed=1)
+    far = torch.full((8, 4), 100.0)
+    with torch.no_grad():
+        layer.codebook.copy_(far)
+        layer.codebook[:2] = x[:2]
+        layer.learner.cluster_size.fill_(5.0)
+        layer.learner.cluster_size[0, 5] = 0.5
+        layer.learner.embed_sum.copy_(layer.codebook[None] * 5.0)
+    counts = torch.bincount(layer(x).codes.long(), minlength=8).float()
+    usage = 0.9 * torch.tensor([5.0] * 5 + [0.5] + [5.0] * 2) + 0.1 * counts  # before restarts
+    mean = usage.mean()
+    dead = usage < 0.9 * mean
+    assert dead.tolist() == [False, False] + [True] * 6  # every unused code: 4.5 < 0.9 mean
+    size = layer.learner.cluster_size[0]
+    torch.testing.assert_close(size[dead], torch.full((6,), float(0.25 * mean)))
+    torch.testing.assert_close(size[~dead], usage[~dead])
+    restarted = layer.codebook[dead]
+    exact = torch.cdist(restarted, x, compute_mode="donot_use_mm_for_euclid_dist")
+    assert bool((exact.amin(1) < 1e-5).all())  # batch vectors
+    assert len({tuple(r.tolist()) for r in restarted}) == 6  # each its own
+
+
+def test_fewer_batch_vectors_than_dead_codes_restart_the_least_used():
+    """A batch of 3 vectors and 6 dead codes: the 3 least used restart, each from its own
+    vector, and the others wait (vector-quantize-pytorch 1.34's rule)."""
+    torch.manual_seed(0)
+    learning = vq.EMA(kmeans_init=False, decay=0.5, smoothing="codeword", dead_code_threshold=4.0)
+    layer = vq.VectorQuantizer(2, 8, learning=learning)
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    start = torch.tensor([[0.5, 0.4], [0.6, 0.6]] + [[100.0 + k, 0.0] for k in range(6)])
+    usage = torch.tensor([20.0, 20.0, 6.0, 1.0, 5.0, 2.0, 7.0, 3.0])
+    with torch.no_grad():
+        layer.codebook.copy_(start)
+        layer.learner.cluster_size.copy_(usage[None])
+        layer.learner.embed_sum.copy_((start * usage[:, None])[None])
+    assert layer(x).codes.tolist() == [0, 1, 1]
+    # usage after the step: 10.5, 11, then the unused halved: 3, .5, 2.5, 1, 3.5, 1.5 (all dead)
+    size = layer.learner.cluster_size[0]
+    assert size.tolist() == [10.5, 11.0, 3.0, 4.0, 2.5, 4.0, 3.5, 4.0]
+    moved = ~torch.isclose(layer.codebook, start, rtol=1e-6, atol=0).all(1)
+    assert moved.tolist() == [True, True, False, True, False, True, False, True]
+    restarted = {tuple(row) for row in layer.codebook[[3, 5, 7]].tolist()}
+    assert restarted == {tuple(row) for row in x.tolist()}  # each its own batch vector
+
+
 def test_ema_codebooks_learn_the_data_and_restarts_raise_usage():
     x = clustered(2048, 16, centers=16)
     results = {}
@@ -217,6 +300,33 @@ def test_kmeans_initialisation_from_the_first_batch():
     torch.manual_seed(3)
     again(x)
     assert torch.equal(again.codebook, layer.codebook)  # torch.manual_seed fixes it
+
+
+def test_a_first_batch_without_vectors_defers_the_kmeans_start():
+    """Every row masked (or, in a residual layer, every sample dropping a stage): nothing to
+    start from, so the codebook waits for the next batch instead of failing."""
+    x = clustered(256, 4, centers=4, seed=2)
+    layer = vq.VectorQuantizer(4, 8, learning=vq.EMA(decay=0.8))
+    start = layer.codebook.clone()
+    out = layer(x[None], torch.zeros(1, 256, dtype=torch.bool))
+    assert not bool(layer.learner.initted.any()) and float(out.loss) == 0.0
+    assert bool((out.codes == out.codes).all())  # codes exist for every position
+    layer(x[None])
+    assert bool(layer.learner.initted.all()) and not torch.equal(layer.codebook, start)
+    assert float(torch.cdist(layer.codebook, x).amin(1).max()) < 1.0  # k-means on x
+    for seed in range(20):  # two samples, each keeping 1-3 stages: find a batch dropping stage 3
+        torch.manual_seed(seed)
+        rvq = vq.ResidualVQ(4, 3, 8, learning=vq.EMA(decay=0.8), quantizer_dropout=1.0,
+                            dropout_min_stages=1)  # fmt: skip
+        kept = int(rvq(x[:2]).num_stages.max())
+        # a stage starts when some sample keeps it, and only then
+        assert rvq.learner.initted.tolist() == [m < kept for m in range(3)]
+        if kept < 3:
+            break
+    assert kept < 3
+    for _ in range(20):
+        rvq(x)
+    assert bool(rvq.learner.initted.all())
 
 
 def test_fit_initialises_a_learning_layer():
@@ -411,6 +521,14 @@ def test_state_dict_round_trip_of_a_trained_layer():
         (lambda: vq.VectorQuantizer(8, 4, learning="adam"), ValueError, "learning must be None"),
         (lambda: vq.EMA(decay=1.0), ValueError, r"decay must lie in \[0, 1\)"),
         (lambda: vq.Gradient(dead_code_threshold=-1), ValueError, "dead_code_threshold"),
+        (lambda: vq.EMA(dead_code_ratio=1.0), ValueError, r"dead_code_ratio must lie in \[0, 1\)"),
+        (
+            lambda: vq.EMA(dead_code_threshold=2.0, dead_code_ratio=0.1),
+            ValueError,
+            "set one of them",
+        ),
+        (lambda: vq.EMA(reset_ratio=0.1), ValueError, "goes with dead_code_ratio > 0"),
+        (lambda: vq.EMA(smoothing="lapalce"), ValueError, "smoothing must be 'laplace' or"),
         (lambda: vq.ResidualVQ(8, 4, 4, quantizer_dropout=2), ValueError, "quantizer_dropout"),
         (lambda: vq.ResidualVQ(8, 4, 4, dropout_min_stages=5), ValueError, "dropout_min_stages"),
         (lambda: vq.VectorQuantizer(8, 4, codebook_dim=0), ValueError, "codebook_dim"),

@@ -171,10 +171,13 @@ def test_per_stage_gradient_sums_the_kept_stages_gradients(rotation):
 
 
 def test_simvq_refuses_what_does_not_apply():
-    with pytest.raises(ValueError, match="kmeans_init and dead_code_threshold do not apply"):
+    does_not_apply = "kmeans_init, dead_code_threshold and dead_code_ratio do not apply"
+    with pytest.raises(ValueError, match=does_not_apply):
         vq.SimVQ(kmeans_init=True)
-    with pytest.raises(ValueError, match="kmeans_init and dead_code_threshold do not apply"):
+    with pytest.raises(ValueError, match=does_not_apply):
         vq.SimVQ(dead_code_threshold=1.0)
+    with pytest.raises(ValueError, match=does_not_apply):
+        vq.SimVQ(dead_code_ratio=0.1)
     with pytest.raises(ValueError, match="ProductQuantizer does not learn by SimVQ"):
         vq.ProductQuantizer(8, 2, nbits=4, learning="simvq")
     with pytest.raises(ValueError, match="'simvq'"):
