@@ -30,7 +30,13 @@ LAYERS: dict[str, tuple[str, dict]] = {
     "VectorQuantize": ("VectorQuantize", dict(dim=LATENT, codebook_size=64)),
     "VectorQuantize k-means, dead codes": (
         "VectorQuantize",
-        dict(dim=LATENT, codebook_size=64, decay=0.99, kmeans_init=True, threshold_ema_dead_code=2),
+        dict(
+            dim=LATENT,
+            codebook_size=64,
+            decay=0.99,
+            kmeans_init=True,
+            dead_code_threshold_ratio=0.1,
+        ),
     ),
     "VectorQuantize straight through": (
         "VectorQuantize",

@@ -190,7 +190,7 @@ def test_readme_directional_reparam_is_refused_by_name():
     [
         dict(codebook_size=256, codebook_dim=16),
         dict(codebook_size=256, use_cosine_sim=True),
-        dict(codebook_size=512, threshold_ema_dead_code=2),
+        dict(codebook_size=512, dead_code_threshold_ratio=0.5),
     ],
     ids=["codebook_dim", "cosine", "dead-codes"],
 )
@@ -204,15 +204,37 @@ def test_readme_codebook_usage_options(anchor, options):
     assert structure(ours[1]) == structure(theirs[1])
     assert ours[1][1].shape == (1, 1024) and ours[1][2].shape == ()
     assert_same_codes(theirs[1], ours[1], ties=0.002)
-    if "threshold_ema_dead_code" in options:  # the same codes restarted, from batch vectors
+    if "dead_code_threshold_ratio" in options:  # the same codes restarted, from batch vectors
         sizes = ours[0].layer.learner.cluster_size[0]
         torch.testing.assert_close(sizes, theirs[0]._codebook.cluster_size[0])
-        usage = 0.8 + 0.2 * torch.bincount(ours[1][1].reshape(-1), minlength=512)  # the EMA
-        restarted = usage < 2.0
-        assert 0 < int(restarted.sum()) < 512 and bool((sizes[restarted] == 2.0).all())
+        usage = 0.2 * torch.bincount(ours[1][1].reshape(-1), minlength=512)  # the EMA, from 0
+        line = 0.5 * usage.mean()
+        restarted = usage < line
+        assert 0 < int(restarted.sum()) < 512
+        torch.testing.assert_close(sizes[restarted], line.expand(int(restarted.sum())))
         rows = ours[0].layer.codebook[restarted]
         exact = torch.cdist(rows, x[0], compute_mode="donot_use_mm_for_euclid_dist")
         assert bool((exact.amin(1) < 1e-5).all())
+
+
+def test_deprecated_dead_code_arguments_convert_as_the_anchors(anchor):
+    """1.34's deprecated absolute arguments: ``v >= 1`` is taken as ``v / codebook_size``, a
+    smaller value as the ratio itself, with a warning naming the new argument; the restarts
+    then equal the anchor's."""
+    x = randn(1, 1024, 256)
+
+    def make(lib):
+        return lib.VectorQuantize(
+            dim=256, codebook_size=512, threshold_ema_dead_code=256, reset_cluster_size=0.25
+        )
+
+    with pytest.warns(DeprecationWarning, match="pass dead_code_threshold_ratio"):
+        theirs, ours = both(anchor, make, lambda layer: (layer, layer(x)))
+    learning = ours[0].layer.learner.learning
+    assert (learning.dead_code_ratio, learning.reset_ratio) == (0.5, 0.25)
+    sizes = ours[0].layer.learner.cluster_size[0]
+    torch.testing.assert_close(sizes, theirs[0]._codebook.cluster_size[0])
+    assert_same_codes(theirs[1], ours[1], ties=0.002)
 
 
 def test_readme_image_feature_map_and_orthogonal_regularisation(anchor):

@@ -1,6 +1,7 @@
 """GroupedResidualVQ learning by EMA against vector-quantize-pytorch's GroupedResidualVQ at the
-bench's configuration (bench/vqvae_layers.py: EMA 0.99, dead-code threshold 2, commitment 0.25,
-each stage straight through): from the same codebooks and statistics, one training step gives
+bench's configuration (bench/vqvae_layers.py: EMA 0.99, commitment 0.25, each stage straight
+through) with the anchor's EMA rule (1.34: ``smoothing="codeword"``) and a dead-code threshold of
+a tenth of the mean usage: from the same codebooks and statistics, one training step gives
 the anchor's codes, output, loss, input gradient and EMA state. (The two libraries' k-means
 initialisations and dead-code draws use their own random numbers, so the start is copied and
 restarted codes are checked for what they are, not for which batch row they took.)"""
@@ -13,19 +14,19 @@ import vq
 D, G, Q, K = 16, 2, 3, 32
 
 
-def pair(threshold: float):
+def pair(ratio: float):
     """vq's layer after one training step (its k-means initialisation and first EMA update), and
     the anchor's holding the same codebooks, usage counts and sums."""
     vqp = pytest.importorskip("vector_quantize_pytorch")
     torch.manual_seed(0)
-    learning = vq.EMA(decay=0.99, kmeans_iters=10, dead_code_threshold=threshold)
+    learning = vq.EMA(decay=0.99, kmeans_iters=10, smoothing="codeword", dead_code_ratio=ratio)
     ours = vq.GroupedResidualVQ(
         D, G, Q, K, learning=learning, commitment_weight=0.25, per_stage_gradient=True
     )
     theirs = vqp.GroupedResidualVQ(
         dim=D, groups=G, num_quantizers=Q, codebook_size=K, commitment_weight=0.25,
         rotation_trick=False, decay=0.99, kmeans_init=True, kmeans_iters=10,
-        threshold_ema_dead_code=threshold,
+        dead_code_threshold_ratio=ratio,
     )  # fmt: skip
     ours(torch.randn(4, 64, D, generator=torch.Generator().manual_seed(2)))
     with torch.no_grad():
@@ -68,7 +69,7 @@ def step(ours, theirs):
 
 
 def test_grouped_residual_ema_step_equals_vector_quantize_pytorch():
-    ours, theirs = pair(threshold=0.0)
+    ours, theirs = pair(ratio=0.0)
     before = states(ours, theirs)[0]
     step(ours, theirs)
     mine, anchor = states(ours, theirs)
@@ -78,9 +79,10 @@ def test_grouped_residual_ema_step_equals_vector_quantize_pytorch():
 
 
 def test_grouped_residual_dead_codes_restart_as_the_anchors():
-    """The same codes fall below the threshold on both sides; they restart from rows of their
-    stage's input with usage reset to the threshold, and every other code equals the anchor's."""
-    ours, theirs = pair(threshold=2.0)
+    """The same codes fall below a tenth of their codebook's mean usage on both sides; they
+    restart from rows of their stage's input with usage reset to that line, and every other
+    code equals the anchor's."""
+    ours, theirs = pair(ratio=0.1)
     old_books, old_sizes = (t.clone() for t in states(ours, theirs)[0][:2])
     x, codes = step(ours, theirs)
     (books, sizes, _), (a_books, a_sizes, _) = states(ours, theirs)
@@ -88,9 +90,10 @@ def test_grouped_residual_dead_codes_restart_as_the_anchors():
     codes = codes.reshape(-1, G, Q)
     counts = torch.stack([torch.bincount(c, minlength=K) for c in codes.reshape(-1, G * Q).T])
     usage = old_sizes.lerp(counts.reshape(G, Q, K).float(), 0.01)  # the EMA of usage
-    restarted = usage < 2.0
+    line = 0.1 * usage.mean(-1, keepdim=True)
+    restarted = usage < line
     assert 0 < int(restarted.sum()) < restarted.numel()
-    assert bool((sizes[restarted] == 2.0).all())
+    torch.testing.assert_close(sizes[restarted], line.expand_as(usage)[restarted])
     torch.testing.assert_close(sizes[~restarted], usage[~restarted])
     torch.testing.assert_close(books[~restarted], a_books[~restarted])
     # stage m's input: the group's channels minus the codewords the stages before drew
@@ -98,6 +101,7 @@ def test_grouped_residual_dead_codes_restart_as_the_anchors():
         residual = x.reshape(-1, D).chunk(G, -1)[g].clone()
         for m in range(Q):
             rows = books[g, m][restarted[g, m]]
-            hits = torch.cdist(rows, residual).amin(1) if len(rows) else rows.new_zeros(0)
+            exact = "donot_use_mm_for_euclid_dist"  # the matrix-product form is off by ~1e-3
+            hits = torch.cdist(rows, residual, compute_mode=exact).amin(1)
             assert bool((hits < 1e-5).all())  # every restarted codeword is a batch row
             residual -= old_books[g, m][codes[:, g, m]]

@@ -1,6 +1,6 @@
 """vector-quantize-pytorch's layers, by their names, arguments and return values, on vq's.
 
-For code written against vector-quantize-pytorch (version 1.32)::
+For code written against vector-quantize-pytorch (version 1.34)::
 
     from vq.compat import VectorQuantize, ResidualVQ, FSQ, LFQ   # was: from vector_quantize_pytorch
 

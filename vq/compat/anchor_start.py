@@ -5,6 +5,7 @@ projections) from the global generator in the anchor's order.
 
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 
 import torch
@@ -12,6 +13,48 @@ import torch.nn.functional as F
 from torch import nn
 
 from vq.quantizers import EMA, Gradient, GroupedResidualVQ, Learning, ResidualVQ, VectorQuantizer
+
+#: the anchor's dead-code arguments (version 1.34), with its defaults: a relative threshold, and
+#: the absolute ones it takes as deprecated aliases
+DEAD_CODE_DEFAULTS = dict(
+    dead_code_threshold_ratio=0.0,
+    reset_cluster_size_ratio=None,
+    threshold_ema_dead_code=None,
+    reset_cluster_size=None,
+)
+
+
+def dead_code_ratios(owner: str, codebook_size: int, **dead) -> tuple[float, float | None]:
+    """The anchor's dead-code arguments (:data:`DEAD_CODE_DEFAULTS`) → ``(dead_code_ratio,
+    reset_ratio)`` of :class:`vq.Learning`. The deprecated absolute ones convert as the anchor
+    converts them, with its warning: a value ``v >= 1`` becomes ``v / codebook_size``, a
+    smaller one is taken as the ratio."""
+    ratio, reset = dead["dead_code_threshold_ratio"], dead["reset_cluster_size_ratio"]
+    for old, new in (
+        ("threshold_ema_dead_code", "dead_code_threshold_ratio"),
+        ("reset_cluster_size", "reset_cluster_size_ratio"),
+    ):
+        value = dead[old]
+        if value is None:
+            continue
+        warnings.warn(
+            f"{owner}: {old} is deprecated in vector-quantize-pytorch 1.34; pass {new} (a "
+            f"fraction in [0, 1) of the mean code usage, e.g. 0.1) instead. {old}={value} is "
+            f"taken as {new}={value / codebook_size if value >= 1 else value}",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        converted = value / codebook_size if value >= 1 else value
+        if old == "threshold_ema_dead_code":
+            ratio = converted
+        else:
+            reset = converted
+    if not 0.0 <= ratio < 1.0:
+        raise ValueError(
+            f"{owner}: dead_code_threshold_ratio must lie in [0, 1) (a fraction of the mean code "
+            f"usage; 0 disables dead-code restarts), got {ratio}"
+        )
+    return float(ratio), None if reset is None or ratio == 0 else float(reset)
 
 
 def learning_rule(
@@ -21,23 +64,27 @@ def learning_rule(
     eps: float,
     kmeans_init: bool,
     kmeans_iters: int,
-    threshold_ema_dead_code: float,
+    dead_code: tuple[float, float | None],
     commitment_weight: float,
     use_cosine_sim: bool,
     ema_update: bool | None,
     learnable_codebook: bool | None,
 ) -> Learning:
-    """vector-quantize-pytorch's codebook update as a vq rule: EMA (``ema_update``, the
-    default) with its decay and Laplace ε, or gradient learning (``learnable_codebook=True,
-    ema_update=False``: the codebook loss weighs ``commitment_weight``, as the anchor's
-    undetached commitment does); random start unless ``kmeans_init``; dead codes restarted
-    below ``threshold_ema_dead_code`` (the usage average decays with ``decay`` either way)."""
+    """vector-quantize-pytorch's codebook update (version 1.34) as a vq rule: EMA
+    (``ema_update``, the default) with its decay and ε (``smoothing="codeword"``, statistics
+    from zero), or gradient learning (``learnable_codebook=True, ema_update=False``: the
+    codebook loss weighs ``commitment_weight``, as the anchor's undetached commitment does);
+    random start unless ``kmeans_init``; dead codes restarted below ``dead_code`` (the
+    :func:`dead_code_ratios` pair) of the mean usage (the usage average decays with ``decay``
+    either way)."""
     ema = True if ema_update is None else bool(ema_update)
     learnable = bool(learnable_codebook)
+    ratio, reset = dead_code
     common = dict(
         kmeans_init=bool(kmeans_init),
         kmeans_iters=int(kmeans_iters),
-        dead_code_threshold=float(threshold_ema_dead_code),
+        dead_code_ratio=ratio,
+        reset_ratio=reset,
     )
     if ema and learnable:
         raise ValueError(
@@ -45,7 +92,7 @@ def learning_rule(
             "ema_update=False with it (vector-quantize-pytorch refuses both at once too)"
         )
     if ema:
-        return EMA(decay=decay, eps=eps, **common)
+        return EMA(decay=decay, eps=eps, smoothing="codeword", **common)
     if not learnable:
         raise ValueError(
             f"{owner}: ema_update=False without learnable_codebook=True leaves the codebook at "
@@ -94,14 +141,13 @@ def anchor_codebooks(draws: int, per_draw: int, size: int, dim: int, cosine: boo
 
 def start_from(layer: VectorQuantizer | ResidualVQ | GroupedResidualVQ, books: torch.Tensor):
     """Write ``books`` [G, K, d] (in the order of ``layer.effective_codebooks()``) into a
-    learning layer's codebooks, with the anchor's usage statistics (counts of 1, sums equal to
-    the codewords)."""
+    learning layer's codebooks, with the anchor's usage statistics (zero counts and sums)."""
     stacks = list(layer.rvqs) if isinstance(layer, GroupedResidualVQ) else [layer]
     for stack, part in zip(stacks, books.chunk(len(stacks)), strict=True):
         storage = stack.codebook[None] if isinstance(stack, VectorQuantizer) else stack.codebooks
         with torch.no_grad():
             storage.copy_(part)
-        stack.learner.reset_(storage.detach(), torch.ones(part.shape[:2]))
+        stack.learner.reset_(storage.detach(), torch.zeros(part.shape[:2]))
 
 
 def redraw_projections(layer: nn.Module) -> None:

@@ -2,7 +2,7 @@
 ``ResidualFSQ`` on :class:`vq.ResidualFSQ` (with ``per_stage_gradient=True``, the anchor's
 gradient rule), held as ``.layer``.
 
-Each takes the anchor's constructor arguments (names and defaults of version 1.32) and returns
+Each takes the anchor's constructor arguments (names and defaults of version 1.34) and returns
 what the anchor returns: ``(quantized, indices)``, int32 indices. Projections are drawn where
 and in the order the anchor draws them, so the same seed gives the same weights, and equal
 inputs give equal codes. (A paper: Mentzer et al., "Finite Scalar Quantization: VQ-VAE Made
@@ -56,6 +56,7 @@ class FSQ(nn.Module):
             their last axis (default: when there are several).
         channel_first: input ``[B, dim, ...]`` (inputs of 4 or more axes always are).
         projection_has_bias, return_indices: as the anchor's.
+        materialize_codebook: False leaves ``implicit_codebook`` None, as the anchor's.
         scale: kept as ``.scale``; the anchor does not use it either.
 
     ``forward(z)`` returns ``(quantized, indices)``: quantized in z's layout, indices int32
@@ -73,10 +74,12 @@ class FSQ(nn.Module):
         channel_first: bool = False,
         projection_has_bias: bool = True,
         return_indices: bool = True,
+        materialize_codebook: bool = True,
         **options,
     ):
         super().__init__()
         refuse("FSQ", options, FSQ_REFUSED)
+        self.materialize_codebook = bool(materialize_codebook)
         self.levels = [int(v) for v in levels]
         keep = num_codebooks > 1 if keep_num_codebooks_dim is None else bool(keep_num_codebooks_dim)
         if num_codebooks > 1 and not keep:
@@ -99,9 +102,10 @@ class FSQ(nn.Module):
         self.codebook_size = self.layer.codebook_size
 
     @property
-    def implicit_codebook(self) -> torch.Tensor:
-        """Every code's grid point, float32 [K, len(levels)]."""
-        return self.layer.effective_codebooks()[0]
+    def implicit_codebook(self) -> torch.Tensor | None:
+        """Every code's grid point, float32 [K, len(levels)] (None with
+        ``materialize_codebook=False``, as the anchor's)."""
+        return self.layer.effective_codebooks()[0] if self.materialize_codebook else None
 
     def forward(self, z: torch.Tensor):
         """See the class docstring."""
@@ -143,7 +147,8 @@ class ResidualFSQ(nn.Module):
 
     Args: levels, num_quantizers, dim, is_channel_first, quantize_dropout,
         quantize_dropout_cutoff_index (each training sample keeps n stages, n uniform in
-        [cutoff + 1, Q], drawn per sample), bound_hard_clamp (only True).
+        [cutoff + 1, Q], drawn per sample), bound_hard_clamp (only True),
+        materialize_codebook (``codebooks`` is computed either way, as the anchor's).
 
     ``forward(x, return_all_codes=False)`` returns ``(quantized, indices)``, indices int32
     ``[..., Q]`` (``[B, Q, ...]`` channel-first, as the anchor's; -1 at dropped stages).
@@ -159,6 +164,7 @@ class ResidualFSQ(nn.Module):
         quantize_dropout: bool = False,
         quantize_dropout_cutoff_index: int = 0,
         bound_hard_clamp: bool = True,
+        materialize_codebook: bool = True,
         **options,
     ):
         super().__init__()

@@ -2,7 +2,7 @@
 ``.layers``, one per codebook) and ``ResidualLFQ`` on :class:`vq.ResidualLFQ` (with
 ``per_stage_gradient=True``, the anchor's gradient rule; held as ``.layer``).
 
-Each takes the anchor's constructor arguments (names and defaults of version 1.32) and returns
+Each takes the anchor's constructor arguments (names and defaults of version 1.34) and returns
 what the anchor returns: ``(quantized, indices, loss)``, int64 indices (LFQ's a named tuple, as
 the anchor's). Projections are drawn where and in the order the anchor draws them, so the same
 seed gives the same weights, and equal inputs give equal codes. (A paper: Yu et al., "Language

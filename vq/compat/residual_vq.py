@@ -2,7 +2,7 @@
 :class:`vq.ResidualVQ` and ``GroupedResidualVQ`` on :class:`vq.GroupedResidualVQ`, every stage
 passing its own gradient (``per_stage_gradient=True``), held as ``.layer``.
 
-Each takes the anchor's constructor arguments (names and defaults of version 1.32; those of
+Each takes the anchor's constructor arguments (names and defaults of version 1.34; those of
 :class:`~vq.compat.VectorQuantize` for every stage) and returns what the anchor returns:
 ``(quantized, indices, losses)``, int64 indices ``[..., Q]`` with ``-1`` at padding and at
 stages left out by quantizer dropout, a loss per stage (zeros in eval mode). The codebooks start
@@ -18,6 +18,7 @@ from torch import nn
 from vq.compat.anchor_forward import drop_stages, frozen, residual_codes, stage_losses
 from vq.compat.anchor_start import (
     anchor_codebooks,
+    dead_code_ratios,
     dropout_options,
     learning_rule,
     own_draws,
@@ -77,7 +78,8 @@ class ResidualVQ(nn.Module):
             first n stages, n uniform in [cutoff + 1, Q] (drawn per sample; the anchor draws one
             n per batch).
         accept_image_fmap: input ``[B, dim, H, W]`` (the anchor's fails on it in 1.32).
-        decay, eps, kmeans_init, kmeans_iters, threshold_ema_dead_code, commitment_weight,
+        decay, eps, kmeans_init, kmeans_iters, dead_code_threshold_ratio,
+        reset_cluster_size_ratio, threshold_ema_dead_code, reset_cluster_size, commitment_weight,
         rotation_trick, ema_update, learnable_codebook, freeze_codebook,
         return_zeros_for_masked_padding, sync_codebook: as :class:`VectorQuantize`'s, for
             every stage.
@@ -104,7 +106,10 @@ class ResidualVQ(nn.Module):
         eps: float = 1e-5,
         kmeans_init: bool = False,
         kmeans_iters: int = 10,
-        threshold_ema_dead_code: float = 0,
+        dead_code_threshold_ratio: float = 0.0,
+        reset_cluster_size_ratio: float | None = None,
+        threshold_ema_dead_code: float | None = None,
+        reset_cluster_size: float | None = None,
         commitment_weight: float = 1.0,
         rotation_trick: bool | None = None,
         ema_update: bool | None = None,
@@ -123,7 +128,14 @@ class ResidualVQ(nn.Module):
             eps=eps,
             kmeans_init=kmeans_init,
             kmeans_iters=kmeans_iters,
-            threshold_ema_dead_code=threshold_ema_dead_code,
+            dead_code=dead_code_ratios(
+                "ResidualVQ",
+                codebook_size,
+                dead_code_threshold_ratio=dead_code_threshold_ratio,
+                reset_cluster_size_ratio=reset_cluster_size_ratio,
+                threshold_ema_dead_code=threshold_ema_dead_code,
+                reset_cluster_size=reset_cluster_size,
+            ),
             commitment_weight=commitment_weight,
             use_cosine_sim=False,
             ema_update=ema_update,
@@ -225,7 +237,10 @@ class GroupedResidualVQ(nn.Module):
         eps: float = 1e-5,
         kmeans_init: bool = False,
         kmeans_iters: int = 10,
-        threshold_ema_dead_code: float = 0,
+        dead_code_threshold_ratio: float = 0.0,
+        reset_cluster_size_ratio: float | None = None,
+        threshold_ema_dead_code: float | None = None,
+        reset_cluster_size: float | None = None,
         commitment_weight: float = 1.0,
         rotation_trick: bool | None = None,
         ema_update: bool | None = None,
@@ -246,7 +261,14 @@ class GroupedResidualVQ(nn.Module):
             eps=eps,
             kmeans_init=kmeans_init,
             kmeans_iters=kmeans_iters,
-            threshold_ema_dead_code=threshold_ema_dead_code,
+            dead_code=dead_code_ratios(
+                "GroupedResidualVQ",
+                codebook_size,
+                dead_code_threshold_ratio=dead_code_threshold_ratio,
+                reset_cluster_size_ratio=reset_cluster_size_ratio,
+                threshold_ema_dead_code=threshold_ema_dead_code,
+                reset_cluster_size=reset_cluster_size,
+            ),
             commitment_weight=commitment_weight,
             use_cosine_sim=False,
             ema_update=ema_update,

@@ -3,7 +3,7 @@
 ``.layer`` (:class:`vq.VectorQuantizer`, :class:`vq.ResidualVQ` with every stage passing its
 own gradient).
 
-Each takes the anchor's constructor arguments (names and defaults of version 1.32) and returns
+Each takes the anchor's constructor arguments (names and defaults of version 1.34) and returns
 what the anchor returns: ``(quantized, indices, loss)`` (``losses`` per stage for the residual
 layer), int64 indices, the loss in training and eval mode alike, as the anchor's.
 """

@@ -1,7 +1,7 @@
 """vector-quantize-pytorch's ``VectorQuantize`` on :class:`vq.VectorQuantizer` (multi-headed:
 on :class:`vq.GroupedResidualVQ` when every head has its own codebook).
 
-It takes the anchor's constructor arguments (names and defaults of version 1.32), builds the vq
+It takes the anchor's constructor arguments (names and defaults of version 1.34), builds the vq
 layer that learns as the anchor's does, held as ``.layer``, and returns what the anchor returns:
 ``(quantized, indices, loss)``, int64 indices, ``-1`` at padding, the loss zero in eval mode.
 
@@ -21,6 +21,7 @@ from torch import nn
 from vq.compat.anchor_forward import frozen, lens_to_mask
 from vq.compat.anchor_start import (
     anchor_codebooks,
+    dead_code_ratios,
     learning_rule,
     own_draws,
     redraw_projections,
@@ -91,8 +92,13 @@ class VectorQuantize(nn.Module):
             ``codebook_dim · heads != dim``).
         heads, separate_codebook_per_head: quantize ``heads`` slices of the projected vector,
             with one shared codebook or one each.
-        decay, eps, kmeans_init, kmeans_iters, threshold_ema_dead_code: the EMA rule
-            (:class:`vq.EMA`); ``kmeans_init=False`` starts from the anchor's random codebook.
+        decay, eps, kmeans_init, kmeans_iters: the EMA rule (:class:`vq.EMA`, ``smoothing=
+            "codeword"``); ``kmeans_init=False`` starts from the anchor's random codebook.
+        dead_code_threshold_ratio, reset_cluster_size_ratio: codes used less than this
+            fraction of the mean usage restart from batch vectors (``vq.EMA(dead_code_ratio=…,
+            reset_ratio=…)``). threshold_ema_dead_code, reset_cluster_size: their deprecated
+            aliases, converted as the anchor converts them (``v >= 1``: ``v / codebook_size``),
+            with a DeprecationWarning.
         ema_update, learnable_codebook: ``learnable_codebook=True, ema_update=False`` learns the
             codebook by gradient (:class:`vq.Gradient`, codebook loss weight
             ``commitment_weight``).
@@ -123,7 +129,10 @@ class VectorQuantize(nn.Module):
         kmeans_init: bool = False,
         kmeans_iters: int = 10,
         use_cosine_sim: bool = False,
-        threshold_ema_dead_code: float = 0,
+        dead_code_threshold_ratio: float = 0.0,
+        reset_cluster_size_ratio: float | None = None,
+        threshold_ema_dead_code: float | None = None,
+        reset_cluster_size: float | None = None,
         channel_last: bool = True,
         accept_image_fmap: bool = False,
         accept_3d_fmap: bool = False,
@@ -146,7 +155,14 @@ class VectorQuantize(nn.Module):
             eps=eps,
             kmeans_init=kmeans_init,
             kmeans_iters=kmeans_iters,
-            threshold_ema_dead_code=threshold_ema_dead_code,
+            dead_code=dead_code_ratios(
+                "VectorQuantize",
+                codebook_size,
+                dead_code_threshold_ratio=dead_code_threshold_ratio,
+                reset_cluster_size_ratio=reset_cluster_size_ratio,
+                threshold_ema_dead_code=threshold_ema_dead_code,
+                reset_cluster_size=reset_cluster_size,
+            ),
             commitment_weight=commitment_weight,
             use_cosine_sim=use_cosine_sim,
             ema_update=ema_update,
