@@ -14,21 +14,13 @@ from torch import nn
 
 from vq.quantizers import EMA, Gradient, GroupedResidualVQ, Learning, ResidualVQ, VectorQuantizer
 
-#: the anchor's dead-code arguments (version 1.34), with its defaults: a relative threshold, and
-#: the absolute ones it takes as deprecated aliases
-DEAD_CODE_DEFAULTS = dict(
-    dead_code_threshold_ratio=0.0,
-    reset_cluster_size_ratio=None,
-    threshold_ema_dead_code=None,
-    reset_cluster_size=None,
-)
-
 
 def dead_code_ratios(owner: str, codebook_size: int, **dead) -> tuple[float, float | None]:
-    """The anchor's dead-code arguments (:data:`DEAD_CODE_DEFAULTS`) → ``(dead_code_ratio,
-    reset_ratio)`` of :class:`vq.Learning`. The deprecated absolute ones convert as the anchor
-    converts them, with its warning: a value ``v >= 1`` becomes ``v / codebook_size``, a
-    smaller one is taken as the ratio."""
+    """The anchor's dead-code arguments (version 1.34: ``dead_code_threshold_ratio``,
+    ``reset_cluster_size_ratio`` and the deprecated ``threshold_ema_dead_code``,
+    ``reset_cluster_size``) → ``(dead_code_ratio, reset_ratio)`` of :class:`vq.Learning`. The
+    deprecated ones convert as the anchor converts them, with its warning: a value ``v >= 1``
+    becomes ``v / codebook_size``, a smaller one is taken as the ratio."""
     ratio, reset = dead["dead_code_threshold_ratio"], dead["reset_cluster_size_ratio"]
     for old, new in (
         ("threshold_ema_dead_code", "dead_code_threshold_ratio"),
@@ -37,14 +29,14 @@ def dead_code_ratios(owner: str, codebook_size: int, **dead) -> tuple[float, flo
         value = dead[old]
         if value is None:
             continue
+        converted = value / codebook_size if value >= 1 else value
         warnings.warn(
             f"{owner}: {old} is deprecated in vector-quantize-pytorch 1.34; pass {new} (a "
             f"fraction in [0, 1) of the mean code usage, e.g. 0.1) instead. {old}={value} is "
-            f"taken as {new}={value / codebook_size if value >= 1 else value}",
+            f"taken as {new}={converted}",
             DeprecationWarning,
-            stacklevel=3,
+            stacklevel=3,  # the caller of the compat class
         )
-        converted = value / codebook_size if value >= 1 else value
         if old == "threshold_ema_dead_code":
             ratio = converted
         else:
