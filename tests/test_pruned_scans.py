@@ -205,6 +205,7 @@ def test_the_factory_refuses_a_pca_wider_than_the_vectors():
 
 @pytest.mark.parametrize("d_out", [7, 16, 48, 100])
 def test_project_range_maps_queries_as_numpy_does(d_out):
+    from vq.kernels.exact.coarse_probe import column_panels
     from vq.kernels.exact.lean_scans import project_range
 
     rng = np.random.default_rng(d_out)
@@ -212,7 +213,8 @@ def test_project_range_maps_queries_as_numpy_does(d_out):
     rt = rng.standard_normal((48, d_out)).astype(np.float32)
     mean = rng.standard_normal(48).astype(np.float32)
     out = np.full((37, d_out), np.nan, np.float32)
-    project_range(0, 20, q, rt, mean, out)
-    project_range(20, 37, q, rt, mean, out)
+    panels = column_panels(rt)
+    project_range(0, 20, q, panels, mean, out)
+    project_range(20, 37, q, panels, mean, out)
     want = (q.astype(np.float64) - mean) @ rt
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)

@@ -16,7 +16,13 @@ from vq.index.ivf.ivf_probing import BOUND_SHARE, coarse_bound
 from vq.index.ivf.ivf_searchers import probe
 from vq.kernels.common.bundles import Coarse
 from vq.kernels.common.select import smallest_k_range
-from vq.kernels.exact.coarse_probe import BOUND_MOST, probe_bounded, probe_few, probe_lists
+from vq.kernels.exact.coarse_probe import (
+    BOUND_MOST,
+    column_panels,
+    probe_bounded,
+    probe_few,
+    probe_lists,
+)
 
 KINDS = ["IVF32,Flat", "IVF32,PQ8", "IVF32,PQ8x4fs,RFlat", "IVF32,SQ8", "IVF40,Flat",
          "IVF32(soar),Flat", "IVF32(soar),PQ8", "IVF32(soar),SQ8"]  # fmt: skip
@@ -136,7 +142,7 @@ def test_probe_lists_ranks_as_exact_distances(nlist, dim):
         scores = np.empty((37, nprobe), np.float32)
         lists = np.empty((37, nprobe), np.int64)
         norms = (c * c).sum(1)
-        probe_lists(q, np.ascontiguousarray(c.T), norms, ip, scores, lists)
+        probe_lists(q, column_panels(c.T), norms, ip, scores, lists)
         exact = -(q @ c.T) if ip else ((q[:, None, :] - c[None]) ** 2).sum(-1)
         want = np.argsort(exact, axis=1, kind="stable")[:, :nprobe]  # ties: lower list
         np.testing.assert_array_equal(lists, want)
@@ -145,12 +151,13 @@ def test_probe_lists_ranks_as_exact_distances(nlist, dim):
 
 @pytest.mark.parametrize("nlist", [64, 100, 1024])
 def test_probe_lists_scores_a_query_alike_alone_and_in_a_batch(nlist):
-    # several queries share each load of the centroids (vq.kernels.common.dots.column_dots_rows):
-    # every query's sums take the same terms in the same order as its own, bit for bit
+    # several queries share each load of the centroids (vq.kernels.common.dots.panel_dots_rows),
+    # a query left past a multiple of DOT_ROWS takes them alone: every query's sums take the
+    # same terms in the same order either way, bit for bit
     rng = np.random.default_rng(nlist)
     q = rng.standard_normal((23, 40)).astype(np.float32)
     c = rng.standard_normal((nlist, 40)).astype(np.float32)
-    ct, norms = np.ascontiguousarray(c.T), (c * c).sum(1)
+    ct, norms = column_panels(c.T), (c * c).sum(1)
     batch_s, batch_l = np.empty((23, 9), np.float32), np.empty((23, 9), np.int64)
     probe_lists(q, ct, norms, False, batch_s, batch_l)
     for i in range(23):
@@ -175,6 +182,17 @@ def test_the_selection_keeps_the_k_least_ties_by_lower_column(n, k):
     np.testing.assert_array_equal(out_d, np.take_along_axis(values, want, 1))
 
 
+def _rank(bound: tuple) -> int:
+    """The number of axes of a coarse bound (the rows of its coordinates' panels)."""
+    return bound[1].shape[1]
+
+
+def _axes(bound: tuple) -> np.ndarray:
+    """A coarse bound's axes as the columns of a float32 [d, r] matrix (from their panels)."""
+    panels = bound[0]
+    return panels.transpose(1, 0, 2).reshape(panels.shape[1], -1)[:, : _rank(bound)]
+
+
 BOUNDED = [(200, 32, 2, 2), (256, 40, 3, 3), (256, 64, 12, 4), (300, 128, 3, 8)]
 
 
@@ -191,15 +209,15 @@ def test_the_bounded_coarse_step_ranks_as_exact_distances(nlist, dim, nprobe, di
     q = rng.integers(-3, 4, (50, dim)) + rng.integers(-3, 4, (50, directions)) @ basis
     c, q = c.astype(np.float32), q.astype(np.float32)
     bound = coarse_bound(c, share=0.0)  # (the kernel's answer whatever the bound's share)
-    assert bound[0].shape == (dim, 8 * -(-dim // 32))
+    assert _rank(bound) == 8 * -(-dim // 32)
     scores, lists = np.empty((50, nprobe), np.float32), np.empty((50, nprobe), np.int64)
-    coarse = Coarse(np.ascontiguousarray(c.T), (c * c).sum(1), *bound)
+    coarse = Coarse(column_panels(c.T), (c * c).sum(1), *bound)
     probe_bounded(q, coarse, scores, lists)
     exact = ((q[:, None, :].astype(np.float64) - c[None]) ** 2).sum(-1)
     want = np.argsort(exact, axis=1, kind="stable")[:, :nprobe]
     np.testing.assert_array_equal(lists, want)
     np.testing.assert_array_equal(scores, np.take_along_axis(exact, want, 1))
-    lower = (((q[:, None, :] - c[None]) @ bound[0]) ** 2).sum(-1)  # the bounds, by numpy
+    lower = (((q[:, None, :] - c[None]) @ _axes(bound)) ** 2).sum(-1)  # the bounds, by numpy
     assert ((lower <= np.take_along_axis(exact, want[:, -1:], 1)).sum(1) < BOUND_MOST).all()
 
 
@@ -209,14 +227,14 @@ def test_a_loose_bound_falls_back_to_the_whole_coarse_step():
     rng = np.random.default_rng(5)
     c = rng.integers(-1, 2, (1024, 64)).astype(np.float32)
     q = rng.integers(-1, 2, (20, 64)).astype(np.float32)
-    ct, norms = np.ascontiguousarray(c.T), (c * c).sum(1)
-    assert coarse_bound(c)[0].shape == (64, 0)  # (16 axes hold 25%: no bound by default)
+    ct, norms = column_panels(c.T), (c * c).sum(1)
+    assert _rank(coarse_bound(c)) == 0  # (16 axes hold 25%: no bound by default)
     bound = coarse_bound(c, share=0.0)
     got = probe_few(q, Coarse(ct, norms, *bound), 5, False)
     want = np.empty((20, 5), np.float32), np.empty((20, 5), np.int64)
     probe_lists(q, ct, norms, False, *want)
     exact = ((q[:, None, :] - c[None]) ** 2).sum(-1)
-    lower = (((q[:, None, :] - c[None]) @ bound[0]) ** 2).sum(-1)  # the bounds, by numpy
+    lower = (((q[:, None, :] - c[None]) @ _axes(bound)) ** 2).sum(-1)  # the bounds, by numpy
     fifth = np.sort(exact, 1)[:, 4:5]
     assert ((lower <= fifth).sum(1) > BOUND_MOST).all()  # (a loose bound for every query)
     np.testing.assert_array_equal(got[1], want[1])
@@ -224,11 +242,11 @@ def test_a_loose_bound_falls_back_to_the_whole_coarse_step():
 
 
 def test_few_centroids_or_dimensions_take_no_bound():
-    assert coarse_bound(np.ones((63, 128), np.float32))[0].shape == (128, 0)
-    assert coarse_bound(np.ones((100, 16), np.float32))[0].shape == (16, 0)
+    assert _rank(coarse_bound(np.ones((63, 128), np.float32))) == 0
+    assert _rank(coarse_bound(np.ones((100, 16), np.float32))) == 0
     rng = np.random.default_rng(0)
     few_axes = rng.standard_normal((128, 8)) @ rng.standard_normal((8, 128))  # rank 8
-    assert coarse_bound(few_axes.astype(np.float32))[0].shape == (128, 32)
+    assert _rank(coarse_bound(few_axes.astype(np.float32))) == 32
 
 
 def test_a_bound_on_axes_that_hold_too_little_variance_is_not_built():
@@ -240,8 +258,8 @@ def test_a_bound_on_axes_that_hold_too_little_variance_is_not_built():
     cov = np.linalg.eigvalsh(np.cov(c.T.astype(np.float64)))[::-1]
     held = cov[:32].sum() / cov.sum()
     assert 0.7 < held < BOUND_SHARE
-    assert coarse_bound(c)[0].shape == (128, 0)
-    assert coarse_bound(c, share=held - 0.01)[0].shape == (128, 32)
+    assert _rank(coarse_bound(c)) == 0
+    assert _rank(coarse_bound(c, share=held - 0.01)) == 32
 
 
 @pytest.mark.parametrize("description", ["IVF512,Flat", "IVF512,PQ16x4fs,RFlat", "IVF512,SQ8",
@@ -259,7 +277,7 @@ def test_a_bounded_coarse_step_probes_the_torch_paths_lists(description):
     index.train(x)
     index.add(x)
     ivf = index.index if description.endswith("RFlat") else index
-    assert ivf._coarse_bound()[0].shape == (64, 16)
+    assert _rank(ivf._coarse_bound()) == 16
     c = ivf.quantizer.codebook.float()
     for nprobe in (1, 4, 12):  # (at least BOUND_RATIO centroids for each of nprobe + 4)
         want_lists = probe(torch.from_numpy(q), c, (c * c).sum(1), nprobe, "l2")[1]

@@ -17,9 +17,10 @@ from vq.index.core.lean import SMALL_BATCH
 from vq.index.core.searching import NO_IDS
 from vq.kernels.common.bundles import Coarse, finish_bundle, plain
 from vq.kernels.common.constants import metric as kernel_metric
+from vq.kernels.common.dots import PANEL
 from vq.kernels.common.select import unique_rows, unique_rows_range
 from vq.kernels.common.threads import parallel_for
-from vq.kernels.exact.coarse_probe import BOUND_RATIO, BOUND_SPARE, probe_lists
+from vq.kernels.exact.coarse_probe import BOUND_RATIO, BOUND_SPARE, column_panels, probe_lists
 
 #: an IVF search of more than SMALL_BATCH queries takes the lean path, its queries split between
 #: the threads, where its coarse step is small (at most SPLIT_COARSE products of centroid and
@@ -29,26 +30,24 @@ from vq.kernels.exact.coarse_probe import BOUND_RATIO, BOUND_SPARE, probe_lists
 #: split on its own, torch tensors, two pool wake-ups) are most of the time
 SPLIT_COARSE = 1 << 16
 SPLIT_WORK = 20_000_000
-_NO_NORMS = np.zeros(0, np.float32)
 _NO_BOUND = (
-    np.zeros((0, 0), np.float32),
-    np.zeros((0, 0), np.float32),
-    _NO_NORMS,
+    np.zeros((0, 0, PANEL), np.float32),
+    np.zeros((0, 0, PANEL), np.float32),
+    np.zeros(0, np.float32),
     np.zeros((0, 0), np.float32),
 )
 
 
 def coarse_arrays(index, ip: bool) -> tuple:
     """What the lean kernels' coarse step reads, a :class:`vq.kernels.common.bundles.Coarse` as
-    a plain tuple: ``(centroids_t float32 [d, nlist], norms float32 [nlist] (empty for "ip"),
-    *bound)`` (the bound of
-    :func:`vq.kernels.exact.coarse_probe.probe_bounded`, L2 only), kept until the centroids
-    change."""
-    norms = _NO_NORMS if ip else index._centroid_norms()
+    a plain tuple: ``(panels float32 [ceil(nlist / 16), d, 16], norms float32 [nlist], *bound)``
+    (the centroids as :func:`vq.kernels.exact.coarse_probe.column_panels` lays them out, their
+    squared norms, and the bound of :func:`vq.kernels.exact.coarse_probe.probe_bounded`, L2
+    only), kept until the centroids change."""
     c = index.quantizer.codebook
-    centroids_t = index.derived("centroids_t", (c,), lambda: c.float().T.contiguous().numpy())
+    panels = index.derived("centroid_panels", (c,), lambda: column_panels(c.float().T.numpy()))
     bound = _NO_BOUND if ip else index._coarse_bound()  # (L2: see probe_bounded)
-    return plain(Coarse(centroids_t, norms, *bound))
+    return plain(Coarse(panels, index._centroid_norms(), *bound))
 
 
 def cost_model(index, coarse: tuple) -> tuple[float, float, Callable[[int], int]]:
@@ -58,7 +57,7 @@ def cost_model(index, coarse: tuple) -> tuple[float, float, Callable[[int], int]
     nlist = index.nlist
     per_probe = index.ntotal / nlist * index.vector_ns()
     fixed = index.search_work(1, 1, nprobe=1) - per_probe
-    d, r = index.dim, coarse[2].shape[1]
+    d, r = index.dim, Coarse(*coarse).proj.shape[1]
 
     def coarse_products(nprobe: int) -> int:
         if r and nlist >= BOUND_RATIO * (nprobe + BOUND_SPARE):
@@ -151,13 +150,12 @@ def mapped_scan(index, coarse: tuple, ip: bool) -> Callable:
     probe (:func:`near_lists`) read with ``pread`` first, then the kind's lean kernel over
     them; it returns the found rows' ``(positions, stored ids)``, or None for a query that is
     not finite."""
-    centroids_t, norms = coarse[0], coarse[1]
-    c_sq = norms if not ip else (centroids_t * centroids_t).sum(0)
+    panels, c_sq = coarse[0], coarse[1]
     nlist = index.nlist
     finish = plain(finish_bundle(NO_IDS))  # (no re-ranking of mapped rows)
 
     def scan(q, nprobe: int, kc: int, width: int, repeats: bool, out_dist, found, ranked, split_up):
-        lists = near_lists(q, centroids_t, c_sq, ip, nprobe)
+        lists = near_lists(q, panels, c_sq, ip, nprobe)
         local = index.read_probed_lists(np.arange(nlist) if lists is None else lists)
         local_kernel, rest = index._lean_kernel(local)
         run = partial(split_queries, local_kernel) if split_up else local_kernel
@@ -185,9 +183,9 @@ def split_queries(kernel, q: np.ndarray, *rest):
     return not refused
 
 
-def near_lists(q, centroids_t, c_sq, inner_product: bool, nprobe: int) -> np.ndarray | None:
+def near_lists(q, panels, c_sq, inner_product: bool, nprobe: int) -> np.ndarray | None:
     """Every list a lean search of ``q`` (float32 [nq, d]) may probe (the lean kernels run
-    :func:`vq.kernels.exact.coarse_probe.probe_lists` over ``centroids_t`` [d, nlist] themselves):
+    :func:`vq.kernels.exact.coarse_probe.probe_lists` over the centroids' ``panels`` themselves):
     the lists whose score, as computed here (the same kernel, on the calling thread), is within a
     rounding bound of the ``nprobe``-th smallest (int64, any shape), or None for all of them
     (``c_sq``: float32 [nlist], the centroids' squared norms). Each score is a float32 dot product
@@ -198,7 +196,7 @@ def near_lists(q, centroids_t, c_sq, inner_product: bool, nprobe: int) -> np.nda
     wide = min(nlist, 2 * nprobe + 8)
     scores = np.empty((q.shape[0], wide), dtype=np.float32)
     lists = np.empty((q.shape[0], wide), dtype=np.int64)
-    probe_lists(q, centroids_t, c_sq, kernel_metric(inner_product), scores, lists)
+    probe_lists(q, panels, c_sq, kernel_metric(inner_product), scores, lists)
     bound = (q.shape[1] + 8) * 2.0**-21 * ((q * q).sum(1) + c_sq.max(initial=0.0))
     with np.errstate(invalid="ignore"):  # NaN queries match nothing (the kernel refuses them)
         near = scores <= (scores[:, nprobe - 1] + bound)[:, None]

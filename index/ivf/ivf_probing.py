@@ -24,8 +24,9 @@ from vq.index.ivf.ivf_lean import coarse_arrays, ivf_lean_search
 from vq.index.ivf.ivf_searchers import IVFSearch
 from vq.kernels.common.bundles import Coarse
 from vq.kernels.common.constants import metric as kernel_metric
+from vq.kernels.common.dots import PANEL
 from vq.kernels.common.threads import parallel_for
-from vq.kernels.exact.coarse_probe import PROBE_QUERIES, probe_few
+from vq.kernels.exact.coarse_probe import PROBE_QUERIES, column_panels, probe_few
 
 
 class IVFProbing:
@@ -218,10 +219,12 @@ BOUND_SHARE = 0.9
 
 def coarse_bound(centroids: np.ndarray, share: float = BOUND_SHARE) -> tuple:
     """The bound :func:`vq.kernels.exact.coarse_probe.probe_bounded` reads (the last four fields of
-    a :class:`vq.kernels.common.bundles.Coarse`): ``(axes_t float32 [d, r], proj_t float32 [r,
-    nlist], proj_norms float32 [nlist], rows float32 [nlist, d])``: the r principal axes of the
-    centroids (float32 [nlist, d]; eigenvectors of their covariance, in float64), r a quarter of d
-    rounded up to 8, the centroids' coordinates on them and the centroids. r = 0 (empty arrays: the
+    a :class:`vq.kernels.common.bundles.Coarse`): ``(axes float32 [ceil(r / 16), d, 16], proj
+    float32 [ceil(nlist / 16), r, 16], proj_norms float32 [nlist], rows float32 [nlist, d])``: the
+    r principal axes of the centroids (float32 [nlist, d]; eigenvectors of their covariance, in
+    float64) and the centroids' coordinates on them, each as column panels
+    (:func:`vq.kernels.exact.coarse_probe.column_panels`), r a quarter of d rounded up to 8, the
+    squared norms of those coordinates and the centroids. r = 0 (empty arrays: the
     full coarse step) where the bound would not pay: under 64 centroids, fewer than twice as many as
     r, or under 32 dimensions. NSynth embeddings (256 centroids of 128 dims): 32 axes hold 97% of
     the centroids' variance; also r = 0 where the r axes hold less than :data:`BOUND_SHARE` of
@@ -229,8 +232,8 @@ def coarse_bound(centroids: np.ndarray, share: float = BOUND_SHARE) -> tuple:
     for the full step after it)."""
     nlist, d = centroids.shape
     r = 8 * -(-d // 32)
-    empty = np.zeros((0, 0), np.float32)
-    none = np.zeros((d, 0), np.float32), empty, np.zeros(0, np.float32), empty
+    empty, no_panels = np.zeros((0, 0), np.float32), np.zeros((0, 0, PANEL), np.float32)
+    none = no_panels, no_panels, np.zeros(0, np.float32), empty
     if nlist < max(64, 2 * r) or d < 32:
         return none
     c = centroids.astype(np.float64)
@@ -240,8 +243,8 @@ def coarse_bound(centroids: np.ndarray, share: float = BOUND_SHARE) -> tuple:
     axes = vectors[:, ::-1][:, :r]  # (eigh: ascending eigenvalues)
     proj = (c @ axes).astype(np.float32)
     return (
-        np.ascontiguousarray(axes, np.float32),
-        np.ascontiguousarray(proj.T),
+        column_panels(axes.astype(np.float32)),
+        column_panels(proj.T),
         (proj * proj).sum(1, dtype=np.float32),
         np.ascontiguousarray(centroids, np.float32),
     )

@@ -486,8 +486,8 @@ class IVFPQ(IVFIndex):
             return kernel, args
 
         def lean(q, coarse, tables, lists, finish, ip, nprobe, *rest):  # the rows it may read first
-            centroids_t, c_norms = coarse[:2]  # (a Coarse, as a plain tuple)
-            state.fill_near(q, centroids_t, c_norms, nprobe, list_tables, inputs)
+            panels, c_norms = coarse[:2]  # (a Coarse, as a plain tuple)
+            state.fill_near(q, panels, c_norms, nprobe, list_tables, inputs)
             return kernel(q, coarse, tables, lists, finish, ip, nprobe, *rest)
 
         return lean, args

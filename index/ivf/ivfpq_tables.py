@@ -86,12 +86,12 @@ class ListTables:
             self.filled[todo] = True
             self.missing -= int(todo.size)
 
-    def fill_near(self, q, centroids_t, c_norms, nprobe, table, inputs) -> None:
+    def fill_near(self, q, panels, c_norms, nprobe, table, inputs) -> None:
         """Fill the rows of every list that a lean search of ``q`` (float32 [nq, d]) may probe
-        (:func:`vq.index.ivf.ivf_lean.near_lists`; L2, ``c_norms`` [nlist] the centroids' squared
-        norms)."""
+        (:func:`vq.index.ivf.ivf_lean.near_lists`; L2, ``panels`` the centroids in column panels,
+        ``c_norms`` [nlist] their squared norms)."""
         if self.missing:
-            self.fill(near_lists(q, centroids_t, c_norms, False, nprobe), table, inputs)
+            self.fill(near_lists(q, panels, c_norms, False, nprobe), table, inputs)
 
 
 def filled_table(index, state: ListTables, lists: np.ndarray | None) -> torch.Tensor:

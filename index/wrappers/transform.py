@@ -13,6 +13,7 @@ from vq.index.core.registry import register
 from vq.index.core.searchers import Searcher, kept
 from vq.index.wrappers.wrapper import Wrapper
 from vq.kernels.common.threads import parallel_for
+from vq.kernels.exact.coarse_probe import column_panels
 from vq.kernels.exact.lean_scans import project_range
 from vq.quantizers import OPQ
 from vq.quantizers.opq import rotate
@@ -180,11 +181,12 @@ class PreTransform(Wrapper):
         inner = self.index.lean_search()
         if inner is None:
             return None
-        rt = self.transform.rotation.float().T.contiguous().numpy()
+        rt = column_panels(self.transform.rotation.float().T.numpy())
+        d_out = self.transform.rotation.shape[0]
         mean = self.mean().float().contiguous().numpy()
 
         def search(q: np.ndarray, k: int, ranked: bool, params: dict):
-            y = np.empty((q.shape[0], rt.shape[1]), np.float32)
+            y = np.empty((q.shape[0], d_out), np.float32)
             if q.shape[0] <= SMALL_BATCH:
                 project_range(0, q.shape[0], q, rt, mean, y)
             else:  # (split as the inner search splits: by query)

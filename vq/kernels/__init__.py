@@ -35,7 +35,7 @@ variant) are the ``*_template`` modules, one cached source file per configuratio
 """
 
 from vq.kernels.common.select import smallest_k_rows, unique_rows
-from vq.kernels.exact.coarse_probe import probe_lists
+from vq.kernels.exact.coarse_probe import column_panels, probe_lists
 from vq.kernels.exact.exact_scans import (
     heap_push_block,
     heaps_sorted,
@@ -109,6 +109,7 @@ __all__ = [
     "ivfpq_scanner",
     "ivfpq_lean",
     "probe_lists",
+    "column_panels",
     "refine_lean",
     "refine_range",
     "kmeanspp_pick",

@@ -136,13 +136,13 @@ class VectorQuantizer(Quantizer):
 
     def _lean_encoder(self):
         c = self._codewords()
-        centroids_t = c.T.contiguous().numpy()
+        panels = kernels.column_panels(c.T.numpy())
         norms = (c * c).sum(1).numpy()
         dtype = _cpu.numpy_dtype(self.code_dtype)
 
         def encode(x: np.ndarray):
             codes = np.empty(x.shape[0], dtype)
-            return codes if kernels.nearest_lean(x, centroids_t, norms, codes) else None
+            return codes if kernels.nearest_lean(x, panels, norms, codes) else None
 
         return encode
 

@@ -59,10 +59,14 @@ class Coarse(NamedTuple):
     """The coarse quantizer of an IVF index as the lean kernels' coarse step reads it
     (:func:`vq.kernels.exact.coarse_probe.probe_few`)."""
 
-    centroids_t: np.ndarray  #: float32 [d, nlist]: the centroids transposed
+    #: float32 [ceil(nlist / 16), d, 16]: the centroids as columns, in panels
+    #: (:func:`vq.kernels.exact.coarse_probe.column_panels`)
+    panels: np.ndarray
     norms: np.ndarray  #: float32 [nlist]: their squared norms (read for L2)
-    axes_t: np.ndarray  #: float32 [d, r]: the bound's axes as columns (r = 0: no bound)
-    proj_t: np.ndarray  #: float32 [r, nlist]: the centroids' coordinates on them
+    axes: np.ndarray  #: float32 [ceil(r / 16), d, 16]: the bound's r axes as column panels
+    #: float32 [ceil(nlist / 16), r, 16]: the centroids' coordinates on those axes, as column
+    #: panels (r = 0: no bound)
+    proj: np.ndarray
     proj_norms: np.ndarray  #: float32 [nlist]: their squared norms
     rows: np.ndarray  #: float32 [nlist, d]: the centroids (C-contiguous)
 

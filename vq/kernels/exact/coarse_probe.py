@@ -7,8 +7,9 @@ library, whose threads would spin on the cores the search needs).
 - :func:`probe_bounded`: the same lists with most centroids ruled out by a lower bound on a
   few principal axes (:class:`~vq.kernels.common.bundles.Coarse` holds them);
 - :func:`probe_few`: the one the lean kernels call, which picks between the two;
-- :func:`products`: the inner products of a block of queries with columns, shared with a
-  pre-transform's map (:func:`vq.kernels.exact.lean_scans.project_range`).
+- :func:`products`: the inner products of a block of queries with columns laid out as
+  :func:`column_panels` lays them, shared with a pre-transform's map
+  (:func:`vq.kernels.exact.lean_scans.project_range`).
 
 Each is a disk-cached kernel of its own, called by the lean kernels of every IVF kind: a
 process that compiles one of those loads these from the cache rather than compiling them
@@ -22,21 +23,22 @@ from numba import njit
 
 from vq.kernels.common.constants import L2
 from vq.kernels.common.dots import (
-    DOT_COLUMNS,
+    DOT_BLOCKS,
     DOT_ROWS,
-    column_dots16,
-    column_dots_rows,
-    column_dots_wide,
+    ONE_BLOCKS,
+    PANEL,
+    panel_dots16,
+    panel_dots_block,
+    panel_dots_one,
+    panel_dots_rows,
 )
 from vq.kernels.common.select import _insert, _smallest_k_row, row_scratch
 from vq.kernels.common.simd import borrow
 from vq.kernels.jit.cache import kernel
 
-#: probe_lists computes the products of this many queries with each group of centroids
-PROBE_QUERIES = 16
-#: and holds sums in registers up to this many centroids (numba's loop, a query at a time, past
-#: it: with several queries sharing each load of the columns, the registers pay at any nlist)
-PROBE_COLUMNS = 1 << 16
+#: probe_lists computes the products of this many queries with each panel of centroids (while
+#: the panel stays in the nearest cache), ``DOT_ROWS`` at a time
+PROBE_QUERIES = 4 * DOT_ROWS
 #: probe_bounded computes the exact distances of this many more centroids than nprobe first
 BOUND_SPARE = 4
 #: and takes over from probe_lists where there are at least this many centroids for each of
@@ -46,33 +48,45 @@ BOUND_RATIO = 32
 BOUND_MOST = 64
 
 
+def column_panels(columns_t: np.ndarray) -> np.ndarray:
+    """The columns of ``columns_t`` (float32 [d, n]) as :func:`products` reads them: float32
+    [ceil(n / 16), d, 16], C-contiguous, panel p holding columns 16 p .. 16 p + 15 row after
+    row (``panels[p, j, l] = columns_t[j, 16 p + l]``), zeros past column n. Made once per
+    matrix (the centroids of an index, a pre-transform's map), as a transposed copy is."""
+    columns_t = np.asarray(columns_t, dtype=np.float32)
+    if columns_t.ndim != 2:
+        raise ValueError(f"column_panels expects a 2-d [d, n] array, got shape {columns_t.shape}")
+    d, n = columns_t.shape
+    count = -(-n // PANEL)
+    padded = np.zeros((d, count * PANEL), dtype=np.float32)
+    padded[:, :n] = columns_t
+    return np.ascontiguousarray(padded.reshape(d, count, PANEL).transpose(1, 0, 2))
+
+
 @kernel(nogil=True, fastmath=True)
-def probe_lists(queries, centroids_t, c_norms, inner_product, out_scores, out_lists):
+def probe_lists(queries, panels, c_norms, inner_product, out_scores, out_lists):
     """The ``nprobe`` nearest centroids of each query, on the calling thread.
 
     Args:
-        queries: float32 [nq, d]; centroids_t: float32 [d, nlist], the centroids transposed
-            (the products of 16 centroids then take one vector step per dimension, with no
-            sum across a vector); c_norms: float32 [nlist], their squared norms (read for l2).
+        queries: float32 [nq, d]; panels: float32 [ceil(nlist / 16), d, 16], the centroids
+            as :func:`column_panels` lays out their transpose; c_norms: float32 [nlist],
+            their squared norms (read for l2; its length is nlist for either metric).
         inner_product: rank by -⟨q, c⟩ rather than by squared L2 distance.
         out_scores: float32 [nq, nprobe], ascending: ‖q - c‖² clamped at 0, or -⟨q, c⟩;
             out_lists: int64 [nq, nprobe], their centroids (ties by lower number).
 
-    The products, up to :data:`PROBE_COLUMNS` centroids, hold their sums in vector registers
-    (:func:`vq.kernels.common.dots.column_dots_rows` over ``DOT_COLUMNS`` centroids and
-    ``DOT_ROWS`` queries at a time), for up to :data:`PROBE_QUERIES` queries in turn, so that
-    those centroids stay in cache for all of them; with more centroids, numba's loop, a query
-    at a time.
+    The products (:func:`products`) of up to :data:`PROBE_QUERIES` queries at a time, each
+    panel of 16 centroids read for all of them in turn while it stays in the nearest cache,
+    then each query's ``nprobe`` least.
     """
     queries, out_scores, out_lists = borrow(queries), borrow(out_scores), borrow(out_lists)
     nq = queries.shape[0]
-    nlist = centroids_t.shape[1]
+    nlist = c_norms.shape[0]
     rows = np.empty((min(nq, PROBE_QUERIES), nlist), dtype=np.float32)
     values = row_scratch(nlist)
-    held = nlist <= PROBE_COLUMNS
     for q0 in range(0, nq, PROBE_QUERIES):
         q1 = min(nq, q0 + PROBE_QUERIES)
-        products(queries, q0, q1, centroids_t, held, rows)
+        products(queries, q0, q1, panels, nlist, rows)
         for q in range(q0, q1):
             _smallest_k_row(
                 rows[q - q0],
@@ -86,37 +100,43 @@ def probe_lists(queries, centroids_t, c_norms, inner_product, out_scores, out_li
 
 
 @kernel(nogil=True, fastmath=True)
-def products(queries, q0, q1, columns_t, held, out):
-    """``out[i - q0] = queries[i] @ columns_t`` for i in ``q0..q1``: queries float32 [nq, d]
-    (C-contiguous), columns_t float32 [d, n], out float32 [>= q1 - q0, n]. ``held``: sums in
-    vector registers (:func:`vq.kernels.common.dots.column_dots_rows` over ``DOT_COLUMNS`` columns
-    and ``DOT_ROWS`` queries at a time, then 16 columns), the rest by numba's loop (all of
-    them without ``held``). Each product is the same whichever way it is computed for the
-    same ``held`` and n."""
-    dim, n = queries.shape[1], columns_t.shape[1]
-    wide, blocks = n - n % DOT_COLUMNS, n - n % 16
-    first = 0
-    if held:
-        for c in range(0, wide, DOT_COLUMNS):  # sums in registers over all of a query
-            q = q0
-            while q + DOT_ROWS <= q1:  # several queries at a time
-                column_dots_rows(queries, q * dim, dim, columns_t, c, out, (q - q0) * n + c, n)
-                q += DOT_ROWS
-            for r in range(q, q1):
-                column_dots_wide(queries, r * dim, columns_t, c, out, (r - q0) * n + c)
+def products(queries, q0, q1, panels, n, out):
+    """``out[i - q0, :n] = queries[i] @ columns_t`` for i in ``q0..q1``: queries float32 [nq, d]
+    (C-contiguous, d >= 1), panels float32 [>= ceil(n / 16), d, 16] (the columns as
+    :func:`column_panels` lays them out), out float32 [>= q1 - q0, >= n] (C-contiguous).
+
+    Sums in vector registers (:mod:`vq.kernels.common.dots`): ``DOT_ROWS`` queries by
+    ``DOT_BLOCKS`` panels at a time, each panel's loads serving every block of queries in turn;
+    the queries past a multiple of ``DOT_ROWS`` one at a time by ``ONE_BLOCKS`` panels; the
+    columns of a last, partial panel through a scratch row. Work: ``(q1 - q0) d n`` multiply-adds.
+    Each product is the same, bit for bit, whichever way it is computed (the same terms in the
+    same order)."""
+    dim, width = queries.shape[1], out.shape[1]
+    full = n // PANEL
+    wide = full - full % DOT_BLOCKS
+    main = q0 + (q1 - q0) // DOT_ROWS * DOT_ROWS
+    for p in range(0, wide, DOT_BLOCKS):  # several queries at a time
+        for q in range(q0, main, DOT_ROWS):
+            panel_dots_rows(
+                queries, q * dim, dim, panels, p, out, (q - q0) * width + p * PANEL, width
+            )
+    for p in range(wide, full):
+        for q in range(q0, main, DOT_ROWS):
+            panel_dots_block(
+                queries, q * dim, dim, panels, p, out, (q - q0) * width + p * PANEL, width
+            )
+    one_wide = full - full % ONE_BLOCKS
+    for q in range(main, q1):  # the rest, one query at a time
+        for p in range(0, one_wide, ONE_BLOCKS):
+            panel_dots_one(queries, q * dim, dim, panels, p, out, (q - q0) * width + p * PANEL, 0)
+        for p in range(one_wide, full):
+            panel_dots16(queries, q * dim, dim, panels, p, out, (q - q0) * width + p * PANEL, 0)
+    if full * PANEL < n:  # the last panel's columns before n
+        last = np.empty(PANEL, dtype=np.float32)
         for q in range(q0, q1):
-            for c in range(wide, blocks, 16):
-                column_dots16(queries, q * dim, columns_t, c, out[q - q0], c)
-        first = blocks
-    for q in range(q0, q1):
-        rest = out[q - q0, first:]  # (a loop from a variable start does not vectorise)
-        for c in range(n - first):
-            rest[c] = 0.0
-        for j in range(dim):
-            xj = queries[q, j]
-            columns = columns_t[j, first:]
-            for c in range(n - first):
-                rest[c] += xj * columns[c]
+            panel_dots16(queries, q * dim, dim, panels, full, last, 0, 0)
+            for c in range(full * PANEL, n):
+                out[q - q0, c] = last[c - full * PANEL]
 
 
 @kernel(nogil=True)
@@ -129,8 +149,8 @@ def probe_few(queries, coarse, nprobe, inner_product):
     scores = np.empty((nq, nprobe), dtype=np.float32)
     probes = np.empty((nq, nprobe), dtype=np.int64)
     few = coarse.norms.shape[0] < BOUND_RATIO * (nprobe + BOUND_SPARE)
-    if inner_product or coarse.axes_t.shape[1] == 0 or few:
-        probe_lists(queries, coarse.centroids_t, coarse.norms, inner_product, scores, probes)
+    if inner_product or coarse.proj.shape[1] == 0 or few:
+        probe_lists(queries, coarse.panels, coarse.norms, inner_product, scores, probes)
     else:
         probe_bounded(queries, coarse, scores, probes)
     return scores, probes
@@ -154,8 +174,8 @@ def probe_bounded(queries, coarse, out_scores, out_lists):
     Work per query: d r + nlist r + (nprobe + a few) d products instead of nlist d.
     """
     nq, dim = queries.shape
-    centroids_t, c_norms, axes_t, proj_t, proj_norms, rows = coarse
-    nlist, r = c_norms.shape[0], axes_t.shape[1]
+    panels, c_norms, axes, proj, proj_norms, rows = coarse
+    nlist, r = c_norms.shape[0], proj.shape[1]
     nprobe = out_scores.shape[1]
     m = nprobe + BOUND_SPARE
     block = min(nq, PROBE_QUERIES)
@@ -172,8 +192,8 @@ def probe_bounded(queries, coarse, out_scores, out_lists):
         c_max = max(c_max, c_norms[c])
     for q0 in range(0, nq, PROBE_QUERIES):
         q1 = min(nq, q0 + PROBE_QUERIES)
-        products(queries, q0, q1, axes_t, r <= PROBE_COLUMNS, coords)
-        products(coords, np.int64(0), q1 - q0, proj_t, nlist <= PROBE_COLUMNS, bounds)
+        products(queries, q0, q1, axes, r, coords)
+        products(coords, np.int64(0), q1 - q0, proj, nlist, bounds)
         for q in range(q0, q1):
             x = queries[q]
             # values: every centroid's bound as probe_lists ranks it (near_*: the m least)
@@ -199,7 +219,7 @@ def probe_bounded(queries, coarse, out_scores, out_lists):
                     picked[count] = c
                     count += 1
             if count == BOUND_MOST or count < nprobe:  # a loose bound (or no finite one)
-                products(queries, q, q + 1, centroids_t, nlist <= PROBE_COLUMNS, full)
+                products(queries, q, q + 1, panels, nlist, full)
                 _smallest_k_row(full[0], x, c_norms, L2, out_scores[q], out_lists[q], values)
                 continue
             size = 0

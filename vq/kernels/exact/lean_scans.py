@@ -25,7 +25,7 @@ from vq.kernels.common.constants import L2, metric
 from vq.kernels.common.heaps import EMPTY_KEY, heap_replace_top_row, heap_sorted
 from vq.kernels.common.simd import borrow
 from vq.kernels.common.threads import parallel_for
-from vq.kernels.exact.coarse_probe import PROBE_COLUMNS, probe_few, probe_lists, products
+from vq.kernels.exact.coarse_probe import probe_few, probe_lists, products
 from vq.kernels.exact.exact_scans import finish_lean
 from vq.kernels.exact.ivf_flat import ivf_flat_range
 from vq.kernels.jit.cache import kernel
@@ -140,14 +140,16 @@ def flat_lean(queries, vectors, x_norms, ids, inner_product, out_dist, out_ids):
 
 
 @kernel(nogil=True)
-def project_range(q0, q1, queries, matrix_t, mean, out):
+def project_range(q0, q1, queries, panels, mean, out):
     """``out[q] = (queries[q] - mean) @ matrix_t`` for q in ``q0..q1`` on the calling thread: a
     pre-transform's map of a few queries (:class:`vq.PreTransform`'s lean path), with no
     matrix product of a BLAS library (whose threads then spin on the cores the search needs).
 
     Args:
-        queries: float32 [nq, d] (C-contiguous); matrix_t: float32 [d, d_out], the map
-            transposed; mean: float32 [d] subtracted first (zeros: none).
+        queries: float32 [nq, d] (C-contiguous); panels: float32 [ceil(d_out / 16), d, 16],
+            the map transposed ([d, d_out]) in column panels
+            (:func:`vq.kernels.exact.coarse_probe.column_panels`); mean: float32 [d]
+            subtracted first (zeros: none).
         out: float32 [nq, d_out].
     """
     queries, out = borrow(queries), borrow(out)
@@ -156,24 +158,24 @@ def project_range(q0, q1, queries, matrix_t, mean, out):
     for i in range(n):
         for j in range(dim):
             centred[i, j] = queries[q0 + i, j] - mean[j]
-    products(centred, np.int64(0), n, matrix_t, matrix_t.shape[1] <= PROBE_COLUMNS, out[q0:q1])
+    products(centred, np.int64(0), n, panels, out.shape[1], out[q0:q1])
 
 
 @kernel(nogil=True)
-def nearest_lean(x, centroids_t, c_norms, out_codes):
+def nearest_lean(x, panels, c_norms, out_codes):
     """The nearest centroid of each of a few vectors, on the calling thread (the lean path of
-    a vector quantizer's ``encode``): ``x`` float32 [n, d], ``centroids_t`` [d, K] (the
-    centroids transposed), ``c_norms`` [K] their squared norms → ``out_codes`` [n] (any
-    integer dtype; ties to the lower index). Distances are computed directly, not through a
-    matrix product, so a near-tie may go the other way than in a large batch (faiss's
-    ``distance_compute_blas_threshold`` does the same). False (and nothing done) if a vector
-    holds a NaN or an infinity."""
+    a vector quantizer's ``encode``): ``x`` float32 [n, d], ``panels`` [ceil(K / 16), d, 16]
+    (the centroids transposed, in column panels), ``c_norms`` [K] their squared norms →
+    ``out_codes`` [n] (any integer dtype; ties to the lower index). Distances are computed
+    directly, not through a matrix product, so a near-tie may go the other way than in a
+    large batch (faiss's ``distance_compute_blas_threshold`` does the same). False (and
+    nothing done) if a vector holds a NaN or an infinity."""
     if not all_finite(x):
         return False
     n = x.shape[0]
     scores = np.empty((n, 1), dtype=np.float32)
     lists = np.empty((n, 1), dtype=np.int64)
-    probe_lists(x, centroids_t, c_norms, L2, scores, lists)
+    probe_lists(x, panels, c_norms, L2, scores, lists)
     for i in range(n):
         out_codes[i] = lists[i, 0]
     return True
