@@ -22,6 +22,7 @@ from vq.kernels.exact.coarse_probe import (
     probe_bounded,
     probe_few,
     probe_lists,
+    products,
 )
 
 KINDS = ["IVF32,Flat", "IVF32,PQ8", "IVF32,PQ8x4fs,RFlat", "IVF32,SQ8", "IVF40,Flat",
@@ -165,6 +166,32 @@ def test_probe_lists_scores_a_query_alike_alone_and_in_a_batch(nlist):
         probe_lists(q[i : i + 1], ct, norms, False, one_s, one_l)
         np.testing.assert_array_equal(one_l[0], batch_l[i])
         np.testing.assert_array_equal(one_s[0], batch_s[i])
+
+
+@pytest.mark.parametrize("n", [1, 16, 17, 100])
+def test_column_panels_hold_each_column_once_and_zeros_past_the_last(n):
+    rng = np.random.default_rng(n)
+    columns_t = rng.standard_normal((5, n)).astype(np.float32)
+    panels = column_panels(columns_t)
+    assert panels.shape == (-(-n // 16), 5, 16) and panels.flags.c_contiguous
+    flat = panels.transpose(1, 0, 2).reshape(5, -1)
+    np.testing.assert_array_equal(flat[:, :n], columns_t)
+    assert not flat[:, n:].any()
+    with pytest.raises(ValueError, match="2-d"):
+        column_panels(columns_t[0])
+
+
+@pytest.mark.parametrize("nq,n", [(1, 5), (7, 64), (13, 100), (25, 1030)])
+def test_products_write_the_first_n_columns_of_each_row(nq, n):
+    # every block shape of the kernel: DOT_ROWS queries at a time and the rest alone, whole
+    # panels and a partial last one; an out row wider than n keeps what lies past n
+    rng = np.random.default_rng(nq + n)
+    q = rng.integers(-3, 4, (nq + 2, 24)).astype(np.float32)  # (small integers: exact sums)
+    c = rng.integers(-3, 4, (24, n)).astype(np.float32)
+    out = np.full((nq, n + 3), -7.0, np.float32)
+    products(q, np.int64(1), np.int64(nq + 1), column_panels(c), n, out)
+    np.testing.assert_array_equal(out[:, :n], q[1 : nq + 1] @ c)
+    assert (out[:, n:] == -7.0).all()
 
 
 SIZES = [(n, k) for n in (16, 40, 256, 300) for k in (1, 4, 15, 16, 17, 32, 33) if k <= n]
