@@ -181,6 +181,20 @@ def test_column_panels_hold_each_column_once_and_zeros_past_the_last(n):
         column_panels(columns_t[0])
 
 
+def test_probe_lists_refuses_panels_that_do_not_match_the_queries_or_the_norms():
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((3, 8)).astype(np.float32)
+    c = rng.standard_normal((40, 8)).astype(np.float32)
+    out = np.empty((3, 2), np.float32), np.empty((3, 2), np.int64)
+    norms = (c * c).sum(1)
+    with pytest.raises(ValueError, match="column_panels"):
+        probe_lists(q, column_panels(c[:, :7].T), norms, False, *out)  # 7 dimensions, not 8
+    with pytest.raises(ValueError, match="column_panels"):
+        probe_lists(q, column_panels(c[:30].T), norms, False, *out)  # 30 centroids, 40 norms
+    probe_lists(q, column_panels(c.T), norms, False, *out)
+    assert out[1][:, 0].tolist() == (((q[:, None] - c[None]) ** 2).sum(-1)).argmin(1).tolist()
+
+
 @pytest.mark.parametrize("nq,n", [(1, 5), (7, 64), (13, 100), (25, 1030)])
 def test_products_write_the_first_n_columns_of_each_row(nq, n):
     # every block shape of the kernel: DOT_ROWS queries at a time and the rest alone, whole

@@ -75,6 +75,9 @@ def probe_lists(queries, panels, c_norms, inner_product, out_scores, out_lists):
         out_scores: float32 [nq, nprobe], ascending: ‖q - c‖² clamped at 0, or -⟨q, c⟩;
             out_lists: int64 [nq, nprobe], their centroids (ties by lower number).
 
+    Raises ValueError where the panels do not match the queries' dimension or hold fewer
+    columns than ``c_norms`` (reading past them would read memory that is not theirs).
+
     The products (:func:`products`) of up to :data:`PROBE_QUERIES` queries at a time, each
     panel of 16 centroids read for all of them in turn while it stays in the nearest cache,
     then each query's ``nprobe`` least.
@@ -82,6 +85,11 @@ def probe_lists(queries, panels, c_norms, inner_product, out_scores, out_lists):
     queries, out_scores, out_lists = borrow(queries), borrow(out_scores), borrow(out_lists)
     nq = queries.shape[0]
     nlist = c_norms.shape[0]
+    if panels.shape[1] != queries.shape[1] or panels.shape[0] * PANEL < nlist:
+        raise ValueError(
+            "probe_lists: panels must be column_panels(centroids.T) of the centroids whose "
+            "norms are c_norms, with the queries' dimension"
+        )
     rows = np.empty((min(nq, PROBE_QUERIES), nlist), dtype=np.float32)
     values = row_scratch(nlist)
     for q0 in range(0, nq, PROBE_QUERIES):
