@@ -30,7 +30,8 @@ from vq.kernels.exact.coarse_probe import BOUND_RATIO, BOUND_SPARE, column_panel
 #: split on its own, torch tensors, two pool wake-ups) are most of the time
 SPLIT_COARSE = 1 << 16
 SPLIT_WORK = 20_000_000
-_NO_BOUND = (
+#: a Coarse's bound fields where there is no bound (r = 0: the full coarse step)
+NO_BOUND = (
     np.zeros((0, 0, PANEL), np.float32),
     np.zeros((0, 0, PANEL), np.float32),
     np.zeros(0, np.float32),
@@ -46,7 +47,7 @@ def coarse_arrays(index, ip: bool) -> tuple:
     only), kept until the centroids change."""
     c = index.quantizer.codebook
     panels = index.derived("centroid_panels", (c,), lambda: column_panels(c.float().T.numpy()))
-    bound = _NO_BOUND if ip else index._coarse_bound()  # (L2: see probe_bounded)
+    bound = NO_BOUND if ip else index._coarse_bound()  # (L2: see probe_bounded)
     return plain(Coarse(panels, index._centroid_norms(), *bound))
 
 

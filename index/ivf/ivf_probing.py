@@ -20,11 +20,10 @@ from vq._checks import check_positive
 from vq.index.core.filters import kernel_mask, probes_for_filter, torch_mask
 from vq.index.core.mapped import file_range
 from vq.index.core.searchers import search_in_chunks
-from vq.index.ivf.ivf_lean import coarse_arrays, ivf_lean_search
+from vq.index.ivf.ivf_lean import NO_BOUND, coarse_arrays, ivf_lean_search
 from vq.index.ivf.ivf_searchers import IVFSearch
 from vq.kernels.common.bundles import Coarse
 from vq.kernels.common.constants import metric as kernel_metric
-from vq.kernels.common.dots import PANEL
 from vq.kernels.common.threads import parallel_for
 from vq.kernels.exact.coarse_probe import PROBE_QUERIES, column_panels, probe_few
 
@@ -232,14 +231,12 @@ def coarse_bound(centroids: np.ndarray, share: float = BOUND_SHARE) -> tuple:
     for the full step after it)."""
     nlist, d = centroids.shape
     r = 8 * -(-d // 32)
-    empty, no_panels = np.zeros((0, 0), np.float32), np.zeros((0, 0, PANEL), np.float32)
-    none = no_panels, no_panels, np.zeros(0, np.float32), empty
     if nlist < max(64, 2 * r) or d < 32:
-        return none
+        return NO_BOUND
     c = centroids.astype(np.float64)
     values, vectors = np.linalg.eigh(np.cov(c.T))
     if values[::-1][:r].sum() < share * values.sum():
-        return none
+        return NO_BOUND
     axes = vectors[:, ::-1][:, :r]  # (eigh: ascending eigenvalues)
     proj = (c @ axes).astype(np.float32)
     return (
