@@ -8,6 +8,7 @@ eval forward exports; a 200-step training of an autoencoder ends at the anchor's
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import pytest
 import torch
@@ -235,6 +236,22 @@ def test_deprecated_dead_code_arguments_convert_as_the_anchors(anchor):
     sizes = ours[0].layer.learner.cluster_size[0]
     torch.testing.assert_close(sizes, theirs[0]._codebook.cluster_size[0])
     assert_same_codes(theirs[1], ours[1], ties=0.002)
+
+
+@pytest.mark.parametrize("name", ["threshold_ema_dead_code", "reset_cluster_size"])
+@pytest.mark.parametrize("value", [-1, -0.5, float("nan")])
+def test_a_negative_deprecated_dead_code_argument_is_refused_by_its_own_name(name, value):
+    """Refused before any conversion or warning, naming the argument the caller passed (not
+    the ratio it would have become)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no deprecation warning before the error)
+        for layer, more in (
+            (compat.VectorQuantize, {}),
+            (compat.ResidualVQ, {"num_quantizers": 2}),
+        ):
+            message = rf"{layer.__name__}: {name} must be >= 0 .* got {value}"
+            with pytest.raises(ValueError, match=message):
+                layer(dim=8, codebook_size=16, **more, **{name: value})
 
 
 def test_readme_image_feature_map_and_orthogonal_regularisation(anchor):

@@ -29,6 +29,12 @@ def dead_code_ratios(owner: str, codebook_size: int, **dead) -> tuple[float, flo
         value = dead[old]
         if value is None:
             continue
+        if not value >= 0:  # (NaN too)
+            raise ValueError(
+                f"{owner}: {old} must be >= 0 (an average code usage; 0 disables the restarts), "
+                f"got {value}; it is deprecated in vector-quantize-pytorch 1.34: pass {new} (a "
+                "fraction in [0, 1) of the mean code usage, e.g. 0.1) instead"
+            )
         converted = value / codebook_size if value >= 1 else value
         warnings.warn(
             f"{owner}: {old} is deprecated in vector-quantize-pytorch 1.34; pass {new} (a "
