@@ -559,6 +559,18 @@ def test_forward_errors_say_what_to_do():
 
 
 # --- FSQ ---------------------------------------------------------------------------------------
+def test_fsq_refuses_a_grid_past_its_code_limit():
+    """2^24 codes is the limit (the usage counts of every step hold one float per code); past
+    it, and past int64 (levels whose product overflows it), a ValueError that says so."""
+    assert vq.FSQ([8] * 8).codebook_size == 1 << 24
+    with pytest.raises(ValueError, match=r"give 33,554,432 codes; FSQ takes at most 16,777,216"):
+        vq.FSQ([8] * 8 + [2])
+    with pytest.raises(ValueError, match=r"FSQ takes at most 16,777,216 \(2\^24"):
+        vq.FSQ([2] * 70)
+    with pytest.raises(ValueError, match=r"FSQ takes at most"):
+        vq.ResidualFSQ(dim=16, levels=[16] * 7, num_quantizers=2)
+
+
 def test_fsq_grid_codes_and_gradients():
     fsq = vq.FSQ([8, 5, 5, 5])
     assert fsq.codebook_size == 1000 and fsq.is_trained and fsq.code_dtype == torch.int16

@@ -24,6 +24,23 @@ from vq.quantizers.layer import Step
 #: widens the tanh bound by 0.1% past the outermost grid values, inside their rounding intervals
 #: (every level count, 2 included, keeps all its values; vector-quantize-pytorch's bound)
 _EPS = 1e-3
+#: the most codes an FSQ codebook may have (its usage counts hold a float per code, as an
+#: LFQ codebook's: :data:`vq.quantizers.lfq.MAX_BITS`)
+MAX_CODES = 1 << 24
+
+
+def fsq_levels(levels: Sequence[int]) -> list[int]:
+    """``levels`` as a list of ints, checked: each >= 2, at most :data:`MAX_CODES` codes."""
+    levels = [int(v) for v in levels]
+    if not levels or min(levels) < 2:
+        raise ValueError(f"levels must be a non-empty list of integers >= 2, got {levels}")
+    if math.prod(levels) > MAX_CODES:
+        raise ValueError(
+            f"levels {levels} give {math.prod(levels):,} codes; FSQ takes at most "
+            f"{MAX_CODES:,} (2^24: each step counts every code's usage). Use fewer or "
+            "smaller levels, or ResidualFSQ to add stages of a smaller grid"
+        )
+    return levels
 
 
 class FSQ(Quantizer):
@@ -45,9 +62,7 @@ class FSQ(Quantizer):
     def __init__(
         self, levels: Sequence[int], dim: int | None = None, *, channel_first: bool = False
     ):
-        levels = [int(v) for v in levels]
-        if not levels or min(levels) < 2:
-            raise ValueError(f"levels must be a non-empty list of integers >= 2, got {levels}")
+        levels = fsq_levels(levels)
         code_dim = len(levels)
         super().__init__(
             code_dim if dim is None else dim,

@@ -34,6 +34,7 @@ from vq.parallel import sync
 from vq.quantizers.additive import additive_tables
 from vq.quantizers.base import Quantizer
 from vq.quantizers.codec import Metric
+from vq.quantizers.fsq import fsq_levels
 from vq.quantizers.functional import code_counts, row_norms, stage_estimate
 from vq.quantizers.layer import Step
 from vq.quantizers.lfq import (
@@ -234,9 +235,7 @@ class ResidualFSQ(ScalarStages):
         channel_first: bool = False,
         per_stage_gradient: bool = False,
     ):
-        levels = [int(v) for v in levels]
-        if not levels or min(levels) < 2:
-            raise ValueError(f"levels must be a non-empty list of integers >= 2, got {levels}")
+        levels = fsq_levels(levels)
         super().__init__(
             dim,
             len(levels),
