@@ -181,7 +181,7 @@ def test_column_panels_hold_each_column_once_and_zeros_past_the_last(n):
         column_panels(columns_t[0])
 
 
-def test_probe_lists_refuses_panels_that_do_not_match_the_queries_or_the_norms():
+def test_probe_lists_refuses_panels_or_outputs_that_do_not_match_the_queries():
     rng = np.random.default_rng(2)
     q = rng.standard_normal((3, 8)).astype(np.float32)
     c = rng.standard_normal((40, 8)).astype(np.float32)
@@ -191,6 +191,14 @@ def test_probe_lists_refuses_panels_that_do_not_match_the_queries_or_the_norms()
         probe_lists(q, column_panels(c[:, :7].T), norms, False, *out)  # 7 dimensions, not 8
     with pytest.raises(ValueError, match="column_panels"):
         probe_lists(q, column_panels(c[:30].T), norms, False, *out)  # 30 centroids, 40 norms
+    with pytest.raises(ValueError, match="dimension >= 1"):
+        probe_lists(q[:, :0], column_panels(c[:, :0].T), norms, False, *out)
+    with pytest.raises(ValueError, match=r"must both be \[nq, nprobe\]"):
+        probe_lists(
+            q, column_panels(c.T), norms, False, out[0][:2], out[1][:2]
+        )  # 2 rows, 3 queries
+    with pytest.raises(ValueError, match=r"must both be \[nq, nprobe\]"):
+        probe_lists(q, column_panels(c.T), norms, False, out[0], out[1][:, :1])
     probe_lists(q, column_panels(c.T), norms, False, *out)
     assert out[1][:, 0].tolist() == (((q[:, None] - c[None]) ** 2).sum(-1)).argmin(1).tolist()
 

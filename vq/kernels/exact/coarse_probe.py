@@ -76,7 +76,8 @@ def probe_lists(queries, panels, c_norms, inner_product, out_scores, out_lists):
             out_lists: int64 [nq, nprobe], their centroids (ties by lower number).
 
     Raises ValueError where the panels do not match the queries' dimension or hold fewer
-    columns than ``c_norms`` (reading past them would read memory that is not theirs).
+    columns than ``c_norms``, the dimension is 0, or the outputs are not [nq, nprobe] both
+    (reading or writing past them would touch memory that is not theirs).
 
     The products (:func:`products`) of up to :data:`PROBE_QUERIES` queries at a time, each
     panel of 16 centroids read for all of them in turn while it stays in the nearest cache,
@@ -89,6 +90,16 @@ def probe_lists(queries, panels, c_norms, inner_product, out_scores, out_lists):
         raise ValueError(
             "probe_lists: panels must be column_panels(centroids.T) of the centroids whose "
             "norms are c_norms, with the queries' dimension"
+        )
+    if queries.shape[1] < 1:
+        raise ValueError("probe_lists: the queries and centroids must have a dimension >= 1")
+    if (
+        out_scores.shape[0] < nq
+        or out_lists.shape[0] < nq
+        or out_lists.shape[1] != out_scores.shape[1]
+    ):
+        raise ValueError(
+            "probe_lists: out_scores and out_lists must both be [nq, nprobe], one row per query"
         )
     rows = np.empty((min(nq, PROBE_QUERIES), nlist), dtype=np.float32)
     values = row_scratch(nlist)
