@@ -49,6 +49,7 @@ class FSQ(Quantizer):
     Args:
         levels: values per code dimension, each >= 2, e.g. ``[8, 5, 5, 5]`` (1000 codes) or
             ``[8, 8, 8, 5, 5, 5]`` (64,000); the paper's recommendations for 2^8–2^16 codes.
+            At most :data:`MAX_CODES` (2^24) codes in all; more is a ValueError.
         dim: input dimension; when it differs from ``len(levels)``, learned ``nn.Linear``
             projections map into and out of the code space (default: ``len(levels)``).
         channel_first: ``forward`` takes ``[B, dim, ...]``.

@@ -205,7 +205,7 @@ class ResidualFSQ(ScalarStages):
 
     Args:
         levels: values per code dimension, each >= 2 (e.g. ``[8, 5, 5, 5]``: 1000 codes per
-            stage).
+            stage; at most 2^24, :data:`vq.quantizers.fsq.MAX_CODES`).
         num_quantizers: stages Q.
         dim: input dimension; learned projections map into and out of the ``len(levels)``-d
             code space when it differs (default: ``len(levels)``).
